@@ -1,0 +1,153 @@
+"""Embedded lexical search: BM25 (bm25s) over the child chunks of an index directory.
+
+Index directory layout (written by `crag index`):
+    manifest.json   format, version, tokenizer, counts
+    chunks/         the chunk table (Delta), one row per child chunk with its parent's text
+    bm25/           the bm25s index over the child chunks
+Serves both the `bm25` retriever (the knowledge base) and the `offline_corpus` web search (a second
+collection standing in for the web).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import bm25s
+import numpy as np
+import pyarrow as pa
+
+from crag import tables
+from crag.backends.base import Document
+from crag.errors import IndexError_
+from crag.text import TermWeights, tokenize
+
+INDEX_FORMAT = "crag-bm25"
+INDEX_VERSION = 1
+
+
+def write_index(chunks: pa.Table, out: Path, tokenizer: str) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    tables.write_table(out / "chunks", chunks)
+    corpus_tokens = [tokenize(t, tokenizer) for t in chunks.column("chunk_text").to_pylist()]
+    index = bm25s.BM25()
+    index.index(corpus_tokens, show_progress=False)
+    index.save(str(out / "bm25"), show_progress=False)
+    manifest = {
+        "format": INDEX_FORMAT,
+        "version": INDEX_VERSION,
+        "tokenizer": tokenizer,
+        "n_chunks": chunks.num_rows,
+        "n_parents": len(set(chunks.column("parent_id").to_pylist())),
+        "n_documents": len(set(chunks.column("doc_id").to_pylist())),
+        "built_at": datetime.now(timezone.utc).isoformat(),
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    return manifest
+
+
+class LexicalIndex:
+    """A loaded index directory: search children, return parents."""
+
+    def __init__(self, path: str | Path):
+        path = Path(path)
+        manifest_path = path / "manifest.json"
+        if not manifest_path.is_file():
+            raise IndexError_(f"no crag index at {path} (build one with: crag index --docs PATH --out {path})")
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise IndexError_(f"index manifest {manifest_path} is not valid JSON: rebuild the index with crag index") from None
+        if manifest.get("format") != INDEX_FORMAT or manifest.get("version") != INDEX_VERSION:
+            raise IndexError_(
+                f"index {path} is {manifest.get('format')} version {manifest.get('version')}; this crag reads "
+                f"{INDEX_FORMAT} version {INDEX_VERSION}: rebuild it with crag index"
+            )
+        self.path = path
+        self.tokenizer = manifest["tokenizer"]
+        chunks = tables.read_whole_table(path / "chunks")
+        self._bm25 = bm25s.BM25.load(str(path / "bm25"), show_progress=False)
+        self._vocab = self._bm25.vocab_dict
+        self._chunk_parent = np.asarray(chunks.column("parent_id").to_pylist(), dtype=object)
+        parents = chunks.select(["parent_id", "doc_id", "title", "url", "parent_text"]).to_pylist()
+        self._parents = {p["parent_id"]: p for p in parents}
+
+    @functools.cached_property
+    def term_weights(self) -> TermWeights:
+        """Document frequencies straight from the BM25 matrix: one column per token, one entry per chunk
+        that contains it."""
+        indptr = self._bm25.scores["indptr"]
+        df = np.diff(indptr)
+        vocab = {token: int(df[i]) for token, i in self._vocab.items() if i < len(df)}
+        return TermWeights(vocab, int(self._bm25.scores["num_docs"]))
+
+    def search(self, queries: list[str], k: int, source: str, max_parents: int | None = None) -> list[list[Document]]:
+        """The top-k child chunks of each query, replaced by their parents, de-duplicated by parent
+        (at most `max_parents` of them)."""
+        token_lists = [[t for t in tokenize(q, self.tokenizer) if t in self._vocab] for q in queries]
+        results: list[list[Document]] = [[] for _ in queries]
+        answerable = [i for i, tokens in enumerate(token_lists) if tokens]  # bm25s cannot score an empty query
+        if not answerable:
+            return results
+        n_chunks = len(self._chunk_parent)
+        ids, scores = self._bm25.retrieve(
+            [token_lists[i] for i in answerable], k=min(k, n_chunks), show_progress=False, n_threads=1
+        )
+        for row, i in enumerate(answerable):
+            seen: set[str] = set()
+            for chunk, score in zip(ids[row], scores[row]):
+                if score <= 0:
+                    break  # no query token in this chunk or any after it
+                parent_id = self._chunk_parent[chunk]
+                if parent_id in seen:
+                    continue
+                if max_parents is not None and len(seen) == max_parents:
+                    break
+                seen.add(parent_id)
+                parent = self._parents[parent_id]
+                results[i].append(
+                    {
+                        "source": source,
+                        "doc_id": parent["doc_id"],
+                        "parent_id": parent_id,
+                        "title": parent["title"],
+                        "url": parent["url"],
+                        "text": parent["parent_text"],
+                        "retrieval_score": float(score),
+                        "rank": len(seen),
+                    }
+                )
+        return results
+
+
+@functools.lru_cache(maxsize=8)
+def load_index(path: str) -> LexicalIndex:
+    """One load per index per Python process: Spark reuses its Python workers across tasks."""
+    return LexicalIndex(path)
+
+
+class BM25Retriever:
+    def __init__(self, index_path: str):
+        self.index = load_index(str(Path(index_path).resolve()))
+        self.name = "bm25"
+
+    def search(self, queries: list[str], k: int) -> list[list[Document]]:
+        return self.index.search(queries, k, source="internal")
+
+
+class OfflineCorpusSearch:
+    """Stands in for a web search API: BM25 over a separate collection, results shaped like Tavily's
+    (title, url, content as the document text, score)."""
+
+    def __init__(self, index_path: str):
+        self.index = load_index(str(Path(index_path).resolve()))
+        self.name = "offline_corpus"
+
+    # Several children of one page may match; look deeper so that k distinct pages come back, as a web
+    # search API returns k distinct results.
+    CHILDREN_PER_RESULT = 4
+
+    def search(self, query: str, k: int) -> list[Document]:
+        return self.index.search([query], k * self.CHILDREN_PER_RESULT, source="web", max_parents=k)[0]

@@ -1,0 +1,40 @@
+"""Embedded stand-in for the generator LLM: an extractive answerer. It composes nothing; it returns the
+context sentences that cover the question best, with the documents they came from."""
+
+from __future__ import annotations
+
+import re
+
+from crag.backends.base import Answer, Document, Usage
+from crag.backends.lexical import LexicalScorer
+from crag.text import split_sentences
+
+_HEADING = re.compile(r"^(#{1,6}\s|\|?\s*-{3})")  # Markdown headings and table rules
+_BULLET = re.compile(r"^([-*+]|\d+[.)])\s+")
+
+
+class ExtractiveGenerator:
+    def __init__(self, scorer: LexicalScorer, max_sentences: int, min_sentence_score: float):
+        self.scorer = scorer
+        self.max_sentences = max_sentences
+        self.min_sentence_score = min_sentence_score
+        self.name = "extractive"
+
+    def generate(self, question: str, context: list[Document], usage: Usage) -> Answer:
+        terms = self.scorer.terms(question)
+        candidates = []  # (score, doc position, sentence position, sentence)
+        for d, doc in enumerate(context):
+            for s, sentence in enumerate(split_sentences(doc["text"])):
+                if _HEADING.match(sentence):
+                    continue  # a heading repeats the question's words but answers nothing
+                sentence = _BULLET.sub("", sentence)
+                score, _ = self.scorer.score(terms, sentence)
+                if score >= self.min_sentence_score:
+                    candidates.append((score, d, s, sentence))
+        if not candidates:
+            return Answer(text=None)
+        # Best first; ties go to the earlier document (higher rank) and the earlier sentence.
+        best = sorted(candidates, key=lambda c: (-c[0], c[1], c[2]))[: self.max_sentences]
+        chosen = sorted(best, key=lambda c: (c[1], c[2]))  # read in document order
+        cited = sorted({c[1] for c in chosen})
+        return Answer(text=" ".join(c[3] for c in chosen), cited=cited)

@@ -1,0 +1,74 @@
+"""Embedded, model-free stand-ins for the grader and rewriter LLM roles. They are lexical methods, not
+language models: the grader measures how much of the question's vocabulary a document contains."""
+
+from __future__ import annotations
+
+import functools
+
+from crag.backends.base import Document, Grade, Usage
+from crag.text import TermWeights, content_terms, keywords, tokenize
+
+
+class LexicalScorer:
+    """IDF-weighted coverage of a question's content terms by a text, in [0, 1]."""
+
+    def __init__(self, weights: TermWeights, tokenizer: str):
+        self.weights = weights
+        self.tokenizer = tokenizer
+        # Documents recur across questions (the same parents rank for many of them): tokenize each once.
+        self._tokens = functools.lru_cache(maxsize=100_000)(self._token_set)
+
+    def _token_set(self, text: str) -> frozenset[str]:
+        return frozenset(tokenize(text, self.tokenizer))
+
+    def terms(self, question: str) -> list[str]:
+        return content_terms(question, self.tokenizer)
+
+    def score(self, terms: list[str], text: str) -> tuple[float, list[str]]:
+        present = self._tokens(text)
+        matched = [t for t in terms if t in present]
+        total = sum(self.weights.idf(t) for t in terms)
+        if total <= 0:
+            return 0.0, matched
+        return sum(self.weights.idf(t) for t in matched) / total, matched
+
+
+class LexicalGrader:
+    """Relevance = IDF-weighted share of the question's content terms found in the document's title and
+    text; grade "yes" at or above `threshold`."""
+
+    prompt_hash = None  # no prompt: the grader is not a model
+
+    def __init__(self, scorer: LexicalScorer, threshold: float):
+        self.scorer = scorer
+        self.threshold = threshold
+        self.name = "lexical"
+
+    def grade(self, question: str, documents: list[Document], usage: Usage) -> list[Grade]:
+        terms = self.scorer.terms(question)
+        grades = []
+        for doc in documents:
+            relevance, matched = self.scorer.score(terms, f"{doc.get('title') or ''}\n{doc['text']}")
+            relevance = round(relevance, 4)  # the stored value is the one compared with the threshold
+            grades.append(
+                Grade(
+                    relevance=relevance,
+                    grade="yes" if relevance >= self.threshold else "no",
+                    rationale=f"{len(matched)} of {len(terms)} question terms present",
+                )
+            )
+        return grades
+
+
+class KeywordRewriter:
+    """The question's keywords (question words and stop words removed), plus configured policy keywords
+    (reference flow 3 appends the policy's name and insurer)."""
+
+    def __init__(self, policy_keywords: list[str]):
+        self.policy_keywords = policy_keywords
+        self.name = "keywords"
+
+    def rewrite(self, question: str, usage: Usage) -> str:
+        words = keywords(question)
+        extra = [k for k in self.policy_keywords if k not in words]
+        return " ".join(words + extra) or question.strip()

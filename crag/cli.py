@@ -1,0 +1,113 @@
+"""The `crag` command: index, run, ask."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+
+from crag.errors import CragError
+
+
+def _conf_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--conf", required=True, help="YAML config file, e.g. conf/local.yaml")
+    p.add_argument("--variant", help="overlay conf/variants/NAME.yaml (next to --conf) on the config")
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override one config key, e.g. --set routing.policy=thresholds (repeatable)",
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="crag", description="Batch Corrective RAG on Spark and Delta Lake.")
+    sub = root.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("index", help="build a chunk table and BM25 index from documents")
+    _conf_args(p)
+    p.add_argument("--docs", required=True, help="a JSONL file of {doc_id, title, text, url?} or a folder of .md/.txt")
+    p.add_argument("--out", required=True, help="index directory to write")
+
+    p = sub.add_parser("run", help="answer a table of questions; write answers, grades, decisions, runs, rejects")
+    _conf_args(p)
+    p.add_argument("--questions", required=True, help="Delta table folder, or .jsonl/.parquet/.csv with question_id, question")
+    p.add_argument("--warehouse", required=True, help="folder that holds the output Delta tables (catalog.schema on Databricks)")
+    p.add_argument("--run-id", help="id for this run (default: time-stamped); re-using one replaces that run's rows")
+
+    p = sub.add_parser("ask", help="answer one question without Spark, printing every stage")
+    _conf_args(p)
+    p.add_argument("question")
+    return root
+
+
+def _print_stage(name: str, df) -> None:
+    row = df.iloc[0]
+    if row["error"] is not None and name != "generate":
+        print(f"[{name}] error: {row['error']}")
+        return
+    if name == "retrieve":
+        print(f"[retrieve] {row['n_retrieved']} documents")
+        for d in row["retrieved"]:
+            print(f"    {d['rank']:>2}. {d['parent_id']}  score {d['retrieval_score']:.2f}  {d['title']}")
+    elif name == "grade":
+        print(f"[grade] {row['n_relevant']} of {row['n_retrieved']} relevant")
+        for d in row["graded"]:
+            print(f"    {d['grade']:>3}  {d['relevance']:.2f}  {d['parent_id']}")
+    elif name == "decide":
+        print(f"[decide] {row['decisions'][-1]['decision']}: {row['decisions'][-1]['reason']}")
+    elif name == "rewrite" and row["web_query"] is not None:
+        print(f"[rewrite] web query: {row['web_query']}")
+    elif name == "web_search" and row["web_query"] is not None:
+        print(f"[web_search] {row['n_web']} results")
+        for d in row["web_results"]:
+            grade = f"{d['grade']:>3}  {d['relevance']:.2f}  " if "grade" in d else ""
+            print(f"    {grade}{d['title']}  {d.get('url') or ''}")
+    elif name == "refine":
+        print(f"[context] {len(row['context'])} documents")
+    elif name == "generate":
+        print(f"[generate] route {row['route']}" + (f", error: {row['error']}" if row["error"] else ""))
+        if row["answer"] is not None:
+            print(textwrap.indent(textwrap.fill(row["answer"], 100), "    "))
+        for s in row["sources"]:
+            print(f"    source: {s['source']} {s['doc_id']} {s['title']} {s['url'] or ''}".rstrip())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.command == "index":
+            from crag.config import load_config
+            from crag.indexing import build_index
+
+            cfg = load_config(args.conf, args.overrides, args.variant)
+            manifest = build_index(args.docs, args.out, cfg.indexing)
+            print(f"indexed {manifest['n_documents']} documents -> {manifest['n_parents']} parents, "
+                  f"{manifest['n_chunks']} child chunks at {args.out}")
+        elif args.command == "run":
+            from crag.job import run
+
+            result = run(args.conf, args.questions, args.warehouse, args.variant, args.run_id, args.overrides)
+            print(result.summary())
+        elif args.command == "ask":
+            import pandas as pd
+
+            from crag.backends import build_backends
+            from crag.config import load_config
+            from crag.job import resolve_paths
+            from crag.questions import validate_questions
+            from crag.stages import run_pipeline
+
+            cfg = resolve_paths(load_config(args.conf, args.overrides, args.variant))
+            accepted, rejects = validate_questions(
+                pd.DataFrame({"question_id": ["ask"], "question": [args.question]}), cfg.input.max_question_chars
+            )
+            if len(rejects):
+                raise CragError(rejects.iloc[0]["reason"])
+            run_pipeline(accepted, build_backends(cfg), cfg, on_stage=_print_stage)
+    except CragError as exc:
+        print(f"crag: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

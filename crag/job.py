@@ -1,0 +1,190 @@
+"""`crag run`: questions in, five Delta tables out.
+
+read + validate questions (driver) -> stages on Spark -> split the nested stage output into answers,
+grades and decisions -> write every table for this run_id -> check that accepted + rejected = input rows.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+
+from crag import schema, tables
+from crag.backends import build_backends
+from crag.config import CragConfig, load_config, redacted
+from crag.errors import CragError
+from crag.questions import validate_questions
+
+
+def log(message: str) -> None:
+    print(f"crag: {message}", file=sys.stderr, flush=True)
+
+
+def new_run_id() -> str:
+    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
+
+
+def resolve_paths(cfg: CragConfig) -> CragConfig:
+    """Index paths are relative to the working directory; Spark workers may run elsewhere, so they get
+    absolute ones. Names that are not local paths (Unity Catalog, Volumes) are left as they are."""
+    cfg = cfg.model_copy(deep=True)
+    for section in (cfg.retriever, cfg.web_search):
+        if getattr(section, "index", None) and not section.index.startswith(("/", "dbfs:", "s3:", "abfss:", "gs:")):
+            section.index = str(Path(section.index).resolve())
+    return cfg
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    variant: str
+    warehouse: str
+    input_rows: int
+    answers: pd.DataFrame
+    rejects: pd.DataFrame
+    seconds: float
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        a = self.answers
+        lines = [
+            f"run {self.run_id} (variant {self.variant}) -> {self.warehouse}",
+            f"  questions   {self.input_rows}: {len(a)} accepted, {len(self.rejects)} rejected",
+            f"  actions     {_fmt(Counter(a['action'].dropna()))}",
+            f"  routes      {_fmt(Counter(a['route']))}",
+            f"  refusals    {int(a['refused'].sum())}",
+            f"  errors      {int(a['error'].notna().sum())}",
+            f"  calls       {int(a['search_calls'].sum())} search, {int(a['llm_calls'].sum())} LLM",
+            f"  wall time   {self.seconds:.1f} s",
+        ]
+        return "\n".join(lines)
+
+
+def _fmt(counter: Counter) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(counter.items())) or "-"
+
+
+def split_stage_output(result: pa.Table, run_id: str, variant: str, created_at: datetime) -> dict[str, pa.Table]:
+    """The nested per-question rows -> answers, grades and decisions tables."""
+    frame = result.to_pandas()
+    answers = frame.drop(columns=["grades", "decisions"])
+    answers.insert(0, "variant", variant)
+    answers.insert(0, "run_id", run_id)
+    answers["created_at"] = pd.Timestamp(created_at)
+
+    def explode(column: str, target: pa.Schema) -> pa.Table:
+        rows = [
+            {"run_id": run_id, "variant": variant, "question_id": qid, **item}
+            for qid, items in zip(frame["question_id"], frame[column])
+            for item in (items if items is not None else [])
+        ]
+        return pa.Table.from_pylist(rows, schema=target)
+
+    return {
+        "answers": pa.Table.from_pandas(answers, schema=schema.ANSWERS, preserve_index=False),
+        "grades": explode("grades", schema.GRADES),
+        "decisions": explode("decisions", schema.DECISIONS),
+    }
+
+
+def _runs_row(run_id, variant, cfg: CragConfig, started, finished, status, counts) -> pa.Table:
+    return pa.Table.from_pylist(
+        [
+            {
+                "run_id": run_id,
+                "variant": variant,
+                "config": json.dumps(redacted(cfg.model_dump(mode="json")), sort_keys=True, ensure_ascii=False),
+                "config_hash": cfg.hash(),
+                "started_at": started,
+                "finished_at": finished,
+                "status": status,
+                "counts": list(counts.items()),
+            }
+        ],
+        schema=schema.RUNS,
+    )
+
+
+def run_counts(answers: pd.DataFrame, rejects: pd.DataFrame, input_rows: int) -> dict[str, int]:
+    counts = {
+        "input_rows": input_rows,
+        "accepted": len(answers),
+        "rejected": len(rejects),
+        "refused": int(answers["refused"].sum()),
+        "errors": int(answers["error"].notna().sum()),
+        "search_calls": int(answers["search_calls"].sum()),
+        "llm_calls": int(answers["llm_calls"].sum()),
+        "prompt_tokens": int(answers["prompt_tokens"].sum()),
+        "completion_tokens": int(answers["completion_tokens"].sum()),
+    }
+    counts.update({f"action_{k}": v for k, v in Counter(answers["action"].dropna()).items()})
+    counts.update({f"route_{k}": v for k, v in Counter(answers["route"]).items()})
+    return counts
+
+
+def run(
+    conf: str | None,
+    questions: str,
+    warehouse: str,
+    variant: str | None = None,
+    run_id: str | None = None,
+    overrides: list[str] = (),
+    spark=None,
+) -> RunResult:
+    t0 = time.perf_counter()
+    cfg = resolve_paths(load_config(conf, overrides, variant))
+    variant_name = variant or "base"
+    run_id = tables.check_run_id(run_id) if run_id else new_run_id()
+    backend = cfg.tables.backend
+    started = datetime.now(timezone.utc)
+
+    raw = tables.read_questions(questions, spark=spark)
+    accepted, rejects = validate_questions(raw, cfg.input.max_question_chars)
+    log(f"run {run_id}: {len(raw)} input rows, {len(accepted)} accepted, {len(rejects)} rejected")
+    # Build the backends here once before Spark starts, so a missing index or credential fails in
+    # seconds with a clear message rather than inside a task.
+    build_backends(cfg)
+
+    from crag.spark import get_spark, run_stages
+
+    spark = spark or get_spark(cfg.spark)
+    write = lambda name, rows: tables.write_run_rows(warehouse, name, rows, run_id, backend, spark)  # noqa: E731
+    write("runs", _runs_row(run_id, variant_name, cfg, started, None, "running", {}))
+    try:
+        created_at = datetime.now(timezone.utc)
+        reject_rows = rejects.assign(run_id=run_id, variant=variant_name, created_at=pd.Timestamp(created_at))
+        write("rejects", pa.Table.from_pandas(reject_rows, schema=schema.REJECTS, preserve_index=False))
+        if len(accepted):
+            log(f"running {len(accepted)} questions on Spark ({spark.sparkContext.master})")
+            result = run_stages(spark, accepted, cfg)
+        else:
+            result = schema.STAGE_OUTPUT.empty_table()
+        parts = split_stage_output(result, run_id, variant_name, datetime.now(timezone.utc))
+        for name in ("answers", "grades", "decisions"):
+            write(name, parts[name])
+        answers = parts["answers"].to_pandas()
+        _check_invariant(answers, accepted, rejects, len(raw))
+        counts = run_counts(answers, rejects, len(raw))
+        write("runs", _runs_row(run_id, variant_name, cfg, started, datetime.now(timezone.utc), "succeeded", counts))
+    except BaseException:
+        write("runs", _runs_row(run_id, variant_name, cfg, started, datetime.now(timezone.utc), "failed", {}))
+        raise
+    return RunResult(run_id, variant_name, warehouse, len(raw), answers, rejects, time.perf_counter() - t0, counts)
+
+
+def _check_invariant(answers: pd.DataFrame, accepted: pd.DataFrame, rejects: pd.DataFrame, input_rows: int) -> None:
+    if len(answers) + len(rejects) != input_rows or set(answers["question_id"]) != set(accepted["question_id"]):
+        raise CragError(
+            f"row accounting failed: {len(answers)} answers + {len(rejects)} rejects != {input_rows} input rows"
+        )
+    if answers["question_id"].duplicated().any():
+        raise CragError("row accounting failed: duplicate question_id in answers")

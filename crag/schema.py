@@ -1,0 +1,126 @@
+"""Column layouts of every table crag writes, as Arrow schemas: the single source for the Delta writer,
+the Spark stage output and the README's table reference."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+UTC_TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+SOURCE = pa.struct(
+    [("source", pa.string()), ("doc_id", pa.string()), ("title", pa.string()), ("url", pa.string())]
+)
+
+# Per-stage wall time in milliseconds. A stage that calls its backend once per question records each
+# question's own time; a stage that serves a whole partition in one call (BM25 retrieval) records the
+# batch time divided by the questions in it.
+STAGES = ("retrieve", "grade", "decide", "rewrite", "web_search", "refine", "generate")
+STAGE_MS = [(f"ms_{s}", pa.float64()) for s in STAGES]
+
+ANSWERS = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("variant", pa.string()),
+        ("question_id", pa.string()),
+        ("question", pa.string()),
+        ("answer", pa.string()),
+        ("action", pa.string()),
+        ("route", pa.string()),
+        ("refused", pa.bool_()),
+        ("web_query", pa.string()),
+        ("n_retrieved", pa.int32()),
+        ("n_relevant", pa.int32()),
+        ("n_web", pa.int32()),
+        ("sources", pa.list_(SOURCE)),
+        ("error", pa.string()),
+        ("llm_calls", pa.int32()),
+        ("search_calls", pa.int32()),
+        ("prompt_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()),
+        *STAGE_MS,
+        ("created_at", UTC_TIMESTAMP),
+    ]
+)
+
+GRADES = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("variant", pa.string()),
+        ("question_id", pa.string()),
+        ("rank", pa.int32()),
+        ("source", pa.string()),
+        ("doc_id", pa.string()),
+        ("parent_id", pa.string()),
+        ("title", pa.string()),
+        ("url", pa.string()),
+        ("retrieval_score", pa.float64()),
+        ("relevance", pa.float64()),
+        ("grade", pa.string()),
+        ("parse_status", pa.string()),
+        ("rationale", pa.string()),
+        ("grader", pa.string()),
+        ("prompt_hash", pa.string()),
+    ]
+)
+
+DECISIONS = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("variant", pa.string()),
+        ("question_id", pa.string()),
+        ("step", pa.string()),
+        ("decision", pa.string()),
+        ("reason", pa.string()),
+    ]
+)
+
+RUNS = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("variant", pa.string()),
+        ("config", pa.string()),
+        ("config_hash", pa.string()),
+        ("started_at", UTC_TIMESTAMP),
+        ("finished_at", UTC_TIMESTAMP),
+        ("status", pa.string()),
+        ("counts", pa.map_(pa.string(), pa.int64())),
+    ]
+)
+
+REJECTS = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("variant", pa.string()),
+        ("question_id", pa.string()),
+        ("question", pa.string()),
+        ("input_row", pa.int64()),
+        ("reason", pa.string()),
+        ("created_at", UTC_TIMESTAMP),
+    ]
+)
+
+TABLES = {"answers": ANSWERS, "grades": GRADES, "decisions": DECISIONS, "runs": RUNS, "rejects": REJECTS}
+
+# What the Spark stage returns per question: the answer row without the driver-side columns, with the
+# question's grades and decisions nested so that one pass over the partition yields all three tables.
+_DRIVER_SIDE = {"run_id", "variant", "created_at"}
+GRADE_ITEM = pa.struct([f for f in GRADES if f.name not in _DRIVER_SIDE | {"question_id"}])
+DECISION_ITEM = pa.struct([f for f in DECISIONS if f.name not in _DRIVER_SIDE | {"question_id"}])
+STAGE_OUTPUT = pa.schema(
+    [f for f in ANSWERS if f.name not in _DRIVER_SIDE]
+    + [pa.field("grades", pa.list_(GRADE_ITEM)), pa.field("decisions", pa.list_(DECISION_ITEM))]
+)
+
+# The chunk table an index directory holds (and, on Databricks, the source of the Vector Search index).
+CHUNKS = pa.schema(
+    [
+        ("chunk_id", pa.string()),
+        ("parent_id", pa.string()),
+        ("doc_id", pa.string()),
+        ("title", pa.string()),
+        ("url", pa.string()),
+        ("source_path", pa.string()),
+        ("chunk_text", pa.string()),
+        ("parent_text", pa.string()),
+    ]
+)

@@ -1,0 +1,71 @@
+"""Runs the stage pipeline on Spark: one mapInArrow task per partition of questions.
+
+mapInArrow rather than mapInPandas because each output row nests its grades and decisions (lists of
+structs), which Arrow carries natively; inside the task the stages still work on pandas. Backends are
+built once per Python worker process (see crag.backends.cached_backends) and reused by every batch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+
+import pandas as pd
+import pyarrow as pa
+
+from crag import schema
+from crag.config import CragConfig, SparkConfig
+
+
+def get_spark(cfg: SparkConfig):
+    """The active session (Databricks, or a test's shared one), else a local one."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    # Workers must run this same interpreter (and so see the same packages).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if cfg.master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode needs no other interface
+    return (
+        SparkSession.builder.master(cfg.master)
+        .appName("crag")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN")
+        .getOrCreate()
+    )
+
+
+def _partition_task(config_json: str):
+    def process(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        # Imported here: this runs in the worker process.
+        from crag.backends import cached_backends
+        from crag.stages import run_pipeline, to_stage_output
+
+        cfg = CragConfig.model_validate_json(config_json)
+        backends = cached_backends(cfg)
+        for batch in batches:
+            if batch.num_rows:
+                out = run_pipeline(batch.to_pandas(), backends, cfg)
+                yield from to_stage_output(out).to_batches()
+
+    return process
+
+
+def run_stages(spark, questions: pd.DataFrame, cfg: CragConfig) -> pa.Table:
+    """All stages over the accepted questions on Spark; returns schema.STAGE_OUTPUT rows."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    partitions = cfg.spark.partitions or spark.sparkContext.defaultParallelism
+    partitions = max(1, min(partitions, len(questions)))
+    frame = spark.createDataFrame(pa.Table.from_pandas(questions[["question_id", "question"]], preserve_index=False))
+    result = frame.repartition(partitions).mapInArrow(
+        _partition_task(cfg.model_dump_json()), from_arrow_schema(schema.STAGE_OUTPUT)
+    )
+    return result.toArrow()

@@ -1,0 +1,441 @@
+"""The CRAG stages: pure functions over a pandas DataFrame with one row per question.
+
+Each stage takes the DataFrame and its backends, reads the columns it names as inputs, and returns a new
+DataFrame with its output columns added; it knows nothing of Spark, files or YAML. `run_pipeline` chains
+them, and is what both a Spark partition (`crag run`) and `crag ask` execute.
+
+A backend failure is confined to its question: the row gets `error` set and later stages pass it by, so
+the rest of the batch goes on and the question still ends in exactly one answer row (route "error").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pandas as pd
+import pyarrow as pa
+
+from crag import schema
+from crag.backends import Backends
+from crag.backends.base import Document, Grade, Grader, Usage
+from crag.config import CragConfig, RefinementConfig, RoutingConfig
+from crag.text import split_sentences, word_windows
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+STAGES = {
+    s.name: s
+    for s in (
+        Stage("retrieve", ("question",), ("retrieved", "n_retrieved")),
+        Stage("grade", ("question", "retrieved"), ("graded", "n_relevant")),
+        Stage("decide", ("graded",), ("action", "needs_web", "use_internal", "relevant")),
+        Stage("rewrite", ("question", "needs_web"), ("web_query",)),
+        Stage("web_search", ("web_query",), ("web_results", "n_web")),
+        Stage("refine", ("question", "relevant", "use_internal", "web_results"), ("context",)),
+        Stage("generate", ("question", "context"), ("answer", "refused", "sources", "route")),
+    )
+}
+
+
+def _check_inputs(df: pd.DataFrame, stage: str) -> None:
+    missing = [c for c in STAGES[stage].inputs if c not in df.columns]
+    if missing:
+        raise ValueError(f"stage {stage!r} needs column(s) {missing}; run the stages before it first")
+
+
+def start(questions: pd.DataFrame) -> pd.DataFrame:
+    """Add the bookkeeping columns every stage shares: error, usage and the decision log."""
+    df = questions.reset_index(drop=True).copy()
+    df["error"] = pd.Series([None] * len(df), dtype=object)
+    df["usage"] = [Usage() for _ in range(len(df))]
+    df["decisions"] = [[] for _ in range(len(df))]
+    return df
+
+
+def _log(df: pd.DataFrame, entries: list[tuple[str, str, str] | None]) -> list[list[dict]]:
+    """The decision log with one (step, decision, reason) appended per row (None: nothing to add)."""
+    return [
+        log + [dict(zip(("step", "decision", "reason"), e))] if e else log
+        for log, e in zip(df["decisions"], entries)
+    ]
+
+
+def _per_row(df: pd.DataFrame, stage: str, fn: Callable[[pd.Series], object], when=None):
+    """Call fn on every row without an error (and where `when(row)` holds); return results, per-row
+    milliseconds and the updated error column. An exception fails that row only."""
+    results, millis, errors = [], [], list(df["error"])
+    for i, row in enumerate(df.itertuples(index=False)):
+        if errors[i] is not None or (when is not None and not when(row)):
+            results.append(None)
+            millis.append(0.0)
+            continue
+        t0 = time.perf_counter()
+        try:
+            results.append(fn(row))
+        except Exception as exc:  # a backend failure is data for this question, not the end of the batch
+            errors[i] = f"{stage}: {type(exc).__name__}: {exc}"
+            results.append(None)
+        millis.append((time.perf_counter() - t0) * 1000)
+    return results, millis, errors
+
+
+# ---------------------------------------------------------------- retrieve
+
+
+def retrieve(df: pd.DataFrame, backends: Backends, k: int) -> pd.DataFrame:
+    """Top-k child chunks per question, expanded to parent documents and de-duplicated by parent.
+    One batched call for the partition; if it fails, each question is tried alone so one bad question
+    cannot fail its neighbours."""
+    _check_inputs(df, "retrieve")
+    out = df.copy()
+    t0 = time.perf_counter()
+    try:
+        found = backends.retriever.search(list(df["question"]), k)
+        errors = list(df["error"])
+        millis = [(time.perf_counter() - t0) * 1000 / max(len(df), 1)] * len(df)
+    except Exception:
+        found, millis, errors = _per_row(df, "retrieve", lambda r: backends.retriever.search([r.question], k)[0])
+    for usage in out["usage"]:
+        usage.search_calls += 1
+    out["retrieved"] = [docs or [] for docs in found]
+    out["n_retrieved"] = [len(d) for d in out["retrieved"]]
+    out["error"] = errors
+    out["ms_retrieve"] = millis
+    out["decisions"] = _log(
+        out,
+        [
+            None if e else ("retrieve", f"{len(d)} documents", f"{backends.retriever.name}: top {k} child chunks -> {len(d)} parent documents")
+            for d, e in zip(out["retrieved"], errors)
+        ],
+    )
+    return out
+
+
+# ---------------------------------------------------------------- grade
+
+
+def _apply_grades(docs: list[Document], grades: list[Grade], grader: Grader) -> list[Document]:
+    if len(grades) != len(docs):
+        raise ValueError(f"grader returned {len(grades)} grades for {len(docs)} documents")
+    return [
+        {
+            **doc,
+            "relevance": g.relevance,
+            "grade": g.grade,
+            "parse_status": g.parse_status,
+            "rationale": g.rationale,
+            "grader": grader.name,
+            "prompt_hash": grader.prompt_hash,
+        }
+        for doc, g in zip(docs, grades)
+    ]
+
+
+def grade_documents(df: pd.DataFrame, grader: Grader, column: str, target: str, step: str) -> tuple[pd.DataFrame, list[float]]:
+    """Grade every document in `column` into `target`; shared by the knowledge-base and web grading."""
+    out = df.copy()
+
+    def grade_row(row):
+        docs = getattr(row, column) or []
+        return _apply_grades(docs, grader.grade(row.question, docs, row.usage), grader) if docs else []
+
+    graded, millis, errors = _per_row(out, step, grade_row, when=lambda r: bool(getattr(r, column)))
+    out[target] = [g if g is not None else (list(d) if d else []) for g, d in zip(graded, out[column])]
+    out["error"] = errors
+    out["decisions"] = _log(
+        out,
+        [
+            (step, f"{sum(d['grade'] == 'yes' for d in g)} of {len(g)} relevant", f"grader {grader.name}")
+            if g
+            else None
+            for g in graded
+        ],
+    )
+    return out, millis
+
+
+def grade(df: pd.DataFrame, backends: Backends) -> pd.DataFrame:
+    _check_inputs(df, "grade")
+    out, millis = grade_documents(df, backends.grader, "retrieved", "graded", "grade")
+    out["n_relevant"] = [sum(d.get("grade") == "yes" for d in docs) for docs in out["graded"]]
+    out["ms_grade"] = millis
+    return out
+
+
+# ---------------------------------------------------------------- decide
+
+
+def route_question(graded: list[Document], routing: RoutingConfig) -> tuple[str, bool, bool, list[Document], str]:
+    """(action, needs_web, use_internal, relevant internal documents, reason) for one question."""
+    relevant = [d for d in graded if d.get("grade") == "yes"][: routing.max_relevant_docs]
+    n, n_rel = len(graded), sum(d.get("grade") == "yes" for d in graded)
+    counted = f"{n_rel} of {n} documents relevant"
+    policy = routing.policy
+    if policy == "thresholds":
+        scores = [d.get("relevance", 0.0) for d in graded]
+        best = max(scores, default=0.0)
+        if best >= routing.upper:
+            return "correct", False, True, relevant, f"best relevance {best:.2f} >= upper {routing.upper}; policy thresholds -> internal documents"
+        if best < routing.lower:
+            return "incorrect", True, False, [], f"best relevance {best:.2f} < lower {routing.lower}; policy thresholds -> web search only"
+        return "ambiguous", True, True, relevant, f"best relevance {best:.2f} between {routing.lower} and {routing.upper}; policy thresholds -> internal documents and web search"
+    action = "correct" if n and n_rel == n else "incorrect" if n_rel == 0 else "ambiguous"
+    if policy == "any_irrelevant":
+        needs_web = action != "correct"
+        why = "all relevant -> answer from them" if not needs_web else f"{n - n_rel} irrelevant -> web search"
+    elif policy == "all_irrelevant":
+        needs_web = n_rel == 0
+        action = "incorrect" if needs_web else "correct"
+        why = "none relevant -> web search" if needs_web else "some relevant -> answer from them"
+    else:  # min_context_chars
+        chars = sum(len(d["text"]) for d in relevant)
+        needs_web = chars < routing.min_context_chars
+        action = "correct" if not needs_web else "incorrect" if n_rel == 0 else "ambiguous"
+        why = f"relevant context {chars} chars {'<' if needs_web else '>='} {routing.min_context_chars} -> {'web search' if needs_web else 'answer from it'}"
+    return action, needs_web, True, relevant, f"{counted}; policy {policy}: {why}"
+
+
+def decide(df: pd.DataFrame, routing: RoutingConfig) -> pd.DataFrame:
+    _check_inputs(df, "decide")
+    out = df.copy()
+    t0 = time.perf_counter()
+    routed = [route_question(g, routing) if e is None else (None, False, False, [], None) for g, e in zip(out["graded"], out["error"])]
+    out["action"] = [r[0] for r in routed]
+    out["needs_web"] = [r[1] for r in routed]
+    out["use_internal"] = [r[2] for r in routed]
+    out["relevant"] = [r[3] for r in routed]
+    out["ms_decide"] = (time.perf_counter() - t0) * 1000 / max(len(out), 1)
+    out["decisions"] = _log(out, [("route", r[0], r[4]) if r[0] else None for r in routed])
+    return out
+
+
+# ---------------------------------------------------------------- rewrite + web search
+
+
+def rewrite(df: pd.DataFrame, backends: Backends) -> pd.DataFrame:
+    """A web query for each question that needs the web. The original question is kept for generation."""
+    _check_inputs(df, "rewrite")
+    out = df.copy()
+    enabled = backends.web_search is not None
+    queries, millis, errors = _per_row(
+        out, "rewrite", lambda r: backends.rewriter.rewrite(r.question, r.usage), when=lambda r: r.needs_web and enabled
+    )
+    out["web_query"] = queries
+    out["error"] = errors
+    out["ms_rewrite"] = millis
+    out["decisions"] = _log(
+        out,
+        [
+            ("rewrite", q, f"rewriter {backends.rewriter.name}")
+            if q is not None
+            else ("rewrite", "skipped", "web search is switched off (web_search.backend: none)")
+            if nw and not enabled and e is None
+            else None
+            for q, nw, e in zip(queries, out["needs_web"], errors)
+        ],
+    )
+    return out
+
+
+def web_search(df: pd.DataFrame, backends: Backends, k: int, grade_results: bool) -> pd.DataFrame:
+    _check_inputs(df, "web_search")
+    out = df.copy()
+
+    def search(row):
+        row.usage.search_calls += 1
+        return [{**d, "rank": i + 1} for i, d in enumerate(backends.web_search.search(row.web_query, k))]
+
+    results, millis, errors = _per_row(out, "web_search", search, when=lambda r: r.web_query is not None)
+    out["web_results"] = [r or [] for r in results]
+    out["error"] = errors
+    out["decisions"] = _log(
+        out,
+        [
+            ("web_search", f"{len(r)} results", f"{backends.web_search.name}, query {q!r}") if r is not None else None
+            for r, q in zip(results, out["web_query"])
+        ],
+    )
+    if grade_results:
+        out, grade_ms = grade_documents(out, backends.grader, "web_results", "web_results", "grade_web")
+        millis = [a + b for a, b in zip(millis, grade_ms)]
+    out["n_web"] = [len(r) for r in out["web_results"]]
+    out["ms_web_search"] = millis
+    return out
+
+
+# ---------------------------------------------------------------- context (+ optional refinement)
+
+
+def _usable_web(results: list[Document]) -> list[Document]:
+    """Graded web results count only when relevant; ungraded ones (grading off) are all used."""
+    return [d for d in results if d.get("grade", "yes") == "yes"]
+
+
+def _strips(text: str, cfg: RefinementConfig) -> list[str]:
+    return split_sentences(text) if cfg.strip == "sentence" else word_windows(text, cfg.window_words)
+
+
+def refine_context(question: str, context: list[Document], grader: Grader, cfg: RefinementConfig, usage: Usage) -> list[Document]:
+    """The CRAG paper's knowledge refinement: split each document into strips, grade every strip, keep
+    the best `keep`, and recompose them in their original order (a document with no kept strip drops out)."""
+    strips = [(d, s, text) for d, doc in enumerate(context) for s, text in enumerate(_strips(doc["text"], cfg))]
+    if not strips:
+        return []
+    grades = grader.grade(question, [{**context[d], "text": text} for d, _, text in strips], usage)
+    ranked = sorted(range(len(strips)), key=lambda i: (-grades[i].relevance, i))
+    keep = sorted(i for i in ranked[: cfg.keep] if grades[i].grade == "yes")
+    refined = []
+    for d, doc in enumerate(context):
+        kept = [strips[i][2] for i in keep if strips[i][0] == d]
+        if kept:
+            refined.append({**doc, "text": " ".join(kept)})
+    return refined
+
+
+def refine(df: pd.DataFrame, backends: Backends, cfg: RefinementConfig) -> pd.DataFrame:
+    """The context the generator will read: relevant internal documents (unless the action says web
+    only) plus usable web results; refined into strips when refinement is on."""
+    _check_inputs(df, "refine")
+    out = df.copy()
+
+    def compose(row):
+        context = (row.relevant if row.use_internal else []) + _usable_web(row.web_results)
+        if cfg.enabled and context:
+            context = refine_context(row.question, context, backends.grader, cfg, row.usage)
+        return context
+
+    contexts, millis, errors = _per_row(out, "refine", compose)
+    out["context"] = [c or [] for c in contexts]
+    out["error"] = errors
+    out["ms_refine"] = millis
+    if cfg.enabled:
+        out["decisions"] = _log(
+            out, [("refine", f"{len(c)} documents", "knowledge refinement: best strips kept") if c is not None else None for c in contexts]
+        )
+    return out
+
+
+# ---------------------------------------------------------------- generate
+
+
+def _route(context: list[Document]) -> str:
+    kinds = {d["source"] for d in context}
+    return "mixed" if len(kinds) > 1 else "web" if kinds == {"web"} else "internal"
+
+
+def generate(df: pd.DataFrame, backends: Backends, refusal_message: str) -> pd.DataFrame:
+    """Answer the ORIGINAL question from the context. No context: the refusal message, and no call."""
+    _check_inputs(df, "generate")
+    out = df.copy()
+    answers, millis, errors = _per_row(
+        out, "generate", lambda r: backends.generator.generate(r.question, r.context, r.usage), when=lambda r: bool(r.context)
+    )
+    texts, refused, sources, routes, log = [], [], [], [], []
+    for answer, context, error in zip(answers, out["context"], errors):
+        if error is not None:
+            texts.append(None), refused.append(False), sources.append([]), routes.append("error")
+            log.append(("generate", "error", error))
+        elif answer is None or answer.text is None:
+            texts.append(refusal_message), refused.append(True), sources.append([]), routes.append("refused")
+            why = "no relevant context survived; generator not called" if answer is None else f"generator {backends.generator.name} found no answer in the context"
+            log.append(("generate", "refused", why))
+        else:
+            cited = [context[i] for i in answer.cited if 0 <= i < len(context)]
+            texts.append(answer.text), refused.append(False), routes.append(_route(context))
+            sources.append([{k: d.get(k) for k in ("source", "doc_id", "title", "url")} for d in cited])
+            log.append(("generate", "answered", f"generator {backends.generator.name} from {len(context)} documents ({_route(context)}), {len(cited)} cited"))
+    out["answer"], out["refused"], out["sources"], out["route"] = texts, refused, sources, routes
+    out["error"] = errors
+    out["ms_generate"] = millis
+    out["decisions"] = _log(out, log)
+    return out
+
+
+# ---------------------------------------------------------------- the whole flow
+
+
+def run_pipeline(
+    questions: pd.DataFrame,
+    backends: Backends,
+    cfg: CragConfig,
+    on_stage: Callable[[str, pd.DataFrame], None] | None = None,
+) -> pd.DataFrame:
+    """All stages in order over a batch of validated questions (`question_id`, `question`)."""
+    steps: list[tuple[str, Callable[[pd.DataFrame], pd.DataFrame]]] = [
+        ("retrieve", lambda d: retrieve(d, backends, cfg.retriever.k)),
+        ("grade", lambda d: grade(d, backends)),
+        ("decide", lambda d: decide(d, cfg.routing)),
+        ("rewrite", lambda d: rewrite(d, backends)),
+        ("web_search", lambda d: web_search(d, backends, cfg.web_search.k, cfg.web_search.grade_results)),
+        ("refine", lambda d: refine(d, backends, cfg.refinement)),
+        ("generate", lambda d: generate(d, backends, cfg.generator.refusal_message)),
+    ]
+    df = start(questions)
+    for name, step in steps:
+        df = step(df)
+        if on_stage is not None:
+            on_stage(name, df)
+    return df
+
+
+def _grade_rows(graded: list[Document], web: list[Document]) -> list[dict]:
+    rows = []
+    for doc in graded + [d for d in web if "grade" in d]:
+        rows.append(
+            {
+                "rank": doc.get("rank"),
+                "source": doc["source"],
+                "doc_id": doc.get("doc_id"),
+                "parent_id": doc.get("parent_id"),
+                "title": doc.get("title"),
+                "url": doc.get("url"),
+                "retrieval_score": doc.get("retrieval_score"),
+                "relevance": doc.get("relevance"),
+                "grade": doc.get("grade"),
+                "parse_status": doc.get("parse_status"),
+                "rationale": doc.get("rationale"),
+                "grader": doc.get("grader"),
+                "prompt_hash": doc.get("prompt_hash"),
+            }
+        )
+    return rows
+
+
+def to_stage_output(df: pd.DataFrame) -> pa.Table:
+    """The pipeline's result as Arrow in schema.STAGE_OUTPUT: one row per question, its grades and
+    decisions nested (the driver splits them into their own tables)."""
+    rows = []
+    for r in df.itertuples(index=False):
+        usage: Usage = r.usage
+        rows.append(
+            {
+                "question_id": r.question_id,
+                "question": r.question,
+                "answer": r.answer,
+                "action": r.action,
+                "route": r.route,
+                "refused": r.refused,
+                "web_query": r.web_query,
+                "n_retrieved": r.n_retrieved,
+                "n_relevant": r.n_relevant,
+                "n_web": r.n_web,
+                "sources": r.sources,
+                "error": r.error,
+                "llm_calls": usage.llm_calls,
+                "search_calls": usage.search_calls,
+                "prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": usage.completion_tokens,
+                **{f"ms_{s}": float(getattr(r, f"ms_{s}")) for s in schema.STAGES},
+                "grades": _grade_rows(r.graded, r.web_results),
+                "decisions": r.decisions,
+            }
+        )
+    return pa.Table.from_pylist(rows, schema=schema.STAGE_OUTPUT)

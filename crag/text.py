@@ -1,0 +1,194 @@
+"""Text handling shared by indexing, the lexical backends and evaluation.
+
+One tokenizer serves English and Japanese without language detection: runs of Latin letters and
+digits become lower-cased words (English stop words dropped); runs of Japanese characters go either to
+character unigrams + bigrams (the default: no dictionary needed) or to SudachiPy content words in their
+normalised form (dictionary from PyPI's sudachidict-core). bench/tokenizers.py measures both on
+JSQuAD/JaQuAD: equal recall, so the default is the one without a dictionary (figures in the README).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+import threading
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+import Stemmer
+
+# Kanji, hiragana, katakana (incl. half-width and the prolonged-sound mark), CJK compatibility ideographs.
+_CJK = r"\u3005\u3041-\u3096\u309d-\u309f\u30a1-\u30fa\u30fc-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"
+# A word run must stop where Japanese starts: "5月" is the number 5 and the Japanese run 月.
+_TOKEN_RE = re.compile(rf"[{_CJK}]+|(?:(?![{_CJK}])[^\W_])+", re.UNICODE)
+_CJK_RUN_RE = re.compile(rf"[{_CJK}]+")
+_HIRAGANA_RUN_RE = re.compile(r"^[\u3041-\u309f\u30fc]+$")
+# Sentence ends: Western punctuation followed by space, or Japanese full stops (no space follows them).
+_SENTENCE_RE = re.compile(r"(?<=[.!?])\s+(?=[^\s])|(?<=[。！？])|\n+")
+
+# English function words and question words. Japanese needs no list: bigrams of particles carry little
+# IDF weight, and the keyword extractor below drops hiragana runs altogether.
+ENGLISH_STOP_WORDS = frozenset(
+    """a about above after again against all am an and any are as at be because been before being below
+    between both but by can could did do does doing down during each few for from further had has have having
+    he her here hers herself him himself his how i if in into is it its itself just me more most my myself no
+    nor not now of off on once only or other our ours ourselves out over own same she should so some such
+    than that the their theirs them themselves then there these they this those through to too under until
+    up very was we were what when where which while who whom why will with would you your yours yourself
+    yourselves also many much may might must shall whose s t""".split()
+)
+# Words that ask rather than describe: removed from web queries and from the terms a grader looks for.
+QUESTION_WORDS = frozenset(
+    "what when where which who whom whose why how name named called kind type".split()
+)
+_QUESTION_STEMS = frozenset(Stemmer.Stemmer("english").stemWords(sorted(QUESTION_WORDS)))
+JAPANESE_QUESTION_WORDS = ("何", "なに", "なん", "どこ", "いつ", "だれ", "誰", "どの", "どれ", "どう", "なぜ", "どんな", "いくつ", "いくら")
+
+
+def normalize(text: str) -> str:
+    """NFKC folds full-width Latin and half-width katakana, so both spellings match."""
+    return unicodedata.normalize("NFKC", text)
+
+
+def _cjk_ngrams(run: str) -> list[str]:
+    return list(run) + [run[i : i + 2] for i in range(len(run) - 1)]
+
+
+# Parts of speech that carry no topic: particles, auxiliary verbs, symbols, blanks.
+_SUDACHI_SKIP = frozenset(("助詞", "助動詞", "補助記号", "記号", "空白"))
+
+
+@functools.lru_cache(maxsize=1)
+def _sudachi():
+    # Imported lazily: loading the dictionary costs ~0.1 s and is needed only for Japanese text.
+    from sudachipy import Dictionary, SplitMode
+
+    tokenizer = Dictionary(dict="core").tokenizer()
+    return tokenizer, SplitMode.A
+
+
+def _sudachi_words(run: str) -> list[str]:
+    tokenizer, mode = _sudachi()
+    return [
+        m.normalized_form()
+        for m in tokenizer.tokenize(run, mode)
+        if m.part_of_speech()[0] not in _SUDACHI_SKIP
+    ]
+
+
+TOKENIZERS = ("cjk_ngram", "sudachi")
+
+
+_stemmers = threading.local()  # PyStemmer objects must not be shared between threads
+
+
+@functools.lru_cache(maxsize=200_000)
+def stem(word: str) -> str:
+    """Snowball English stem, so "replaced" matches "replace" and "filters" matches "filter"."""
+    stemmer = getattr(_stemmers, "english", None)
+    if stemmer is None:
+        stemmer = _stemmers.english = Stemmer.Stemmer("english")
+    return stemmer.stemWord(word)
+
+
+def tokenize(text: str, tokenizer: str = "cjk_ngram") -> list[str]:
+    """Search tokens: English word stems (lower-cased, stop words removed) and Japanese words or n-grams."""
+    split_cjk = _sudachi_words if tokenizer == "sudachi" else _cjk_ngrams
+    tokens: list[str] = []
+    for match in _TOKEN_RE.finditer(normalize(text).lower()):
+        run = match.group(0)
+        if _CJK_RUN_RE.fullmatch(run):
+            tokens.extend(split_cjk(run))
+        elif run not in ENGLISH_STOP_WORDS:
+            tokens.append(stem(run))
+    return tokens
+
+
+def content_terms(question: str, tokenizer: str = "cjk_ngram") -> list[str]:
+    """The distinct search tokens of a question that say what it is about (question words removed)."""
+    text = normalize(question)
+    for word in JAPANESE_QUESTION_WORDS:
+        text = text.replace(word, " ")
+    seen: dict[str, None] = {}
+    for token in tokenize(text, tokenizer):
+        if token not in _QUESTION_STEMS:
+            seen.setdefault(token, None)
+    return list(seen)
+
+
+def keywords(question: str) -> list[str]:
+    """Readable keywords for a web query: English content words, and the kanji/katakana/Latin runs of
+    Japanese text (hiragana runs there are mostly particles and inflections)."""
+    text = normalize(question)
+    for word in JAPANESE_QUESTION_WORDS:
+        text = text.replace(word, " ")
+    out: dict[str, None] = {}
+    for match in _TOKEN_RE.finditer(text):
+        run = match.group(0)
+        if _CJK_RUN_RE.fullmatch(run):
+            for part in re.split(r"[\u3041-\u309f]+", run):
+                if part and not _HIRAGANA_RUN_RE.match(part):
+                    out.setdefault(part, None)
+        elif run.lower() not in ENGLISH_STOP_WORDS and run.lower() not in QUESTION_WORDS:
+            out.setdefault(run, None)
+    return list(out)
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of English or Japanese text, stripped, empties dropped."""
+    return [s.strip() for s in _SENTENCE_RE.split(text) if s and s.strip()]
+
+
+def word_windows(text: str, size: int = 50) -> list[str]:
+    """~`size`-word windows (CJK: 2*size characters), the CRAG paper's alternative strip unit."""
+    words = text.split()
+    if len(words) > 1:
+        return [" ".join(words[i : i + size]) for i in range(0, len(words), size)]
+    width = 2 * size
+    return [text[i : i + width] for i in range(0, len(text), width)] if text else []
+
+
+class TermWeights:
+    """Inverse document frequencies from a corpus, used to weigh question terms by how telling they are.
+
+    Terms never seen in the corpus get the largest IDF: a rare word the corpus lacks is strong evidence
+    that a document which does contain it is on topic.
+    """
+
+    def __init__(self, document_frequency: dict[str, int], n_documents: int):
+        self.document_frequency = document_frequency
+        self.n_documents = max(n_documents, 1)
+        self._unseen = self.idf_of(0)
+
+    def idf_of(self, df: int) -> float:
+        return math.log(1.0 + (self.n_documents - df + 0.5) / (df + 0.5))
+
+    def idf(self, term: str) -> float:
+        df = self.document_frequency.get(term)
+        return self._unseen if df is None else self.idf_of(df)
+
+    def merged(self, other: "TermWeights") -> "TermWeights":
+        """Statistics of both corpora together, as if they were one."""
+        df = dict(self.document_frequency)
+        for term, count in other.document_frequency.items():
+            df[term] = df.get(term, 0) + count
+        return TermWeights(df, self.n_documents + other.n_documents)
+
+    @classmethod
+    def from_tokens(cls, corpus_tokens: Sequence[Sequence[str]]) -> "TermWeights":
+        df: Counter[str] = Counter()
+        for tokens in corpus_tokens:
+            df.update(set(tokens))
+        return cls(dict(df), len(corpus_tokens))
+
+
+def coverage(terms: Sequence[str], document_tokens: Iterable[str], weights: TermWeights) -> float:
+    """IDF-weighted share of `terms` present in the document: 0 (none) .. 1 (all)."""
+    if not terms:
+        return 0.0
+    present = set(document_tokens)
+    total = sum(weights.idf(t) for t in terms)
+    hit = sum(weights.idf(t) for t in terms if t in present)
+    return hit / total if total > 0 else 0.0
