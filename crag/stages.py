@@ -188,6 +188,8 @@ def route_question(graded: list[Document], routing: RoutingConfig) -> tuple[str,
             return "incorrect", True, False, [], f"best relevance {best:.2f} < lower {routing.lower}; policy thresholds -> web search only"
         return "ambiguous", True, True, relevant, f"best relevance {best:.2f} between {routing.lower} and {routing.upper}; policy thresholds -> internal documents and web search"
     action = "correct" if n and n_rel == n else "incorrect" if n_rel == 0 else "ambiguous"
+    if n == 0 and policy != "min_context_chars":
+        return "incorrect", True, True, [], f"nothing retrieved; policy {policy}: web search"
     if policy == "any_irrelevant":
         needs_web = action != "correct"
         why = "all relevant -> answer from them" if not needs_web else f"{n - n_rel} irrelevant -> web search"

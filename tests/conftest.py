@@ -1,0 +1,57 @@
+"""Shared fixtures: one SparkSession and one pair of sample indexes per test run."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "data" / "sample"
+LOCAL_CONF = REPO / "conf" / "local.yaml"
+
+
+@pytest.fixture(scope="session")
+def spark():
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from crag.config import SparkConfig
+    from crag.spark import get_spark
+
+    session = get_spark(SparkConfig(master="local[2]"))
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def sample_indexes(tmp_path_factory) -> dict[str, str]:
+    from crag.config import load_config
+    from crag.indexing import build_index
+
+    root = tmp_path_factory.mktemp("indexes")
+    cfg = load_config(LOCAL_CONF)
+    build_index(SAMPLE / "kb", root / "kb", cfg.indexing)
+    build_index(SAMPLE / "web.jsonl", root / "web", cfg.indexing)
+    return {"kb": str(root / "kb"), "web": str(root / "web")}
+
+
+@pytest.fixture(scope="session")
+def index_overrides(sample_indexes) -> list[str]:
+    return [f"retriever.index={sample_indexes['kb']}", f"web_search.index={sample_indexes['web']}"]
+
+
+@pytest.fixture(scope="session")
+def sample_config(index_overrides):
+    from crag.config import load_config
+
+    return load_config(LOCAL_CONF, index_overrides)
+
+
+@pytest.fixture(scope="session")
+def sample_backends(sample_config):
+    from crag.backends import build_backends
+
+    return build_backends(sample_config)

@@ -1,0 +1,75 @@
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import LOCAL_CONF, SAMPLE
+from crag.cli import main
+
+
+def test_ask_prints_every_stage(capsys, index_overrides):
+    sets = [a for o in index_overrides for a in ("--set", o)]
+    assert main(["ask", "--conf", str(LOCAL_CONF), *sets, "How high is Mount Fuji?"]) == 0
+    out = capsys.readouterr().out
+    for marker in ("[retrieve]", "[grade]", "[decide] incorrect", "[rewrite] web query: high Mount Fuji", "[web_search] 3 results", "[generate] route web"):
+        assert marker in out, out
+    assert "3,776 metres" in out and "https://example.org/wiki/Mount_Fuji" in out
+
+
+def test_ask_rejects_a_blank_question_in_one_line(capsys, index_overrides):
+    sets = [a for o in index_overrides for a in ("--set", o)]
+    assert main(["ask", "--conf", str(LOCAL_CONF), *sets, "   "]) == 2
+    assert capsys.readouterr().err == "crag: error: question is only whitespace\n"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--set", "retriever.kk=1"], "crag: error: unknown config key 'retriever.kk' (allowed here: backend, index, k)\n"),
+        (["--set", "web_search.backend=bing"], "crag: error: config key 'web_search.backend': got 'bing', expected 'offline_corpus' or 'none'\n"),
+        (["--variant", "nope"], "crag: error: unknown variant 'nope'"),
+    ],
+)
+def test_config_errors_are_one_line(capsys, args, message):
+    assert main(["ask", "--conf", str(LOCAL_CONF), *args, "q?"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1
+
+
+def test_run_with_missing_questions_is_one_line(capsys, tmp_path, index_overrides):
+    sets = [a for o in index_overrides for a in ("--set", o)]
+    code = main(["run", "--conf", str(LOCAL_CONF), *sets, "--questions", str(tmp_path / "none.jsonl"), "--warehouse", str(tmp_path)])
+    assert code == 2
+    assert capsys.readouterr().err == f"crag: error: questions not found: {tmp_path / 'none.jsonl'}\n"
+
+
+def test_run_prints_the_summary(capsys, spark, tmp_path, index_overrides):
+    sets = [a for o in index_overrides for a in ("--set", o)]
+    code = main(["run", "--conf", str(LOCAL_CONF), *sets, "--questions", str(SAMPLE / "questions.jsonl"),
+                 "--warehouse", str(tmp_path), "--run-id", "cli"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "run cli (variant base)" in out and "questions   51: 49 accepted, 2 rejected" in out
+    assert "refusals" in out and "wall time" in out
+
+
+def test_console_script_builds_an_index(tmp_path):
+    crag = shutil.which("crag", path=str(Path(sys.executable).parent))
+    assert crag, "the crag console script is installed with the package"
+    done = subprocess.run(
+        [crag, "index", "--conf", str(LOCAL_CONF), "--docs", str(SAMPLE / "web.jsonl"), "--out", str(tmp_path / "web")],
+        capture_output=True, text=True, check=True,
+    )
+    assert "indexed 13 documents" in done.stdout
+    assert (tmp_path / "web" / "manifest.json").exists()
+
+
+def test_the_jobs_entry_point_runs_crag(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "jobs/build_index.py", "--conf", str(LOCAL_CONF), "--docs", str(SAMPLE / "web.jsonl"), "--out", str(tmp_path / "w")],
+        capture_output=True, text=True, cwd=Path(__file__).parents[1],
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "w" / "manifest.json").exists()

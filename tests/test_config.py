@@ -1,0 +1,90 @@
+import pytest
+
+from crag.config import CragConfig, load_config, redacted
+from crag.errors import ConfigError
+from conftest import LOCAL_CONF
+
+
+def test_local_conf_is_valid_and_matches_defaults_where_it_should():
+    cfg = load_config(LOCAL_CONF)
+    assert cfg.retriever.k == 10 and cfg.routing.max_relevant_docs == 5 and cfg.web_search.k == 3
+    assert cfg.routing.policy == "any_irrelevant"
+
+
+def test_every_key_of_local_conf_is_commented():
+    lines = [l for l in LOCAL_CONF.read_text().splitlines() if l.strip() and not l.lstrip().startswith("#")]
+    uncommented = [l for l in lines if "#" not in l and not l.rstrip().endswith(":")]
+    assert uncommented == []
+
+
+def test_set_overrides_parse_yaml_values():
+    cfg = load_config(LOCAL_CONF, ["routing.policy=thresholds", "retriever.k=4", "web_search.grade_results=false",
+                                   "rewriter.policy_keywords=[AQ-7, Hoshi]"])
+    assert cfg.routing.policy == "thresholds" and cfg.retriever.k == 4
+    assert cfg.web_search.grade_results is False and cfg.rewriter.policy_keywords == ["AQ-7", "Hoshi"]
+
+
+def test_unknown_key_names_key_and_allowed_keys():
+    with pytest.raises(ConfigError) as err:
+        load_config(LOCAL_CONF, ["retriever.kk=3"])
+    assert "retriever.kk" in str(err.value) and "backend, index, k" in str(err.value)
+
+
+def test_unknown_section():
+    with pytest.raises(ConfigError, match="unknown config key 'retreiver'"):
+        load_config(None, ["retreiver.k=3"])
+
+
+def test_unknown_backend_lists_allowed_values():
+    with pytest.raises(ConfigError) as err:
+        load_config(LOCAL_CONF, ["grader.backend=gpt"])
+    assert "grader.backend" in str(err.value) and "'lexical'" in str(err.value)
+
+
+def test_wrong_type():
+    with pytest.raises(ConfigError, match="retriever.k"):
+        load_config(LOCAL_CONF, ["retriever.k=many"])
+
+
+def test_thresholds_must_be_ordered():
+    with pytest.raises(ConfigError, match="must not exceed"):
+        load_config(LOCAL_CONF, ["routing.lower=0.9", "routing.upper=0.2"])
+
+
+def test_bad_set_syntax():
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(LOCAL_CONF, ["retriever.k"])
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("retriever: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("just text\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(scalar)
+
+
+def test_variant_overlay(tmp_path):
+    conf = tmp_path / "c.yaml"
+    conf.write_text("routing:\n  policy: any_irrelevant\n  upper: 0.7\n")
+    (tmp_path / "variants").mkdir()
+    (tmp_path / "variants" / "strict.yaml").write_text("routing:\n  policy: thresholds\n")
+    cfg = load_config(conf, variant="strict")
+    assert cfg.routing.policy == "thresholds" and cfg.routing.upper == 0.7
+    with pytest.raises(ConfigError, match="unknown variant 'nope'.*known: strict"):
+        load_config(conf, variant="nope")
+
+
+def test_hash_changes_with_config():
+    assert CragConfig().hash() == CragConfig().hash()
+    assert CragConfig().hash() != load_config(None, ["retriever.k=3"]).hash()
+
+
+def test_redaction_hides_secrets_but_keeps_env_var_names():
+    out = redacted({"llm": {"api_key": "sk-123", "api_key_env": "OPENAI_API_KEY", "token": "", "k": 3}})
+    assert out == {"llm": {"api_key": "***", "api_key_env": "OPENAI_API_KEY", "token": "", "k": 3}}

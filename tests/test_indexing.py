@@ -1,0 +1,115 @@
+import json
+
+import pytest
+
+from crag.backends.bm25 import INDEX_VERSION, BM25Retriever, LexicalIndex, OfflineCorpusSearch
+from crag.config import IndexingConfig
+from crag.errors import IndexError_, InputError
+from crag.indexing import build_index, chunk_documents
+from crag.tables import read_whole_table
+
+
+def _write_docs(tmp_path):
+    docs = tmp_path / "docs"
+    (docs / "ja").mkdir(parents=True)
+    (docs / "guide.md").write_text(
+        "# Guide\n\nIntro paragraph about the device.\n\n## Filters\n\nReplace the filter every 12 months.\n\n"
+        "## Noise\n\nTurbo mode reaches 52 dB. " + "More words about noise. " * 40 + "\n"
+    )
+    (docs / "notes.txt").write_text("Plain text notes about warranty: three years.\n")
+    (docs / "ja" / "hoshou.md").write_text("# 保証\n\n保証期間は3年間です。製品登録で5年間に延長されます。\n")
+    return docs
+
+
+def test_markdown_sections_become_parents_and_children_point_to_them(tmp_path):
+    chunks = chunk_documents(_write_docs(tmp_path), IndexingConfig(child_chars=200, child_overlap=20))
+    rows = chunks.to_pylist()
+    guide = [r for r in rows if r["doc_id"] == "guide"]
+    parents = {r["parent_id"]: r["parent_text"] for r in guide}
+    assert parents["guide#p1"].startswith("## Filters") and "12 months" in parents["guide#p1"]
+    assert all(r["title"] == "Guide" for r in guide)
+    # the long Noise section has several children, all inside their parent
+    noise = [r for r in guide if r["parent_text"].startswith("## Noise")]
+    assert len(noise) > 3 and all(r["chunk_text"] in r["parent_text"] for r in noise)
+    assert all(len(r["chunk_text"]) <= 200 for r in rows)
+    assert {r["doc_id"] for r in rows} == {"guide", "notes", "ja/hoshou"}
+    assert [r["title"] for r in rows if r["doc_id"] == "notes"] == ["notes"]
+
+
+def test_parents_are_capped_by_parent_chars(tmp_path):
+    chunks = chunk_documents(_write_docs(tmp_path), IndexingConfig(parent_chars=300, child_chars=100, child_overlap=0))
+    assert max(len(t) for t in chunks.column("parent_text").to_pylist()) <= 300
+
+
+def test_build_index_writes_chunk_table_bm25_and_manifest(tmp_path):
+    manifest = build_index(_write_docs(tmp_path), tmp_path / "idx", IndexingConfig())
+    assert manifest["version"] == INDEX_VERSION and manifest["n_documents"] == 3
+    saved = json.loads((tmp_path / "idx" / "manifest.json").read_text())
+    assert saved["n_chunks"] == read_whole_table(tmp_path / "idx" / "chunks").num_rows
+
+
+def test_jsonl_documents_and_their_errors(tmp_path):
+    good = tmp_path / "d.jsonl"
+    good.write_text(json.dumps({"doc_id": "a", "title": "A", "text": "alpha text", "url": "https://x/a"}) + "\n\n")
+    assert chunk_documents(good, IndexingConfig()).to_pylist()[0]["url"] == "https://x/a"
+    cases = {
+        b'{"doc_id": "a", "text": ""}\n': "missing or empty string field",
+        b'{"doc_id": "a"\n': "not valid JSON",
+        b'["a"]\n': "expected a JSON object",
+        b'{"doc_id": "a", "text": "caf\xe9"}\n': "not valid UTF-8",
+        b'{"doc_id": "a", "text": "x"}\n{"doc_id": "a", "text": "y"}\n': "duplicate doc_id 'a'",
+    }
+    for content, message in cases.items():
+        bad = tmp_path / "bad.jsonl"
+        bad.write_bytes(content)
+        with pytest.raises(InputError, match=message):
+            chunk_documents(bad, IndexingConfig())
+    with pytest.raises(InputError, match="documents not found"):
+        chunk_documents(tmp_path / "nope", IndexingConfig())
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no .md or .txt files"):
+        chunk_documents(tmp_path / "empty", IndexingConfig())
+
+
+def test_missing_or_incompatible_index_is_a_clear_error(tmp_path):
+    with pytest.raises(IndexError_, match="no crag index at .*crag index"):
+        LexicalIndex(tmp_path / "none")
+    build_index(_write_docs(tmp_path), tmp_path / "idx", IndexingConfig())
+    manifest = tmp_path / "idx" / "manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "version": 99}))
+    with pytest.raises(IndexError_, match="version 99.*rebuild it"):
+        LexicalIndex(tmp_path / "idx")
+    manifest.write_text("{not json")
+    with pytest.raises(IndexError_, match="not valid JSON"):
+        LexicalIndex(tmp_path / "idx")
+
+
+def test_retriever_returns_parents_deduplicated_best_first(sample_indexes):
+    retriever = BM25Retriever(sample_indexes["kb"])
+    [docs] = retriever.search(["How often should the HEPA-13 main filter be replaced?"], k=10)
+    assert 0 < len(docs) <= 10
+    assert len({d["parent_id"] for d in docs}) == len(docs)
+    assert [d["rank"] for d in docs] == list(range(1, len(docs) + 1))
+    scores = [d["retrieval_score"] for d in docs]
+    assert scores == sorted(scores, reverse=True)
+    assert docs[0]["doc_id"] == "aq7-filters" and "every 12 months" in docs[0]["text"]
+    assert all(d["source"] == "internal" for d in docs)
+
+
+def test_japanese_question_finds_the_japanese_document(sample_indexes):
+    [docs] = BM25Retriever(sample_indexes["kb"]).search(["交換用フィルターの品番は何ですか？"], k=5)
+    assert docs[0]["doc_id"] == "ja/aq7-filter-koukan"
+
+
+def test_query_without_known_terms_returns_nothing(sample_indexes):
+    assert BM25Retriever(sample_indexes["kb"]).search(["zzzz qqqq", "???"], k=5) == [[], []]
+
+
+def test_offline_web_search_returns_k_distinct_pages(sample_indexes):
+    search = OfflineCorpusSearch(sample_indexes["web"])
+    results = search.search("air cleaners particles ozone", k=3)
+    assert len(results) == 3 and len({r["doc_id"] for r in results}) == 3
+    assert results[0]["doc_id"] == "web-ozone"
+    assert all(r["source"] == "web" and r["url"].startswith("https://") for r in results)
+    # pages that share no word with the query are not results, however few match
+    assert [r["doc_id"] for r in search.search("Mount Fuji eruption", k=3)] == ["web-fuji"]

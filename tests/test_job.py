@@ -1,0 +1,128 @@
+"""The whole job on Spark over the bundled sample, checked through the Delta tables it writes."""
+
+import json
+
+import pandas as pd
+import pytest
+from deltalake import DeltaTable
+
+from conftest import LOCAL_CONF, SAMPLE
+from crag import schema
+from crag.errors import CragError, IndexError_
+from crag.job import run
+
+QUESTIONS = SAMPLE / "questions.jsonl"
+
+
+def table(warehouse, name, run_id=None):
+    df = DeltaTable(str(warehouse / name)).to_pandas()
+    return df if run_id is None else df[df["run_id"] == run_id].reset_index(drop=True)
+
+
+@pytest.fixture(scope="module")
+def sample_run(spark, index_overrides, tmp_path_factory):
+    warehouse = tmp_path_factory.mktemp("warehouse")
+    result = run(str(LOCAL_CONF), str(QUESTIONS), str(warehouse), run_id="sample-1", overrides=index_overrides, spark=spark)
+    return result, warehouse
+
+
+def test_every_question_exactly_once(sample_run):
+    result, warehouse = sample_run
+    inputs = pd.read_json(QUESTIONS, lines=True, dtype={"question_id": str})
+    answers, rejects = table(warehouse, "answers", "sample-1"), table(warehouse, "rejects", "sample-1")
+    assert len(answers) + len(rejects) == len(inputs)
+    assert answers["question_id"].is_unique
+    assert set(answers["question_id"]) == set(inputs["question_id"].drop_duplicates()) - {"q-bad-blank"}
+    assert sorted(rejects["reason"]) == ["duplicate question_id 'q-en-01': first seen at input row 0", "question is only whitespace"]
+
+
+def test_routes_match_what_the_sample_was_written_for(sample_run):
+    _, warehouse = sample_run
+    answers = table(warehouse, "answers", "sample-1")
+    expected = pd.read_json(QUESTIONS, lines=True).drop_duplicates("question_id").set_index("question_id")["expected_route"]
+    answers["expected"] = answers["question_id"].map(expected)
+    web = answers[answers["expected"] == "web"]
+    none = answers[answers["expected"] == "none"]
+    assert len(web) >= 10 and (web["route"] == "web").all(), web[["question_id", "route"]]
+    assert len(none) >= 6 and none["refused"].all(), none[["question_id", "route"]]
+    assert (answers["error"].isna()).all()
+
+
+def test_grades_exist_for_every_retrieved_and_searched_document(sample_run):
+    _, warehouse = sample_run
+    answers, grades = table(warehouse, "answers", "sample-1"), table(warehouse, "grades", "sample-1")
+    per_question = (
+        grades.groupby(["question_id", "source"]).size().unstack(fill_value=0)
+        .reindex(index=answers["question_id"], columns=["internal", "web"], fill_value=0)
+    )
+    assert (per_question["internal"].values == answers["n_retrieved"].values).all()
+    assert (per_question["web"].values == answers["n_web"].values).all()
+    assert answers["n_retrieved"].sum() > 0 and answers["n_web"].sum() > 0
+    assert set(grades["grade"]) == {"yes", "no"} and grades["relevance"].between(0, 1).all()
+    assert (grades["parse_status"] == "ok").all() and (grades["grader"] == "lexical").all()
+    n_relevant = grades[grades["source"] == "internal"].groupby("question_id")["grade"].apply(lambda g: (g == "yes").sum())
+    assert answers.set_index("question_id")["n_relevant"].equals(n_relevant.reindex(answers["question_id"]).fillna(0).astype("int32"))
+
+
+def test_decisions_explain_each_question(sample_run):
+    _, warehouse = sample_run
+    decisions = table(warehouse, "decisions", "sample-1")
+    route = decisions[decisions["step"] == "route"].set_index("question_id")
+    assert route.loc["q-web-04", "decision"] == "incorrect"
+    assert route.loc["q-web-04", "reason"] == "nothing retrieved; policy any_irrelevant: web search"
+    assert route.loc["q-web-01", "reason"].endswith("irrelevant -> web search")
+    last = decisions.groupby("question_id").tail(1)
+    assert set(last["step"]) == {"generate"}
+
+
+def test_answers_columns_and_sources(sample_run):
+    _, warehouse = sample_run
+    dt = DeltaTable(str(warehouse / "answers"))
+    assert dt.schema().to_arrow().names == schema.ANSWERS.names
+    answers = table(warehouse, "answers", "sample-1").set_index("question_id")
+    fuji = answers.loc["q-web-04"]
+    assert "3,776" in fuji["answer"] and fuji["web_query"] == "high Mount Fuji"
+    assert [s["url"] for s in fuji["sources"]] == ["https://example.org/wiki/Mount_Fuji"]
+    assert answers.loc["q-ja-04", "route"] in ("internal", "mixed") and "HF-713" in answers.loc["q-ja-04", "answer"]
+    assert (answers["variant"] == "base").all() and answers["created_at"].dt.tz is not None
+
+
+def test_runs_table_records_config_and_counts(sample_run):
+    result, warehouse = sample_run
+    runs = table(warehouse, "runs", "sample-1")
+    assert len(runs) == 1 and runs.loc[0, "status"] == "succeeded"
+    counts = dict(runs.loc[0, "counts"])
+    assert counts["input_rows"] == 51 and counts["accepted"] == 49 and counts["rejected"] == 2
+    assert counts["route_web"] == (result.answers["route"] == "web").sum()
+    assert json.loads(runs.loc[0, "config"])["routing"]["policy"] == "any_irrelevant"
+    assert runs.loc[0, "finished_at"] >= runs.loc[0, "started_at"]
+
+
+def test_tables_are_readable_by_any_delta_reader(sample_run):
+    _, warehouse = sample_run
+    for name in schema.TABLES:
+        protocol = DeltaTable(str(warehouse / name)).protocol()
+        assert (protocol.min_reader_version, protocol.min_writer_version) == (1, 2), name
+
+
+def test_rerunning_a_run_id_replaces_its_rows(spark, index_overrides, tmp_path):
+    for _ in range(2):
+        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="again", overrides=index_overrides, spark=spark)
+    run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="other", overrides=index_overrides + ["routing.policy=thresholds"], spark=spark)
+    answers = table(tmp_path, "answers")
+    assert answers.groupby("run_id").size().to_dict() == {"again": 49, "other": 49}
+    assert not answers.duplicated(["run_id", "question_id"]).any()
+    assert len(table(tmp_path, "runs")) == 2
+    grades = table(tmp_path, "grades")
+    assert not grades.duplicated(["run_id", "question_id", "source", "rank"]).any()
+
+
+def test_missing_index_fails_before_spark_work(spark, tmp_path):
+    with pytest.raises(IndexError_, match="no crag index"):
+        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), overrides=[f"retriever.index={tmp_path / 'none'}"], spark=spark)
+    assert not (tmp_path / "answers").exists()
+
+
+def test_bad_run_id(spark, index_overrides, tmp_path):
+    with pytest.raises(CragError, match="invalid run id"):
+        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="x'; drop", overrides=index_overrides, spark=spark)

@@ -1,0 +1,62 @@
+import pytest
+
+from crag.config import RoutingConfig
+from crag.stages import route_question
+
+
+def docs(*grades_and_scores):
+    return [
+        {"parent_id": f"p{i}", "text": "x" * 60, "grade": g, "relevance": r, "source": "internal"}
+        for i, (g, r) in enumerate(grades_and_scores)
+    ]
+
+
+ALL = docs(("yes", 0.9), ("yes", 0.8))
+SOME = docs(("yes", 0.9), ("no", 0.1), ("no", 0.2))
+NONE = docs(("no", 0.1), ("no", 0.2))
+MIDDLE = docs(("no", 0.45), ("no", 0.2))
+
+
+@pytest.mark.parametrize(
+    "policy, graded, action, needs_web, use_internal",
+    [
+        ("any_irrelevant", ALL, "correct", False, True),
+        ("any_irrelevant", SOME, "ambiguous", True, True),
+        ("any_irrelevant", NONE, "incorrect", True, True),
+        ("any_irrelevant", [], "incorrect", True, True),
+        ("all_irrelevant", SOME, "correct", False, True),
+        ("all_irrelevant", NONE, "incorrect", True, True),
+        ("thresholds", SOME, "correct", False, True),
+        ("thresholds", MIDDLE, "ambiguous", True, True),
+        ("thresholds", NONE, "incorrect", True, False),
+        ("thresholds", [], "incorrect", True, False),
+    ],
+)
+def test_policies(policy, graded, action, needs_web, use_internal):
+    got = route_question(graded, RoutingConfig(policy=policy, upper=0.6, lower=0.3))
+    assert got[:3] == (action, needs_web, use_internal)
+    assert policy in got[4]
+
+
+def test_min_context_chars_counts_relevant_characters():
+    short = route_question(SOME, RoutingConfig(policy="min_context_chars", min_context_chars=100))
+    long = route_question(ALL, RoutingConfig(policy="min_context_chars", min_context_chars=100))
+    none = route_question(NONE, RoutingConfig(policy="min_context_chars", min_context_chars=100))
+    assert short[:2] == ("ambiguous", True) and "60 chars < 100" in short[4]
+    assert long[:2] == ("correct", False) and "120 chars >= 100" in long[4]
+    assert none[:2] == ("incorrect", True)
+
+
+def test_relevant_documents_keep_rank_order_and_are_capped():
+    graded = docs(*[("yes", 0.9)] * 8)
+    _, _, _, relevant, _ = route_question(graded, RoutingConfig(max_relevant_docs=5))
+    assert [d["parent_id"] for d in relevant] == ["p0", "p1", "p2", "p3", "p4"]
+
+
+def test_nothing_retrieved_goes_to_the_web():
+    assert route_question([], RoutingConfig())[4] == "nothing retrieved; policy any_irrelevant: web search"
+
+
+def test_reason_is_readable():
+    reason = route_question(SOME, RoutingConfig())[4]
+    assert reason == "1 of 3 documents relevant; policy any_irrelevant: 2 irrelevant -> web search"

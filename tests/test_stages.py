@@ -1,0 +1,228 @@
+"""Stage contracts with small in-test backends that implement the protocols, so each stage's
+behaviour can be pinned down exactly (the real embedded backends are exercised at the end and in the
+Spark end-to-end test)."""
+
+import pandas as pd
+import pytest
+
+from crag import schema, stages
+from crag.backends import Backends
+from crag.backends.base import Answer, Grade, Usage
+from crag.config import CragConfig, RefinementConfig, load_config
+
+
+def doc(i, text, source="internal"):
+    return {"source": source, "doc_id": f"{source}-{i}", "parent_id": f"{source}-{i}#p0", "title": f"T{i}",
+            "url": None, "text": text, "retrieval_score": 1.0 / (i + 1), "rank": i + 1}
+
+
+class Retriever:
+    name = "fake-retriever"
+
+    def __init__(self, corpus, fail_on=None):
+        self.corpus, self.fail_on, self.calls = corpus, fail_on, []
+
+    def search(self, queries, k):
+        self.calls.append(list(queries))
+        if self.fail_on and any(self.fail_on in q for q in queries):
+            raise RuntimeError("index unavailable")
+        return [[doc(i, t) for i, t in enumerate(self.corpus.get(q, []))][:k] for q in queries]
+
+
+class Grader:
+    """Relevant when the document contains the word 'yes'; relevance 0.9 or 0.1."""
+
+    name, prompt_hash = "fake-grader", "abc123"
+
+    def __init__(self, wrong_count_for=None):
+        self.wrong_count_for, self.calls = wrong_count_for, []
+
+    def grade(self, question, documents, usage):
+        self.calls.append((question, len(documents)))
+        usage.llm_calls += 1
+        grades = [Grade(0.9 if "yes" in d["text"] else 0.1, "yes" if "yes" in d["text"] else "no") for d in documents]
+        return grades[:-1] if question == self.wrong_count_for else grades
+
+
+class Rewriter:
+    name = "fake-rewriter"
+
+    def __init__(self):
+        self.calls = []
+
+    def rewrite(self, question, usage):
+        self.calls.append(question)
+        return f"web: {question}"
+
+
+class Web:
+    name = "fake-web"
+
+    def __init__(self, results):
+        self.results, self.calls = results, []
+
+    def search(self, query, k):
+        self.calls.append(query)
+        return [doc(i, t, "web") for i, t in enumerate(self.results)][:k]
+
+
+class Generator:
+    name = "fake-generator"
+
+    def __init__(self, decline=False):
+        self.decline, self.calls = decline, []
+
+    def generate(self, question, context, usage):
+        self.calls.append((question, [d["doc_id"] for d in context]))
+        return Answer(None) if self.decline else Answer(f"answer to {question}", cited=[0])
+
+
+def make_backends(corpus=None, web=("web yes result", "web no result"), **kw):
+    return Backends(
+        retriever=Retriever(corpus or {}, kw.get("fail_on")),
+        grader=Grader(kw.get("wrong_count_for")),
+        rewriter=Rewriter(),
+        web_search=None if web is None else Web(list(web)),
+        generator=Generator(kw.get("decline", False)),
+    )
+
+
+def questions(*texts):
+    return pd.DataFrame({"question_id": [f"q{i}" for i in range(len(texts))], "question": list(texts)})
+
+
+CORPUS = {
+    "all relevant?": ["yes a", "yes b"],
+    "some relevant?": ["yes a", "no b", "no c"],
+    "none relevant?": ["no a", "no b"],
+}
+
+
+def run(texts, cfg=None, **kw):
+    backends = make_backends(CORPUS, **kw)
+    return stages.run_pipeline(questions(*texts), backends, cfg or CragConfig()), backends
+
+
+def test_stages_declare_their_inputs_and_refuse_to_run_out_of_order():
+    with pytest.raises(ValueError, match="stage 'grade' needs column"):
+        stages.grade(stages.start(questions("x?")), make_backends())
+
+
+def test_each_stage_adds_its_declared_outputs():
+    backends, cfg = make_backends(CORPUS), CragConfig()
+    df = stages.start(questions("some relevant?"))
+    steps = {
+        "retrieve": lambda d: stages.retrieve(d, backends, 10),
+        "grade": lambda d: stages.grade(d, backends),
+        "decide": lambda d: stages.decide(d, cfg.routing),
+        "rewrite": lambda d: stages.rewrite(d, backends),
+        "web_search": lambda d: stages.web_search(d, backends, 3, True),
+        "refine": lambda d: stages.refine(d, backends, cfg.refinement),
+        "generate": lambda d: stages.generate(d, backends, "no idea"),
+    }
+    for name, step in steps.items():
+        assert not set(stages.STAGES[name].outputs) & set(df.columns)
+        df = step(df)
+        assert set(stages.STAGES[name].outputs) | {f"ms_{name}"} <= set(df.columns)
+
+
+def test_any_irrelevant_flow_mixes_relevant_internal_and_web():
+    out, b = run(["some relevant?", "all relevant?", "none relevant?"])
+    by_q = out.set_index("question")
+    assert by_q.loc["some relevant?", "action"] == "ambiguous" and by_q.loc["some relevant?", "route"] == "mixed"
+    assert by_q.loc["all relevant?", "route"] == "internal" and by_q.loc["all relevant?", "web_query"] is None
+    assert by_q.loc["none relevant?", "route"] == "web"
+    # only questions that need the web are rewritten and searched
+    assert b.rewriter.calls == ["some relevant?", "none relevant?"]
+    assert b.web_search.calls == ["web: some relevant?", "web: none relevant?"]
+
+
+def test_generation_uses_the_original_question_not_the_rewritten_one():
+    _, b = run(["none relevant?"])
+    assert b.generator.calls == [("none relevant?", ["web-0"])]
+
+
+def test_irrelevant_web_results_are_dropped_when_graded_and_kept_when_not():
+    out, _ = run(["none relevant?"])
+    assert [d["doc_id"] for d in out.loc[0, "context"]] == ["web-0"]
+    out, _ = run(["none relevant?"], cfg=load_config(None, ["web_search.grade_results=false"]))
+    assert [d["doc_id"] for d in out.loc[0, "context"]] == ["web-0", "web-1"]
+
+
+def test_no_context_means_refusal_without_a_generator_call():
+    out, b = run(["none relevant?"], web=("web no",))
+    assert out.loc[0, "refused"] and out.loc[0, "route"] == "refused"
+    assert out.loc[0, "answer"] == CragConfig().generator.refusal_message
+    assert b.generator.calls == []
+    assert out.loc[0, "decisions"][-1]["reason"] == "no relevant context survived; generator not called"
+
+
+def test_generator_declining_is_a_refusal_too():
+    out, b = run(["all relevant?"], decline=True)
+    assert out.loc[0, "refused"] and len(b.generator.calls) == 1
+
+
+def test_web_search_off():
+    out, b = run(["none relevant?"], web=None)
+    assert out.loc[0, "route"] == "refused" and out.loc[0, "web_query"] is None
+    assert any(d["decision"] == "skipped" for d in out.loc[0, "decisions"])
+
+
+def test_thresholds_incorrect_ignores_internal_documents():
+    cfg = load_config(None, ["routing.policy=thresholds"])
+    out, _ = run(["some relevant?", "none relevant?"], cfg=cfg)
+    assert list(out["action"]) == ["correct", "incorrect"]
+    assert list(out["route"]) == ["internal", "web"]
+
+
+def test_a_failing_batch_is_retried_question_by_question():
+    out, b = run(["all relevant?", "boom?", "none relevant?"], fail_on="boom")
+    assert out.loc[1, "route"] == "error" and "retrieve: RuntimeError: index unavailable" in out.loc[1, "error"]
+    assert list(out.loc[[0, 2], "route"]) == ["internal", "web"]
+    assert len(b.retriever.calls) == 4  # the batch, then each question alone
+
+
+def test_a_grader_miscount_fails_only_that_question():
+    out, _ = run(["some relevant?", "all relevant?"], wrong_count_for="some relevant?")
+    assert out.loc[0, "route"] == "error" and "grader returned 2 grades for 3 documents" in out.loc[0, "error"]
+    assert out.loc[1, "route"] == "internal" and out.loc[1, "error"] is None
+
+
+def test_refinement_keeps_best_strips_in_original_order():
+    context = [doc(0, "no intro. yes first. no filler."), doc(1, "yes second. no tail.")]
+    refined = stages.refine_context("q?", context, Grader(), RefinementConfig(enabled=True, keep=2), usage=Usage())
+    assert [d["text"] for d in refined] == ["yes first.", "yes second."]
+
+
+def test_refinement_drops_documents_without_kept_strips():
+    context = [doc(0, "no a. no b."), doc(1, "yes c.")]
+    refined = stages.refine_context("q?", context, Grader(), RefinementConfig(enabled=True, keep=3), usage=Usage())
+    assert [d["doc_id"] for d in refined] == ["internal-1"]
+
+
+def test_usage_and_counts_reach_the_stage_output():
+    out, _ = run(["some relevant?", "all relevant?"])
+    table = stages.to_stage_output(out)
+    assert table.schema == schema.STAGE_OUTPUT
+    rows = table.to_pylist()
+    assert rows[0]["search_calls"] == 2 and rows[1]["search_calls"] == 1  # retrieval (+ web)
+    assert rows[0]["llm_calls"] == 2 and rows[1]["llm_calls"] == 1  # the fake grader counts itself
+    assert (rows[0]["n_retrieved"], rows[0]["n_relevant"], rows[0]["n_web"]) == (3, 1, 2)
+    grades = rows[0]["grades"]
+    assert [(g["source"], g["rank"], g["grade"]) for g in grades] == [
+        ("internal", 1, "yes"), ("internal", 2, "no"), ("internal", 3, "no"), ("web", 1, "yes"), ("web", 2, "no")]
+    assert grades[0]["prompt_hash"] == "abc123" and grades[0]["grader"] == "fake-grader"
+    assert [d["step"] for d in rows[0]["decisions"]] == ["retrieve", "grade", "route", "rewrite", "web_search", "grade_web", "generate"]
+    assert rows[0]["sources"] == [{"source": "internal", "doc_id": "internal-0", "title": "T0", "url": None}]
+
+
+def test_embedded_backends_on_the_sample(sample_backends, sample_config):
+    out = stages.run_pipeline(
+        questions("How often should the HEPA-13 main filter be replaced?", "How high is Mount Fuji?",
+                  "Who painted the ceiling of the Sistine Chapel?"),
+        sample_backends, sample_config,
+    )
+    assert list(out["route"]) == ["internal", "web", "refused"]
+    assert "every 12 months" in out.loc[0, "answer"]
+    assert "3,776 metres" in out.loc[1, "answer"]
+    assert out.loc[0, "sources"][0]["doc_id"] == "aq7-filters"

@@ -1,0 +1,65 @@
+from crag.text import TermWeights, content_terms, coverage, keywords, split_sentences, stem, tokenize, word_windows
+
+
+def test_english_tokens_are_lowercased_stemmed_without_stop_words():
+    assert tokenize("How often are the Filters replaced?") == ["often", "filter", "replac"]
+
+
+def test_japanese_ngrams_without_dictionary():
+    assert tokenize("梅雨の時期", "cjk_ngram") == ["梅", "雨", "の", "時", "期", "梅雨", "雨の", "の時", "時期"]
+
+
+def test_digits_end_where_japanese_begins():
+    # Regression: the word pattern used to swallow "月から…" after a digit as one long token.
+    tokens = tokenize("5月から7月", "cjk_ngram")
+    assert "5" in tokens and "7" in tokens and "月" in tokens
+    assert all(len(t) <= 2 for t in tokens)
+
+
+def test_sudachi_tokenizer_returns_content_words():
+    tokens = tokenize("梅雨は、世界的にどのあたりで見られる気象ですか？", "sudachi")
+    assert "梅雨" in tokens and "気象" in tokens
+    assert "は" not in tokens  # particles carry no topic
+
+
+def test_mixed_script_and_full_width_are_normalised():
+    assert tokenize("ＡＱ－７の保証", "cjk_ngram")[:2] == ["aq", "7"]
+
+
+def test_content_terms_drop_question_words():
+    assert "what" not in content_terms("What is the warranty?")
+    assert content_terms("What is the warranty?") == [stem("warranty")]
+    terms = content_terms("富士山の標高は何メートルですか？")
+    assert "何" not in terms and "富士" in terms
+
+
+def test_keywords_keep_readable_words():
+    assert keywords("What is the warranty period of the Acme X100?") == ["warranty", "period", "Acme", "X100"]
+    assert keywords("日本で梅雨がないのは北海道とどこか。") == ["日本", "梅雨", "北海道"]
+
+
+def test_sentences_english_and_japanese():
+    assert split_sentences("梅雨は雨季です。5月に来る。Hello there. Bye!") == ["梅雨は雨季です。", "5月に来る。", "Hello there.", "Bye!"]
+    assert split_sentences("line one\nline two") == ["line one", "line two"]
+
+
+def test_word_windows():
+    text = " ".join(f"w{i}" for i in range(120))
+    windows = word_windows(text, 50)
+    assert [len(w.split()) for w in windows] == [50, 50, 20]
+    assert word_windows("あ" * 250, 50) == ["あ" * 100, "あ" * 100, "あ" * 50]
+
+
+def test_coverage_weighs_rare_terms_more():
+    weights = TermWeights.from_tokens([["common", "rare"], ["common"], ["common"], ["common"]])
+    assert weights.idf("rare") > weights.idf("common")
+    assert coverage(["common", "rare"], ["rare"], weights) > 0.5 > coverage(["common", "rare"], ["common"], weights)
+    assert coverage([], ["x"], weights) == 0.0
+    assert coverage(["a", "b"], ["a", "b"], weights) == 1.0
+
+
+def test_merged_weights_add_counts():
+    a = TermWeights({"x": 1}, 2)
+    b = TermWeights({"x": 2, "y": 1}, 3)
+    m = a.merged(b)
+    assert m.document_frequency == {"x": 3, "y": 1} and m.n_documents == 5
