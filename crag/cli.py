@@ -33,6 +33,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warehouse", required=True, help="folder that holds the output Delta tables (catalog.schema on Databricks)")
     p.add_argument("--run-id", help="id for this run (default: time-stamped); re-using one replaces that run's rows")
 
+    p = sub.add_parser("sql", help="query a local warehouse's tables with SQL")
+    p.add_argument("--warehouse", required=True, help="folder of Delta tables written by crag run")
+    p.add_argument("sql", help="e.g. \"SELECT route, count(*) FROM answers GROUP BY route\"")
+
     p = sub.add_parser("ask", help="answer one question without Spark, printing every stage")
     _conf_args(p)
     p.add_argument("question")
@@ -87,6 +91,14 @@ def main(argv: list[str] | None = None) -> int:
 
             result = run(args.conf, args.questions, args.warehouse, args.variant, args.run_id, args.overrides)
             print(result.summary())
+        elif args.command == "sql":
+            import pandas as pd
+
+            from crag.tables import query
+
+            with pd.option_context("display.max_rows", 500, "display.max_columns", 50, "display.width", 200,
+                                   "display.max_colwidth", 80):
+                print(query(args.warehouse, args.sql).to_pandas().to_string(index=False))
         elif args.command == "ask":
             import pandas as pd
 

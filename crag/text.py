@@ -24,6 +24,8 @@ _CJK = r"\u3005\u3041-\u3096\u309d-\u309f\u30a1-\u30fa\u30fc-\u30ff\u3400-\u4dbf
 # A word run must stop where Japanese starts: "5月" is the number 5 and the Japanese run 月.
 _TOKEN_RE = re.compile(rf"[{_CJK}]+|(?:(?![{_CJK}])[^\W_])+", re.UNICODE)
 _CJK_RUN_RE = re.compile(rf"[{_CJK}]+")
+# For readable keywords, names like "Wi-Fi", "AQ-7" or "v2.1" stay whole.
+_KEYWORD_RE = re.compile(rf"[{_CJK}]+|(?:(?![{_CJK}])[^\W_])+(?:[-.](?:(?![{_CJK}])[^\W_])+)*", re.UNICODE)
 _HIRAGANA_RUN_RE = re.compile(r"^[\u3041-\u309f\u30fc]+$")
 # Sentence ends: Western punctuation followed by space, or Japanese full stops (no space follows them).
 _SENTENCE_RE = re.compile(r"(?<=[.!?])\s+(?=[^\s])|(?<=[。！？])|\n+")
@@ -125,7 +127,7 @@ def keywords(question: str) -> list[str]:
     for word in JAPANESE_QUESTION_WORDS:
         text = text.replace(word, " ")
     out: dict[str, None] = {}
-    for match in _TOKEN_RE.finditer(text):
+    for match in _KEYWORD_RE.finditer(text):
         run = match.group(0)
         if _CJK_RUN_RE.fullmatch(run):
             for part in re.split(r"[\u3041-\u309f]+", run):

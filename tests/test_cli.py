@@ -73,3 +73,20 @@ def test_the_jobs_entry_point_runs_crag(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "w" / "manifest.json").exists()
+
+
+def test_sql_over_the_warehouse(capsys, spark, tmp_path, index_overrides):
+    sets = [a for o in index_overrides for a in ("--set", o)]
+    assert main(["run", "--conf", str(LOCAL_CONF), *sets, "--questions", str(SAMPLE / "questions.jsonl"),
+                 "--warehouse", str(tmp_path), "--run-id", "sql"]) == 0
+    capsys.readouterr()
+    sql = ("SELECT a.route, count(DISTINCT a.question_id) AS questions, count(g.doc_id) AS graded "
+           "FROM answers a LEFT JOIN grades g ON a.run_id = g.run_id AND a.question_id = g.question_id "
+           "WHERE a.run_id = 'sql' GROUP BY a.route ORDER BY a.route")
+    assert main(["sql", "--warehouse", str(tmp_path), sql]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["route", "questions", "graded"]
+    assert sum(int(l.split()[1]) for l in lines[1:]) == 49
+    assert main(["sql", "--warehouse", str(tmp_path), "SELECT nope FROM answers"]) == 2
+    assert capsys.readouterr().err.startswith("crag: error: SQL failed:")
+    assert main(["sql", "--warehouse", str(tmp_path / "empty"), "SELECT 1"]) == 2

@@ -36,6 +36,7 @@ def test_content_terms_drop_question_words():
 def test_keywords_keep_readable_words():
     assert keywords("What is the warranty period of the Acme X100?") == ["warranty", "period", "Acme", "X100"]
     assert keywords("日本で梅雨がないのは北海道とどこか。") == ["日本", "梅雨", "北海道"]
+    assert keywords("Which Wi-Fi band does the AQ-7 (v2.1) use?") == ["Wi-Fi", "band", "AQ-7", "v2.1", "use"]
 
 
 def test_sentences_english_and_japanese():
