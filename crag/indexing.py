@@ -7,12 +7,10 @@ flow 1. The same chunk table is the source of a Databricks Vector Search index.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,6 +19,7 @@ from langchain_text_splitters import MarkdownHeaderTextSplitter, RecursiveCharac
 from crag import schema
 from crag.config import IndexingConfig
 from crag.errors import InputError
+from crag.tables import iter_jsonl
 
 # Paragraphs first, then lines, then sentence ends (Western and Japanese), then words, then characters.
 SEPARATORS = ["\n\n", "\n", "。", ". ", "！", "？", "! ", "? ", "、", ", ", " ", ""]
@@ -57,30 +56,18 @@ def read_documents(path: str | Path) -> Iterator[SourceDocument]:
 
 
 def _read_jsonl(path: Path) -> Iterator[SourceDocument]:
-    with path.open("rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(raw.decode("utf-8"))
-            except UnicodeDecodeError:
-                raise InputError(f"{where}: not valid UTF-8") from None
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{where}: not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise InputError(f"{where}: expected a JSON object")
-            missing = [k for k in ("doc_id", "text") if not isinstance(row.get(k), str) or not row[k].strip()]
-            if missing:
-                raise InputError(f"{where}: missing or empty string field(s) {', '.join(missing)}")
-            yield SourceDocument(
-                doc_id=row["doc_id"],
-                title=str(row.get("title") or row["doc_id"]),
-                text=row["text"],
-                url=row.get("url"),
-                source_path=str(path),
-                markdown=False,
-            )
+    for lineno, row in iter_jsonl(path):
+        missing = [k for k in ("doc_id", "text") if not isinstance(row.get(k), str) or not row[k].strip()]
+        if missing:
+            raise InputError(f"{path}:{lineno}: missing or empty string field(s) {', '.join(missing)}")
+        yield SourceDocument(
+            doc_id=row["doc_id"],
+            title=str(row.get("title") or row["doc_id"]),
+            text=row["text"],
+            url=row.get("url"),
+            source_path=str(path),
+            markdown=False,
+        )
 
 
 def _read_text_file(file: Path, root: Path) -> SourceDocument:
@@ -157,6 +144,4 @@ def build_index(docs: str | Path, out: str | Path, cfg: IndexingConfig) -> dict:
 
     chunks = chunk_documents(docs, cfg)
     print(f"crag index: {chunks.num_rows} child chunks from {docs}", file=sys.stderr)
-    manifest = write_index(chunks, Path(out), cfg.tokenizer)
-    manifest["built_at"] = datetime.now(timezone.utc).isoformat()
-    return manifest
+    return write_index(chunks, Path(out), cfg.tokenizer)

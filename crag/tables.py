@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -69,8 +70,9 @@ def read_questions(path: str | Path, spark=None) -> pd.DataFrame:
     return table.to_pandas()
 
 
-def _read_jsonl(path: Path) -> pa.Table:
-    rows = []
+def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line; a line that is not a UTF-8 JSON object is an
+    InputError naming the file and line."""
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
@@ -83,8 +85,11 @@ def _read_jsonl(path: Path) -> pa.Table:
                 raise InputError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
             if not isinstance(row, dict):
                 raise InputError(f"{path}:{lineno}: expected a JSON object per line")
-            rows.append(row)
-    return pa.Table.from_pandas(pd.DataFrame(rows), preserve_index=False)
+            yield lineno, row
+
+
+def _read_jsonl(path: Path) -> pa.Table:
+    return pa.Table.from_pandas(pd.DataFrame([row for _, row in iter_jsonl(path)]), preserve_index=False)
 
 
 # ---------------------------------------------------------------- Delta tables

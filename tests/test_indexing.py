@@ -55,7 +55,7 @@ def test_jsonl_documents_and_their_errors(tmp_path):
     cases = {
         b'{"doc_id": "a", "text": ""}\n': "missing or empty string field",
         b'{"doc_id": "a"\n': "not valid JSON",
-        b'["a"]\n': "expected a JSON object",
+        b'["a"]\n': "expected a JSON object per line",
         b'{"doc_id": "a", "text": "caf\xe9"}\n': "not valid UTF-8",
         b'{"doc_id": "a", "text": "x"}\n{"doc_id": "a", "text": "y"}\n': "duplicate doc_id 'a'",
     }
