@@ -61,7 +61,7 @@ def _print_stage(name: str, df) -> None:
     elif name == "rewrite" and row["web_query"] is not None:
         print(f"[rewrite] web query: {row['web_query']}")
     elif name == "web_search" and row["web_query"] is not None:
-        print(f"[web_search] {row['n_web']} results")
+        print(f"[web_search] {row['n_web']} results for {row['web_query']!r}")
         for d in row["web_results"]:
             grade = f"{d['grade']:>3}  {d['relevance']:.2f}  " if "grade" in d else ""
             print(f"    {grade}{d['title']}  {d.get('url') or ''}")
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "ask":
             import pandas as pd
 
-            from crag.backends import build_backends
+            from crag.backends import build_backends, resolve_credentials
             from crag.config import load_config
             from crag.job import resolve_paths
             from crag.questions import validate_questions
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             if len(rejects):
                 raise CragError(rejects.iloc[0]["reason"])
-            run_pipeline(accepted, build_backends(cfg), cfg, on_stage=_print_stage)
+            run_pipeline(accepted, build_backends(cfg, resolve_credentials(cfg)), cfg, on_stage=_print_stage)
     except CragError as exc:
         print(f"crag: error: {exc}", file=sys.stderr)
         return 2

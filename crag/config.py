@@ -10,7 +10,7 @@ import copy
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -29,34 +29,152 @@ class InputConfig(Section):
     max_question_chars: int = Field(2000, gt=0)
 
 
-class RetrieverConfig(Section):
+class EndpointPolicy(Section):
+    """How crag treats one remote endpoint."""
+
+    max_concurrency: int = Field(8, gt=0)  # requests in flight to this endpoint across the whole job
+    timeout_s: float = Field(60, gt=0)  # per call
+    max_attempts: int = Field(5, ge=1)  # tries per call on 429 / 5xx / timeouts (1 = no retry)
+    backoff_initial_s: float = Field(0.5, ge=0)  # exponential backoff with jitter, unless Retry-After says
+    backoff_max_s: float = Field(30, ge=0)
+
+
+class DatabricksAuth(Section):
+    host_env: str = "DATABRICKS_HOST"
+    token_env: str = "DATABRICKS_TOKEN"
+    token_secret: str | None = None  # "scope/key" of a Databricks secret scope, used when token_env is unset
+
+
+class LLMConfig(DatabricksAuth):
+    """A chat model: a Databricks serving endpoint (through mlflow.deployments) or any OpenAI-compatible
+    server (vLLM, SGLang, Ollama, OpenAI, Databricks /serving-endpoints) through the openai client."""
+
+    backend: Literal["databricks", "openai"]
+    endpoint: str  # databricks: serving endpoint name; openai: model name
+    base_url: str | None = None  # openai: e.g. http://localhost:8000/v1 (None: api.openai.com)
+    api_key_env: str = "OPENAI_API_KEY"  # openai
+    api_key_secret: str | None = None  # openai: "scope/key" fallback
+    temperature: float = Field(0.0, ge=0, le=2)
+    max_tokens: int = Field(512, gt=0)
+    prompt: str  # prompt template (YAML with system/user), relative to the config file's folder
+    prompt_text: str | None = None  # the template itself; read from `prompt` at load time unless given
+    max_doc_chars: int = Field(6000, gt=0)  # documents are truncated to this before they enter a prompt
+    policy: EndpointPolicy = Field(default_factory=EndpointPolicy)
+
+
+class BM25RetrieverConfig(Section):
     backend: Literal["bm25"] = "bm25"
     index: str | None = None
     k: int = Field(10, gt=0)
 
 
-class GraderConfig(Section):
+class VectorSearchColumns(Section):
+    """Names of the index columns (the chunk table written by crag index uses these)."""
+
+    chunk_text: str = "chunk_text"
+    parent_id: str = "parent_id"
+    parent_text: str = "parent_text"
+    doc_id: str = "doc_id"
+    title: str = "title"
+    url: str = "url"
+
+
+class VectorSearchRetrieverConfig(DatabricksAuth):
+    backend: Literal["databricks_vector_search"]
+    endpoint: str  # Vector Search endpoint name
+    index_name: str  # catalog.schema.index
+    k: int = Field(10, gt=0)
+    query_type: Literal["ANN", "HYBRID"] = "ANN"
+    filters: dict[str, Any] | None = None
+    columns: VectorSearchColumns = Field(default_factory=VectorSearchColumns)
+    policy: EndpointPolicy = Field(default_factory=EndpointPolicy)
+
+
+class LexicalGraderConfig(Section):
     backend: Literal["lexical"] = "lexical"
     threshold: float = Field(0.5, ge=0, le=1)
 
 
-class RewriterConfig(Section):
+class LLMGraderConfig(LLMConfig):
+    prompt: str = "prompts/grade_binary.yaml"
+    format: Literal["binary", "score"] = "binary"  # {"grade": "yes|no"} | "Score: 0-5" + "Reason:" lines
+    threshold: float = Field(0.6, ge=0, le=1)  # score format: score/5 >= threshold -> yes (3 of 5)
+    structured_output: bool = True  # binary: ask for response_format json_schema
+    guided_regex: bool = False  # openai: also send a guided-decoding regex (vLLM / SGLang)
+    guided_regex_key: str = "guided_regex"  # body field for the regex: vLLM guided_regex, SGLang regex
+    batch: bool = False  # databricks: one request grades every document of a question (reference flow 1)
+    on_parse_failure: Literal["irrelevant", "retry"] = "irrelevant"  # retry: ask once more, then irrelevant
+
+
+class KeywordRewriterConfig(Section):
     backend: Literal["keywords"] = "keywords"
     policy_keywords: list[str] = Field(default_factory=list)
 
 
-class WebSearchConfig(Section):
-    backend: Literal["offline_corpus", "none"] = "offline_corpus"
-    index: str | None = None
+class LLMRewriterConfig(LLMConfig):
+    prompt: str = "prompts/rewrite.yaml"
+    max_tokens: int = Field(100, gt=0)
+    policy_keywords: list[str] = Field(default_factory=list)
+
+
+class SourceCheckConfig(LLMConfig):
+    """Reference flow 3's check that a web result is a usable source (YES/NO) before it is used."""
+
+    prompt: str = "prompts/source_check.yaml"
+    max_tokens: int = Field(5, gt=0)
+    subject: str | None = None  # what the sources must be about, e.g. "the Hoshi AQ-7 air purifier"
+
+
+class WebSearchCommon(Section):
     k: int = Field(3, gt=0)
     grade_results: bool = True
+    verify: SourceCheckConfig | None = None
+    fallback: Literal["single", "two_stage"] = "single"  # two_stage: direct query first, rewritten one if still short
 
 
-class GeneratorConfig(Section):
+class OfflineCorpusConfig(WebSearchCommon):
+    backend: Literal["offline_corpus"] = "offline_corpus"
+    index: str | None = None
+
+
+class TavilyConfig(WebSearchCommon):
+    backend: Literal["tavily"]
+    search_depth: Literal["basic", "advanced"] = "basic"
+    topic: Literal["general", "news", "finance"] = "general"
+    include_domains: list[str] = Field(default_factory=list)
+    exclude_domains: list[str] = Field(default_factory=list)
+    api_key_env: str = "TAVILY_API_KEY"
+    api_key_secret: str | None = None
+    api_base_url: str | None = None  # None: Tavily's own; set for a proxy or the local emulator
+    policy: EndpointPolicy = Field(default_factory=EndpointPolicy)
+
+
+class NoWebSearchConfig(WebSearchCommon):
+    backend: Literal["none"]
+
+
+class ExtractiveGeneratorConfig(Section):
     backend: Literal["extractive"] = "extractive"
     max_sentences: int = Field(2, ge=1, le=3)
     min_sentence_score: float = Field(0.2, ge=0, le=1)
     refusal_message: str = DEFAULT_REFUSAL
+
+
+class LLMGeneratorConfig(LLMConfig):
+    prompt: str = "prompts/answer_concise.yaml"
+    reply_language: str | None = None  # e.g. Japanese: adds "Reply in Japanese." to the prompt
+    refusal_message: str = DEFAULT_REFUSAL
+    max_tokens: int = Field(300, gt=0)
+
+
+RetrieverConfig = Annotated[Union[BM25RetrieverConfig, VectorSearchRetrieverConfig], Field(discriminator="backend")]
+GraderConfig = Annotated[Union[LexicalGraderConfig, LLMGraderConfig], Field(discriminator="backend")]
+RewriterConfig = Annotated[Union[KeywordRewriterConfig, LLMRewriterConfig], Field(discriminator="backend")]
+WebSearchConfig = Annotated[Union[OfflineCorpusConfig, TavilyConfig, NoWebSearchConfig], Field(discriminator="backend")]
+GeneratorConfig = Annotated[Union[ExtractiveGeneratorConfig, LLMGeneratorConfig], Field(discriminator="backend")]
+# A role section that names no backend gets the embedded one.
+DEFAULT_BACKENDS = {"retriever": "bm25", "grader": "lexical", "rewriter": "keywords", "web_search": "offline_corpus",
+                    "generator": "extractive"}
 
 
 class RoutingConfig(Section):
@@ -99,15 +217,30 @@ class TablesConfig(Section):
 class CragConfig(Section):
     input: InputConfig = Field(default_factory=InputConfig)
     indexing: IndexingConfig = Field(default_factory=IndexingConfig)
-    retriever: RetrieverConfig = Field(default_factory=RetrieverConfig)
-    grader: GraderConfig = Field(default_factory=GraderConfig)
+    retriever: RetrieverConfig = Field(default_factory=BM25RetrieverConfig)
+    grader: GraderConfig = Field(default_factory=LexicalGraderConfig)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
-    rewriter: RewriterConfig = Field(default_factory=RewriterConfig)
-    web_search: WebSearchConfig = Field(default_factory=WebSearchConfig)
+    rewriter: RewriterConfig = Field(default_factory=KeywordRewriterConfig)
+    web_search: WebSearchConfig = Field(default_factory=OfflineCorpusConfig)
     refinement: RefinementConfig = Field(default_factory=RefinementConfig)
-    generator: GeneratorConfig = Field(default_factory=GeneratorConfig)
+    generator: GeneratorConfig = Field(default_factory=ExtractiveGeneratorConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
     tables: TablesConfig = Field(default_factory=TablesConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_backends(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for section, backend in DEFAULT_BACKENDS.items():
+                if isinstance(data.get(section), dict) and "backend" not in data[section]:
+                    data = {**data, section: {**data[section], "backend": backend}}
+        return data
+
+    def llm_roles(self) -> dict[str, LLMConfig]:
+        """The sections that call a chat model, by dotted config path."""
+        roles = {"grader": self.grader, "rewriter": self.rewriter, "generator": self.generator,
+                 "web_search.verify": self.web_search.verify}
+        return {name: role for name, role in roles.items() if isinstance(role, LLMConfig)}
 
     def hash(self) -> str:
         return stable_hash(self.model_dump(mode="json"))
@@ -194,26 +327,76 @@ def load_config(path: str | Path | None, overrides: list[str] = (), variant: str
                 raise ConfigError(f"--set {'.'.join(keys)}: {key!r} is not a section")
         node[keys[-1]] = value
     try:
-        return CragConfig.model_validate(data)
+        cfg = CragConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc)) from None
+    load_prompts(cfg, Path(path).parent if path else Path.cwd())
+    return cfg
+
+
+def load_prompts(cfg: CragConfig, base: Path) -> None:
+    """Read each LLM role's prompt template into the config, so the config (and its hash) carries the
+    exact prompt text and Spark workers need no prompt files."""
+    for name, role in cfg.llm_roles().items():
+        if role.prompt_text is not None:
+            continue
+        path = Path(role.prompt) if Path(role.prompt).is_absolute() else base / role.prompt
+        if not path.is_file():
+            raise ConfigError(f"config key '{name}.prompt': prompt template not found: {path}")
+        role.prompt_text = path.read_text(encoding="utf-8")
+
+
+def _walk(loc: tuple) -> tuple[str, type[BaseModel] | None]:
+    """The dotted key a pydantic error location stands for (union tags such as "bm25" dropped) and the
+    model that holds its last part."""
+    model: Any = CragConfig
+    keys: list[str] = []
+    for part in loc:
+        fields = getattr(model, "model_fields", {})
+        if str(part) in fields:
+            keys.append(str(part))
+            annotation = fields[str(part)].annotation
+            members = [a for a in _flatten(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+            model = members[0] if len(members) == 1 else members
+        elif isinstance(model, list):  # a union: the part is the tag that picked the member
+            model = next((m for m in model if str(part) in _backends_of(m)), None)
+        else:
+            keys.append(str(part))
+    return ".".join(keys), model if isinstance(model, type) else None
+
+
+def _flatten(annotation: Any) -> list[Any]:
+    from typing import get_args
+
+    args = get_args(annotation)
+    return [x for a in args for x in _flatten(a)] if args else [annotation]
+
+
+def _backends_of(model: type[BaseModel]) -> tuple:
+    from typing import get_args
+
+    field = model.model_fields.get("backend")
+    return get_args(field.annotation) if field is not None else ()
 
 
 def describe_validation_error(exc: ValidationError) -> str:
-    """One line per problem, each naming the dotted key and, for unknown keys, the allowed ones."""
+    """One line per problem, each naming the dotted key and, for unknown keys or backends, the allowed
+    ones."""
     lines = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
+        key, _ = _walk(err["loc"])
         if err["type"] == "extra_forbidden":
-            model: type[BaseModel] = CragConfig
-            for part in err["loc"][:-1]:
-                field = model.model_fields.get(str(part))
-                model = field.annotation if field is not None else model
-            allowed = ", ".join(model.model_fields)
-            lines.append(f"unknown config key {loc!r} (allowed here: {allowed})")
+            _, holder = _walk(err["loc"][:-1])
+            allowed = ", ".join(holder.model_fields) if holder is not None else "?"
+            lines.append(f"unknown config key {key!r} (allowed here: {allowed})")
+        elif err["type"] == "union_tag_invalid":
+            ctx = err["ctx"]
+            lines.append(f"config key '{key}.backend': got {ctx['tag']!r}, expected one of {ctx['expected_tags']}")
         elif err["type"] == "literal_error":
-            lines.append(f"config key {loc!r}: got {err['input']!r}, expected {err['ctx']['expected']}")
+            lines.append(f"config key {key!r}: got {err['input']!r}, expected {err['ctx']['expected']}")
+        elif err["type"] == "missing":
+            lines.append(f"config key {key!r} is required here")
         else:
-            where = f"config key {loc!r}: " if loc else "config: "
+            where = f"config key {key!r}: " if key else "config: "
             lines.append(f"{where}{err['msg']} (got {err['input']!r})")
     return "; ".join(lines)

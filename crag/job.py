@@ -19,7 +19,7 @@ import pandas as pd
 import pyarrow as pa
 
 from crag import schema, tables
-from crag.backends import build_backends
+from crag.backends import build_backends, resolve_credentials
 from crag.config import CragConfig, load_config, redacted
 from crag.errors import CragError
 from crag.questions import validate_questions
@@ -63,7 +63,11 @@ class RunResult:
             f"  routes      {_fmt(Counter(a['route']))}",
             f"  refusals    {int(a['refused'].sum())}",
             f"  errors      {int(a['error'].notna().sum())}",
-            f"  calls       {int(a['search_calls'].sum())} search, {int(a['llm_calls'].sum())} LLM",
+            f"  calls       {int(a['search_calls'].sum())} search, {int(a['llm_calls'].sum())} LLM, "
+            f"{int(a['retries'].sum())} retries",
+            f"  tokens      {int(a['prompt_tokens'].sum())} prompt, {int(a['completion_tokens'].sum())} completion",
+            f"  grader      {self.counts.get('grade_parse_failed', 0)} unreadable outputs, "
+            f"{self.counts.get('grade_parse_repaired', 0)} repaired",
             f"  wall time   {self.seconds:.1f} s",
         ]
         return "\n".join(lines)
@@ -114,7 +118,7 @@ def _runs_row(run_id, variant, cfg: CragConfig, started, finished, status, count
     )
 
 
-def run_counts(answers: pd.DataFrame, rejects: pd.DataFrame, input_rows: int) -> dict[str, int]:
+def run_counts(answers: pd.DataFrame, grades: pd.DataFrame, rejects: pd.DataFrame, input_rows: int) -> dict[str, int]:
     counts = {
         "input_rows": input_rows,
         "accepted": len(answers),
@@ -125,7 +129,9 @@ def run_counts(answers: pd.DataFrame, rejects: pd.DataFrame, input_rows: int) ->
         "llm_calls": int(answers["llm_calls"].sum()),
         "prompt_tokens": int(answers["prompt_tokens"].sum()),
         "completion_tokens": int(answers["completion_tokens"].sum()),
+        "retries": int(answers["retries"].sum()),
     }
+    counts.update({f"grade_parse_{k}": v for k, v in Counter(grades["parse_status"].dropna()).items()})
     counts.update({f"action_{k}": v for k, v in Counter(answers["action"].dropna()).items()})
     counts.update({f"route_{k}": v for k, v in Counter(answers["route"]).items()})
     return counts
@@ -150,9 +156,10 @@ def run(
     raw = tables.read_questions(questions, spark=spark)
     accepted, rejects = validate_questions(raw, cfg.input.max_question_chars)
     log(f"run {run_id}: {len(raw)} input rows, {len(accepted)} accepted, {len(rejects)} rejected")
-    # Build the backends here once before Spark starts, so a missing index or credential fails in
-    # seconds with a clear message rather than inside a task.
-    build_backends(cfg)
+    # Resolve credentials and build the backends here once before Spark starts, so a missing index or
+    # credential fails in seconds with a clear message rather than inside a task.
+    secrets = resolve_credentials(cfg)
+    build_backends(cfg, secrets)
 
     from crag.spark import get_spark, run_stages
 
@@ -165,7 +172,7 @@ def run(
         write("rejects", pa.Table.from_pandas(reject_rows, schema=schema.REJECTS, preserve_index=False))
         if len(accepted):
             log(f"running {len(accepted)} questions on Spark ({spark.sparkContext.master})")
-            result = run_stages(spark, accepted, cfg)
+            result = run_stages(spark, accepted, cfg, secrets)
         else:
             result = schema.STAGE_OUTPUT.empty_table()
         parts = split_stage_output(result, run_id, variant_name, datetime.now(timezone.utc))
@@ -173,7 +180,7 @@ def run(
             write(name, parts[name])
         answers = parts["answers"].to_pandas()
         _check_invariant(answers, accepted, rejects, len(raw))
-        counts = run_counts(answers, rejects, len(raw))
+        counts = run_counts(answers, parts["grades"].to_pandas(), rejects, len(raw))
         write("runs", _runs_row(run_id, variant_name, cfg, started, datetime.now(timezone.utc), "succeeded", counts))
     except BaseException:
         write("runs", _runs_row(run_id, variant_name, cfg, started, datetime.now(timezone.utc), "failed", {}))

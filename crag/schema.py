@@ -37,6 +37,7 @@ ANSWERS = pa.schema(
         ("search_calls", pa.int32()),
         ("prompt_tokens", pa.int64()),
         ("completion_tokens", pa.int64()),
+        ("retries", pa.int32()),
         *STAGE_MS,
         ("created_at", UTC_TIMESTAMP),
     ]
@@ -58,6 +59,7 @@ GRADES = pa.schema(
         ("grade", pa.string()),
         ("parse_status", pa.string()),
         ("rationale", pa.string()),
+        ("raw_output", pa.string()),
         ("grader", pa.string()),
         ("prompt_hash", pa.string()),
     ]

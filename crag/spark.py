@@ -42,14 +42,16 @@ def get_spark(cfg: SparkConfig):
     )
 
 
-def _partition_task(config_json: str):
+def _partition_task(config_json: str, secrets: dict[str, str], concurrent_tasks: int):
+    # `secrets` is resolved on the driver and captured here in memory: workers on serverless compute
+    # have neither the driver's environment nor dbutils. It never enters the config or a table.
     def process(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         # Imported here: this runs in the worker process.
         from crag.backends import cached_backends
         from crag.stages import run_pipeline, to_stage_output
 
         cfg = CragConfig.model_validate_json(config_json)
-        backends = cached_backends(cfg)
+        backends = cached_backends(cfg, secrets, concurrent_tasks)
         for batch in batches:
             if batch.num_rows:
                 out = run_pipeline(batch.to_pandas(), backends, cfg)
@@ -58,14 +60,16 @@ def _partition_task(config_json: str):
     return process
 
 
-def run_stages(spark, questions: pd.DataFrame, cfg: CragConfig) -> pa.Table:
+def run_stages(spark, questions: pd.DataFrame, cfg: CragConfig, secrets: dict[str, str] | None = None) -> pa.Table:
     """All stages over the accepted questions on Spark; returns schema.STAGE_OUTPUT rows."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    partitions = cfg.spark.partitions or spark.sparkContext.defaultParallelism
-    partitions = max(1, min(partitions, len(questions)))
+    slots = spark.sparkContext.defaultParallelism
+    partitions = max(1, min(cfg.spark.partitions or slots, len(questions)))
+    # Partitions running at the same time share each endpoint's max_concurrency budget.
+    concurrent_tasks = min(partitions, slots)
     frame = spark.createDataFrame(pa.Table.from_pandas(questions[["question_id", "question"]], preserve_index=False))
     result = frame.repartition(partitions).mapInArrow(
-        _partition_task(cfg.model_dump_json()), from_arrow_schema(schema.STAGE_OUTPUT)
+        _partition_task(cfg.model_dump_json(), secrets or {}, concurrent_tasks), from_arrow_schema(schema.STAGE_OUTPUT)
     )
     return result.toArrow()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pandas as pd
@@ -60,30 +61,40 @@ def start(questions: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def _log(df: pd.DataFrame, entries: list[tuple[str, str, str] | None]) -> list[list[dict]]:
-    """The decision log with one (step, decision, reason) appended per row (None: nothing to add)."""
-    return [
-        log + [dict(zip(("step", "decision", "reason"), e))] if e else log
-        for log, e in zip(df["decisions"], entries)
-    ]
+def _log(df: pd.DataFrame, entries: list) -> list[list[dict]]:
+    """The decision log with (step, decision, reason) entries appended per row: one tuple, a list of
+    them, or None for nothing."""
+    out = []
+    for log, e in zip(df["decisions"], entries):
+        items = [] if e is None else e if isinstance(e, list) else [e]
+        out.append(log + [dict(zip(("step", "decision", "reason"), item)) for item in items])
+    return out
 
 
-def _per_row(df: pd.DataFrame, stage: str, fn: Callable[[pd.Series], object], when=None):
-    """Call fn on every row without an error (and where `when(row)` holds); return results, per-row
-    milliseconds and the updated error column. An exception fails that row only."""
-    results, millis, errors = [], [], list(df["error"])
-    for i, row in enumerate(df.itertuples(index=False)):
-        if errors[i] is not None or (when is not None and not when(row)):
-            results.append(None)
-            millis.append(0.0)
-            continue
+def _per_row(df: pd.DataFrame, stage: str, fn: Callable[[object], object], when=None, workers: int = 1):
+    """Call fn on every row without an error (and where `when(row)` holds), from a pool of `workers`
+    threads; return results, per-row milliseconds and the updated error column. An exception fails
+    that row only."""
+    rows = list(df.itertuples(index=False))
+    errors = list(df["error"])
+    todo = [i for i, row in enumerate(rows) if errors[i] is None and (when is None or when(row))]
+    results: list = [None] * len(rows)
+    millis = [0.0] * len(rows)
+
+    def one(i: int) -> None:
         t0 = time.perf_counter()
         try:
-            results.append(fn(row))
+            results[i] = fn(rows[i])
         except Exception as exc:  # a backend failure is data for this question, not the end of the batch
             errors[i] = f"{stage}: {type(exc).__name__}: {exc}"
-            results.append(None)
-        millis.append((time.perf_counter() - t0) * 1000)
+        millis[i] = (time.perf_counter() - t0) * 1000
+
+    if workers > 1 and len(todo) > 1:
+        with ThreadPoolExecutor(max_workers=min(workers, len(todo)), thread_name_prefix=f"crag-{stage}") as pool:
+            list(pool.map(one, todo))
+    else:
+        for i in todo:
+            one(i)
     return results, millis, errors
 
 
@@ -92,19 +103,25 @@ def _per_row(df: pd.DataFrame, stage: str, fn: Callable[[pd.Series], object], wh
 
 def retrieve(df: pd.DataFrame, backends: Backends, k: int) -> pd.DataFrame:
     """Top-k child chunks per question, expanded to parent documents and de-duplicated by parent.
-    One batched call for the partition; if it fails, each question is tried alone so one bad question
-    cannot fail its neighbours."""
+    An in-process retriever serves the partition in one batched call (if that fails, each question is
+    tried alone so one bad question cannot fail its neighbours); a remote one gets one call per
+    question from a thread pool."""
     _check_inputs(df, "retrieve")
     out = df.copy()
-    t0 = time.perf_counter()
-    try:
-        found = backends.retriever.search(list(df["question"]), k)
-        errors = list(df["error"])
-        millis = [(time.perf_counter() - t0) * 1000 / max(len(df), 1)] * len(df)
-    except Exception:
-        found, millis, errors = _per_row(df, "retrieve", lambda r: backends.retriever.search([r.question], k)[0])
+    retriever = backends.retriever
     for usage in out["usage"]:
         usage.search_calls += 1
+    one_by_one = lambda r: retriever.search([r.question], k, [r.usage])[0]  # noqa: E731
+    if retriever.concurrency > 1:
+        found, millis, errors = _per_row(df, "retrieve", one_by_one, workers=retriever.concurrency)
+    else:
+        t0 = time.perf_counter()
+        try:
+            found = retriever.search(list(df["question"]), k, list(df["usage"]))
+            errors = list(df["error"])
+            millis = [(time.perf_counter() - t0) * 1000 / max(len(df), 1)] * len(df)
+        except Exception:
+            found, millis, errors = _per_row(df, "retrieve", one_by_one)
     out["retrieved"] = [docs or [] for docs in found]
     out["n_retrieved"] = [len(d) for d in out["retrieved"]]
     out["error"] = errors
@@ -112,7 +129,7 @@ def retrieve(df: pd.DataFrame, backends: Backends, k: int) -> pd.DataFrame:
     out["decisions"] = _log(
         out,
         [
-            None if e else ("retrieve", f"{len(d)} documents", f"{backends.retriever.name}: top {k} child chunks -> {len(d)} parent documents")
+            None if e else ("retrieve", f"{len(d)} documents", f"{retriever.name}: top {k} child chunks -> {len(d)} parent documents")
             for d, e in zip(out["retrieved"], errors)
         ],
     )
@@ -132,6 +149,7 @@ def _apply_grades(docs: list[Document], grades: list[Grade], grader: Grader) -> 
             "grade": g.grade,
             "parse_status": g.parse_status,
             "rationale": g.rationale,
+            "raw_output": g.raw_output,
             "grader": grader.name,
             "prompt_hash": grader.prompt_hash,
         }
@@ -147,7 +165,7 @@ def grade_documents(df: pd.DataFrame, grader: Grader, column: str, target: str, 
         docs = getattr(row, column) or []
         return _apply_grades(docs, grader.grade(row.question, docs, row.usage), grader) if docs else []
 
-    graded, millis, errors = _per_row(out, step, grade_row, when=lambda r: bool(getattr(r, column)))
+    graded, millis, errors = _per_row(out, step, grade_row, when=lambda r: bool(getattr(r, column)), workers=grader.concurrency)
     out[target] = [g if g is not None else (list(d) if d else []) for g, d in zip(graded, out[column])]
     out["error"] = errors
     out["decisions"] = _log(
@@ -222,21 +240,32 @@ def decide(df: pd.DataFrame, routing: RoutingConfig) -> pd.DataFrame:
 # ---------------------------------------------------------------- rewrite + web search
 
 
-def rewrite(df: pd.DataFrame, backends: Backends) -> pd.DataFrame:
-    """A web query for each question that needs the web. The original question is kept for generation."""
+def _direct_query(question: str, policy_keywords: list[str]) -> str:
+    extra = [k for k in policy_keywords if k.lower() not in question.lower()]
+    return " ".join([question.strip(), *extra])
+
+
+def rewrite(df: pd.DataFrame, backends: Backends, fallback: str = "single") -> pd.DataFrame:
+    """A web query for each question that needs the web; the original question is kept for
+    generation. With the two-stage fallback (reference flow 3) the first query is the question itself
+    (plus policy keywords) and the rewriter is called only if that search leaves the context short."""
     _check_inputs(df, "rewrite")
     out = df.copy()
     enabled = backends.web_search is not None
-    queries, millis, errors = _per_row(
-        out, "rewrite", lambda r: backends.rewriter.rewrite(r.question, r.usage), when=lambda r: r.needs_web and enabled
-    )
+    rewriter = backends.rewriter
+    if fallback == "two_stage":
+        make = lambda r: _direct_query(r.question, rewriter.policy_keywords)  # noqa: E731
+    else:
+        make = lambda r: rewriter.rewrite(r.question, r.usage)  # noqa: E731
+    queries, millis, errors = _per_row(out, "rewrite", make, when=lambda r: r.needs_web and enabled, workers=rewriter.concurrency)
     out["web_query"] = queries
     out["error"] = errors
     out["ms_rewrite"] = millis
+    why = "two-stage fallback: the question itself first" if fallback == "two_stage" else f"rewriter {rewriter.name}"
     out["decisions"] = _log(
         out,
         [
-            ("rewrite", q, f"rewriter {backends.rewriter.name}")
+            ("rewrite", q, why)
             if q is not None
             else ("rewrite", "skipped", "web search is switched off (web_search.backend: none)")
             if nw and not enabled and e is None
@@ -247,38 +276,60 @@ def rewrite(df: pd.DataFrame, backends: Backends) -> pd.DataFrame:
     return out
 
 
-def web_search(df: pd.DataFrame, backends: Backends, k: int, grade_results: bool) -> pd.DataFrame:
+def _usable_web(results: list[Document]) -> list[Document]:
+    """Graded web results count only when relevant; ungraded ones (grading off) are all used."""
+    return [d for d in results if d.get("grade", "yes") == "yes"]
+
+
+def web_search(df: pd.DataFrame, backends: Backends, cfg: CragConfig) -> pd.DataFrame:
+    """Search the web for each question with a web query; optionally check each result as a source
+    (reference flow 3), grade the results, and with the two-stage fallback search again with a
+    rewritten query when the usable context is still shorter than routing.min_context_chars."""
     _check_inputs(df, "web_search")
     out = df.copy()
+    ws, grader, check = backends.web_search, backends.grader, backends.source_check
+    w = cfg.web_search
 
-    def search(row):
+    def search_once(row, query: str, first_rank: int, log: list) -> list[Document]:
         row.usage.search_calls += 1
-        return [{**d, "rank": i + 1} for i, d in enumerate(backends.web_search.search(row.web_query, k))]
+        results = [{**d, "rank": first_rank + i} for i, d in enumerate(ws.search(query, w.k, row.usage))]
+        log.append(("web_search", f"{len(results)} results", f"{ws.name}, query {query!r}"))
+        if check is not None and results:
+            keep = check.verify(row.question, results, row.usage)
+            log.append(("verify_web", f"{sum(keep)} of {len(results)} kept", f"source check {check.name}"))
+            results = [d for d, ok in zip(results, keep) if ok]
+        if w.grade_results and results:
+            results = _apply_grades(results, grader.grade(row.question, results, row.usage), grader)
+            log.append(("grade_web", f"{sum(d['grade'] == 'yes' for d in results)} of {len(results)} relevant", f"grader {grader.name}"))
+        return results
 
-    results, millis, errors = _per_row(out, "web_search", search, when=lambda r: r.web_query is not None)
-    out["web_results"] = [r or [] for r in results]
-    out["error"] = errors
-    out["decisions"] = _log(
-        out,
-        [
-            ("web_search", f"{len(r)} results", f"{backends.web_search.name}, query {q!r}") if r is not None else None
-            for r, q in zip(results, out["web_query"])
-        ],
-    )
-    if grade_results:
-        out, grade_ms = grade_documents(out, backends.grader, "web_results", "web_results", "grade_web")
-        millis = [a + b for a, b in zip(millis, grade_ms)]
+    def search_row(row):
+        log: list = []
+        query = row.web_query
+        results = search_once(row, query, 1, log)
+        if w.fallback == "two_stage":
+            internal = row.relevant if row.use_internal else []
+            chars = sum(len(d["text"]) for d in internal + _usable_web(results))
+            if chars < cfg.routing.min_context_chars:
+                query = backends.rewriter.rewrite(row.question, row.usage)
+                log.append(("rewrite", query, f"context {chars} chars < {cfg.routing.min_context_chars}: second search with rewriter {backends.rewriter.name}"))
+                seen = {d["parent_id"] for d in results}
+                more = [d for d in search_once(row, query, len(results) + 1, log) if d["parent_id"] not in seen]
+                results = results + more
+        return query, results, log
+
+    concurrency = max(ws.concurrency if ws else 1, grader.concurrency, check.concurrency if check else 1)
+    found, millis, errors = _per_row(out, "web_search", search_row, when=lambda r: r.web_query is not None, workers=concurrency)
+    out["web_query"] = [f[0] if f else q for f, q in zip(found, out["web_query"])]
+    out["web_results"] = [f[1] if f else [] for f in found]
     out["n_web"] = [len(r) for r in out["web_results"]]
+    out["error"] = errors
     out["ms_web_search"] = millis
+    out["decisions"] = _log(out, [f[2] if f else None for f in found])
     return out
 
 
 # ---------------------------------------------------------------- context (+ optional refinement)
-
-
-def _usable_web(results: list[Document]) -> list[Document]:
-    """Graded web results count only when relevant; ungraded ones (grading off) are all used."""
-    return [d for d in results if d.get("grade", "yes") == "yes"]
 
 
 def _strips(text: str, cfg: RefinementConfig) -> list[str]:
@@ -314,7 +365,7 @@ def refine(df: pd.DataFrame, backends: Backends, cfg: RefinementConfig) -> pd.Da
             context = refine_context(row.question, context, backends.grader, cfg, row.usage)
         return context
 
-    contexts, millis, errors = _per_row(out, "refine", compose)
+    contexts, millis, errors = _per_row(out, "refine", compose, workers=backends.grader.concurrency if cfg.enabled else 1)
     out["context"] = [c or [] for c in contexts]
     out["error"] = errors
     out["ms_refine"] = millis
@@ -338,7 +389,8 @@ def generate(df: pd.DataFrame, backends: Backends, refusal_message: str) -> pd.D
     _check_inputs(df, "generate")
     out = df.copy()
     answers, millis, errors = _per_row(
-        out, "generate", lambda r: backends.generator.generate(r.question, r.context, r.usage), when=lambda r: bool(r.context)
+        out, "generate", lambda r: backends.generator.generate(r.question, r.context, r.usage),
+        when=lambda r: bool(r.context), workers=backends.generator.concurrency,
     )
     texts, refused, sources, routes, log = [], [], [], [], []
     for answer, context, error in zip(answers, out["context"], errors):
@@ -375,8 +427,8 @@ def run_pipeline(
         ("retrieve", lambda d: retrieve(d, backends, cfg.retriever.k)),
         ("grade", lambda d: grade(d, backends)),
         ("decide", lambda d: decide(d, cfg.routing)),
-        ("rewrite", lambda d: rewrite(d, backends)),
-        ("web_search", lambda d: web_search(d, backends, cfg.web_search.k, cfg.web_search.grade_results)),
+        ("rewrite", lambda d: rewrite(d, backends, cfg.web_search.fallback)),
+        ("web_search", lambda d: web_search(d, backends, cfg)),
         ("refine", lambda d: refine(d, backends, cfg.refinement)),
         ("generate", lambda d: generate(d, backends, cfg.generator.refusal_message)),
     ]
@@ -404,6 +456,7 @@ def _grade_rows(graded: list[Document], web: list[Document]) -> list[dict]:
                 "grade": doc.get("grade"),
                 "parse_status": doc.get("parse_status"),
                 "rationale": doc.get("rationale"),
+                "raw_output": doc.get("raw_output"),
                 "grader": doc.get("grader"),
                 "prompt_hash": doc.get("prompt_hash"),
             }
@@ -435,6 +488,7 @@ def to_stage_output(df: pd.DataFrame) -> pa.Table:
                 "search_calls": usage.search_calls,
                 "prompt_tokens": usage.prompt_tokens,
                 "completion_tokens": usage.completion_tokens,
+                "retries": usage.retries,
                 **{f"ms_{s}": float(getattr(r, f"ms_{s}")) for s in schema.STAGES},
                 "grades": _grade_rows(r.graded, r.web_results),
                 "decisions": r.decisions,

@@ -28,7 +28,7 @@ def test_ask_rejects_a_blank_question_in_one_line(capsys, index_overrides):
     "args, message",
     [
         (["--set", "retriever.kk=1"], "crag: error: unknown config key 'retriever.kk' (allowed here: backend, index, k)\n"),
-        (["--set", "web_search.backend=bing"], "crag: error: config key 'web_search.backend': got 'bing', expected 'offline_corpus' or 'none'\n"),
+        (["--set", "web_search.backend=bing"], "crag: error: config key 'web_search.backend': got 'bing', expected one of 'offline_corpus', 'tavily', 'none'\n"),
         (["--variant", "nope"], "crag: error: unknown variant 'nope'"),
     ],
 )

@@ -18,11 +18,12 @@ def doc(i, text, source="internal"):
 
 class Retriever:
     name = "fake-retriever"
+    concurrency = 1
 
     def __init__(self, corpus, fail_on=None):
         self.corpus, self.fail_on, self.calls = corpus, fail_on, []
 
-    def search(self, queries, k):
+    def search(self, queries, k, usages=None):
         self.calls.append(list(queries))
         if self.fail_on and any(self.fail_on in q for q in queries):
             raise RuntimeError("index unavailable")
@@ -32,7 +33,7 @@ class Retriever:
 class Grader:
     """Relevant when the document contains the word 'yes'; relevance 0.9 or 0.1."""
 
-    name, prompt_hash = "fake-grader", "abc123"
+    name, prompt_hash, concurrency = "fake-grader", "abc123", 1
 
     def __init__(self, wrong_count_for=None):
         self.wrong_count_for, self.calls = wrong_count_for, []
@@ -45,7 +46,7 @@ class Grader:
 
 
 class Rewriter:
-    name = "fake-rewriter"
+    name, concurrency, policy_keywords = "fake-rewriter", 1, []
 
     def __init__(self):
         self.calls = []
@@ -56,18 +57,18 @@ class Rewriter:
 
 
 class Web:
-    name = "fake-web"
+    name, concurrency = "fake-web", 1
 
     def __init__(self, results):
         self.results, self.calls = results, []
 
-    def search(self, query, k):
+    def search(self, query, k, usage=None):
         self.calls.append(query)
         return [doc(i, t, "web") for i, t in enumerate(self.results)][:k]
 
 
 class Generator:
-    name = "fake-generator"
+    name, concurrency = "fake-generator", 1
 
     def __init__(self, decline=False):
         self.decline, self.calls = decline, []
@@ -116,7 +117,7 @@ def test_each_stage_adds_its_declared_outputs():
         "grade": lambda d: stages.grade(d, backends),
         "decide": lambda d: stages.decide(d, cfg.routing),
         "rewrite": lambda d: stages.rewrite(d, backends),
-        "web_search": lambda d: stages.web_search(d, backends, 3, True),
+        "web_search": lambda d: stages.web_search(d, backends, cfg),
         "refine": lambda d: stages.refine(d, backends, cfg.refinement),
         "generate": lambda d: stages.generate(d, backends, "no idea"),
     }

@@ -1,12 +1,13 @@
 """Choosing backends is configuration: `build_backends(cfg)` reads the backend names from the config
-and constructs one object per role. Each provider lives in its own module."""
+and constructs one object per role. Each provider lives in its own module and is imported only when
+configured, so the embedded default never loads a cloud client."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from crag.backends.base import Generator, Grader, Retriever, Rewriter, WebSearch
-from crag.config import CragConfig
+from crag.config import CragConfig, LLMConfig
 from crag.errors import ConfigError
 
 
@@ -17,6 +18,7 @@ class Backends:
     rewriter: Rewriter
     web_search: WebSearch | None  # None: web search switched off (web_search.backend = none)
     generator: Generator
+    source_check: object | None = None  # LLMSourceCheck when web_search.verify is set
 
 
 def _require(value: str | None, key: str) -> str:
@@ -25,42 +27,120 @@ def _require(value: str | None, key: str) -> str:
     return value
 
 
-def build_backends(cfg: CragConfig) -> Backends:
-    from crag.backends.bm25 import BM25Retriever, OfflineCorpusSearch
-    from crag.backends.extractive import ExtractiveGenerator
-    from crag.backends.lexical import KeywordRewriter, LexicalGrader, LexicalScorer
+def credentials(cfg: CragConfig) -> list[tuple[str, str | None, str]]:
+    """(environment variable, secret scope reference, what it is for) of every credential the config
+    needs, so the driver can check and resolve them all before any work starts."""
+    needed: list[tuple[str, str | None, str]] = []
+    for name, role in cfg.llm_roles().items():
+        if role.backend == "databricks":
+            needed += [(role.host_env, None, f"{name} (workspace URL)"), (role.token_env, role.token_secret, name)]
+        else:
+            needed.append((role.api_key_env, role.api_key_secret, name))
+    if cfg.retriever.backend == "databricks_vector_search":
+        r = cfg.retriever
+        needed += [(r.host_env, None, "retriever (workspace URL)"), (r.token_env, r.token_secret, "retriever")]
+    if cfg.web_search.backend == "tavily":
+        needed.append((cfg.web_search.api_key_env, cfg.web_search.api_key_secret, "web_search (Tavily)"))
+    return needed
 
-    retriever = BM25Retriever(_require(cfg.retriever.index, "retriever.index"))
+
+def resolve_credentials(cfg: CragConfig) -> dict[str, str]:
+    """Every credential the config needs, by environment-variable name. A missing one is a ConfigError
+    naming it. The values travel to Spark workers in memory only: never logged, never stored."""
+    from crag.backends.remote import secret
+
+    return {env: secret(env, ref, what) for env, ref, what in credentials(cfg)}
+
+
+def _chat_model(role: LLMConfig, secrets, concurrent_tasks: int):
+    if role.backend == "databricks":
+        from crag.backends.databricks_serving import DatabricksServing
+
+        return DatabricksServing(role, secrets, concurrent_tasks)
+    from crag.backends.openai_compat import OpenAICompatible
+
+    return OpenAICompatible(role, secrets, concurrent_tasks, getattr(role, "guided_regex_key", "guided_regex"))
+
+
+def build_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1) -> Backends:
+    """`concurrent_tasks`: how many Spark tasks run at once, each in its own process; every remote
+    endpoint's max_concurrency is shared out among them."""
+    from crag.text import TermWeights
+
+    weights, tokenizer = TermWeights({}, 1), cfg.indexing.tokenizer
+    r = cfg.retriever
+    if r.backend == "bm25":
+        from crag.backends.bm25 import BM25Retriever
+
+        retriever = BM25Retriever(_require(r.index, "retriever.index"))
+        weights, tokenizer = retriever.index.term_weights, retriever.index.tokenizer
+    else:
+        from crag.backends.vector_search import VectorSearchRetriever
+
+        retriever = VectorSearchRetriever(r, secrets, concurrent_tasks)
+
+    w = cfg.web_search
     web_search = None
-    if cfg.web_search.backend == "offline_corpus":
-        web_search = OfflineCorpusSearch(_require(cfg.web_search.index, "web_search.index"))
-    # The lexical grader and extractive generator weigh terms by IDF over every local collection: with
-    # the knowledge base alone, all words it lacks would weigh the same, however common they are.
-    weights = retriever.index.term_weights
-    if web_search is not None:
-        if web_search.index.tokenizer != retriever.index.tokenizer:
+    if w.backend == "offline_corpus":
+        from crag.backends.bm25 import OfflineCorpusSearch
+
+        web_search = OfflineCorpusSearch(_require(w.index, "web_search.index"))
+        if r.backend == "bm25" and web_search.index.tokenizer != tokenizer:
             raise ConfigError(
-                f"retriever.index uses tokenizer {retriever.index.tokenizer!r} but web_search.index uses "
+                f"retriever.index uses tokenizer {tokenizer!r} but web_search.index uses "
                 f"{web_search.index.tokenizer!r}: rebuild one of them with the same indexing.tokenizer"
             )
+        # The lexical grader and extractive generator weigh terms by IDF over every local collection:
+        # with the knowledge base alone, all words it lacks would weigh the same, however common.
         weights = weights.merged(web_search.index.term_weights)
-    scorer = LexicalScorer(weights, retriever.index.tokenizer)
-    return Backends(
-        retriever=retriever,
-        grader=LexicalGrader(scorer, cfg.grader.threshold),
-        rewriter=KeywordRewriter(cfg.rewriter.policy_keywords),
-        web_search=web_search,
-        generator=ExtractiveGenerator(scorer, cfg.generator.max_sentences, cfg.generator.min_sentence_score),
-    )
+    elif w.backend == "tavily":
+        from crag.backends.tavily_search import TavilySearch
+
+        web_search = TavilySearch(w, secrets, concurrent_tasks)
+
+    from crag.backends.lexical import KeywordRewriter, LexicalGrader, LexicalScorer
+
+    # Without a local index (Vector Search, Tavily) every term weighs the same.
+    scorer = LexicalScorer(weights, tokenizer)
+    if cfg.grader.backend == "lexical":
+        grader = LexicalGrader(scorer, cfg.grader.threshold)
+    else:
+        from crag.backends.llm_roles import LLMGrader
+
+        grader = LLMGrader(_chat_model(cfg.grader, secrets, concurrent_tasks), cfg.grader)
+
+    if cfg.rewriter.backend == "keywords":
+        rewriter = KeywordRewriter(cfg.rewriter.policy_keywords)
+    else:
+        from crag.backends.llm_roles import LLMRewriter
+
+        rewriter = LLMRewriter(_chat_model(cfg.rewriter, secrets, concurrent_tasks), cfg.rewriter)
+
+    g = cfg.generator
+    if g.backend == "extractive":
+        from crag.backends.extractive import ExtractiveGenerator
+
+        generator = ExtractiveGenerator(scorer, g.max_sentences, g.min_sentence_score)
+    else:
+        from crag.backends.llm_roles import LLMGenerator
+
+        generator = LLMGenerator(_chat_model(g, secrets, concurrent_tasks), g)
+
+    source_check = None
+    if w.verify is not None:
+        from crag.backends.llm_roles import LLMSourceCheck
+
+        source_check = LLMSourceCheck(_chat_model(w.verify, secrets, concurrent_tasks), w.verify)
+    return Backends(retriever, grader, rewriter, web_search, generator, source_check)
 
 
-_CACHE: dict[str, Backends] = {}
+_CACHE: dict[tuple, Backends] = {}
 
 
-def cached_backends(cfg: CragConfig) -> Backends:
+def cached_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1) -> Backends:
     """One set of backends per config per Python process: Spark reuses its Python workers across
     tasks, so indexes and clients are built once per executor process, not once per partition."""
-    key = cfg.hash()
+    key = (cfg.hash(), concurrent_tasks)
     if key not in _CACHE:
-        _CACHE[key] = build_backends(cfg)
+        _CACHE[key] = build_backends(cfg, secrets, concurrent_tasks)
     return _CACHE[key]

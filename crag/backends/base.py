@@ -1,5 +1,8 @@
 """The small protocols every backend implements, and the records they exchange.
 
+Every role has `concurrency`: how many calls this process may make at once (1 for the embedded,
+in-process backends; a share of the endpoint's budget for remote ones).
+
 A document travels through the stages as a plain dict (so it crosses pandas and Arrow unchanged):
     source ("internal" | "web"), doc_id, parent_id, title, url, text, retrieval_score, rank
 and, once graded, relevance (0..1), grade ("yes" | "no"), parse_status, rationale.
@@ -19,6 +22,7 @@ class Grade:
     grade: str  # "yes" | "no"
     parse_status: str = "ok"  # "ok" | "repaired" | "failed"
     rationale: str | None = None
+    raw_output: str | None = None  # what the model said, kept for audit (None for non-model graders)
 
 
 @dataclass(frozen=True)
@@ -35,19 +39,29 @@ class Usage:
     search_calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    retries: int = 0
 
-    def add(self, other: "Usage") -> None:
-        self.llm_calls += other.llm_calls
-        self.search_calls += other.search_calls
-        self.prompt_tokens += other.prompt_tokens
-        self.completion_tokens += other.completion_tokens
+
+@runtime_checkable
+class ChatModel(Protocol):
+    """A chat-completion endpoint. `chat` adds its calls, tokens and retries to `usage`."""
+
+    name: str
+    concurrency: int  # requests this process may have in flight
+
+    def chat(self, messages: list[dict], usage: Usage, *, max_tokens: int, temperature: float,
+             json_schema: dict | None = None, regex: str | None = None) -> str: ...
 
 
 @runtime_checkable
 class Retriever(Protocol):
-    name: str
+    """`concurrency` 1 means the retriever serves a whole batch of queries in one call (BM25); above 1,
+    the retrieve stage sends one query per question from a thread pool of that size."""
 
-    def search(self, queries: list[str], k: int) -> list[list[Document]]:
+    name: str
+    concurrency: int
+
+    def search(self, queries: list[str], k: int, usages: list[Usage] | None = None) -> list[list[Document]]:
         """Top documents for each query, parents de-duplicated, best first (one search call each)."""
 
 
@@ -55,6 +69,7 @@ class Retriever(Protocol):
 class Grader(Protocol):
     name: str
     prompt_hash: str | None
+    concurrency: int
 
     def grade(self, question: str, documents: list[Document], usage: Usage) -> list[Grade]:
         """One grade per document, in order; model calls and tokens are added to `usage`."""
@@ -63,6 +78,8 @@ class Grader(Protocol):
 @runtime_checkable
 class Rewriter(Protocol):
     name: str
+    concurrency: int
+    policy_keywords: list[str]
 
     def rewrite(self, question: str, usage: Usage) -> str:
         """A web-search query for the question."""
@@ -71,14 +88,16 @@ class Rewriter(Protocol):
 @runtime_checkable
 class WebSearch(Protocol):
     name: str
+    concurrency: int
 
-    def search(self, query: str, k: int) -> list[Document]:
+    def search(self, query: str, k: int, usage: Usage | None = None) -> list[Document]:
         """Up to k results, each its own document (source "web")."""
 
 
 @runtime_checkable
 class Generator(Protocol):
     name: str
+    concurrency: int
 
     def generate(self, question: str, context: list[Document], usage: Usage) -> Answer:
         """An answer grounded in the context, citing the documents it used."""

@@ -67,7 +67,7 @@ class LexicalIndex:
             )
         self.path = path
         self.tokenizer = manifest["tokenizer"]
-        chunks = tables.read_whole_table(path / "chunks")
+        chunks = self._chunks = tables.read_whole_table(path / "chunks")
         self._bm25 = bm25s.BM25.load(str(path / "bm25"), show_progress=False)
         self._vocab = self._bm25.vocab_dict
         self._chunk_parent = np.asarray(chunks.column("parent_id").to_pylist(), dtype=object)
@@ -83,23 +83,29 @@ class LexicalIndex:
         vocab = {token: int(df[i]) for token, i in self._vocab.items() if i < len(df)}
         return TermWeights(vocab, int(self._bm25.scores["num_docs"]))
 
-    def search(self, queries: list[str], k: int, source: str, max_parents: int | None = None) -> list[list[Document]]:
-        """The top-k child chunks of each query, replaced by their parents, de-duplicated by parent
-        (at most `max_parents` of them)."""
+    def _top_chunks(self, queries: list[str], k: int) -> list[list[tuple[int, float]]]:
+        """(chunk position, BM25 score) of the top-k child chunks of each query, best first; chunks that
+        share no token with the query are left out."""
         token_lists = [[t for t in tokenize(q, self.tokenizer) if t in self._vocab] for q in queries]
-        results: list[list[Document]] = [[] for _ in queries]
+        results: list[list[tuple[int, float]]] = [[] for _ in queries]
         answerable = [i for i, tokens in enumerate(token_lists) if tokens]  # bm25s cannot score an empty query
         if not answerable:
             return results
-        n_chunks = len(self._chunk_parent)
         ids, scores = self._bm25.retrieve(
-            [token_lists[i] for i in answerable], k=min(k, n_chunks), show_progress=False, n_threads=1
+            [token_lists[i] for i in answerable], k=min(k, len(self._chunk_parent)), show_progress=False, n_threads=1
         )
         for row, i in enumerate(answerable):
+            results[i] = [(int(c), float(s)) for c, s in zip(ids[row], scores[row]) if s > 0]
+        return results
+
+    def search(self, queries: list[str], k: int, source: str, max_parents: int | None = None) -> list[list[Document]]:
+        """The top-k child chunks of each query, replaced by their parents, de-duplicated by parent
+        (at most `max_parents` of them)."""
+        results: list[list[Document]] = []
+        for chunks in self._top_chunks(queries, k):
+            docs: list[Document] = []
             seen: set[str] = set()
-            for chunk, score in zip(ids[row], scores[row]):
-                if score <= 0:
-                    break  # no query token in this chunk or any after it
+            for chunk, score in chunks:
                 parent_id = self._chunk_parent[chunk]
                 if parent_id in seen:
                     continue
@@ -107,7 +113,7 @@ class LexicalIndex:
                     break
                 seen.add(parent_id)
                 parent = self._parents[parent_id]
-                results[i].append(
+                docs.append(
                     {
                         "source": source,
                         "doc_id": parent["doc_id"],
@@ -115,11 +121,17 @@ class LexicalIndex:
                         "title": parent["title"],
                         "url": parent["url"],
                         "text": parent["parent_text"],
-                        "retrieval_score": float(score),
+                        "retrieval_score": score,
                         "rank": len(seen),
                     }
                 )
+            results.append(docs)
         return results
+
+    def search_chunks(self, query: str, k: int) -> list[tuple[dict, float]]:
+        """The top-k child chunk rows (every chunk-table column) with their scores: what a vector index
+        over the chunk table returns."""
+        return [(self._chunks.slice(c, 1).to_pylist()[0], s) for c, s in self._top_chunks([query], k)[0]]
 
 
 @functools.lru_cache(maxsize=8)
@@ -129,17 +141,21 @@ def load_index(path: str) -> LexicalIndex:
 
 
 class BM25Retriever:
+    concurrency = 1  # in-process: the whole batch in one call
+
     def __init__(self, index_path: str):
         self.index = load_index(str(Path(index_path).resolve()))
         self.name = "bm25"
 
-    def search(self, queries: list[str], k: int) -> list[list[Document]]:
+    def search(self, queries: list[str], k: int, usages=None) -> list[list[Document]]:
         return self.index.search(queries, k, source="internal")
 
 
 class OfflineCorpusSearch:
     """Stands in for a web search API: BM25 over a separate collection, results shaped like Tavily's
     (title, url, content as the document text, score)."""
+
+    concurrency = 1
 
     def __init__(self, index_path: str):
         self.index = load_index(str(Path(index_path).resolve()))
@@ -149,5 +165,5 @@ class OfflineCorpusSearch:
     # search API returns k distinct results.
     CHILDREN_PER_RESULT = 4
 
-    def search(self, query: str, k: int) -> list[Document]:
+    def search(self, query: str, k: int, usage=None) -> list[Document]:
         return self.index.search([query], k * self.CHILDREN_PER_RESULT, source="web", max_parents=k)[0]

@@ -14,6 +14,7 @@ _BULLET = re.compile(r"^([-*+]|\d+[.)])\s+")
 
 
 class ExtractiveGenerator:
+    concurrency = 1
     def __init__(self, scorer: LexicalScorer, max_sentences: int, min_sentence_score: float):
         self.scorer = scorer
         self.max_sentences = max_sentences

@@ -38,6 +38,7 @@ class LexicalGrader:
     text; grade "yes" at or above `threshold`."""
 
     prompt_hash = None  # no prompt: the grader is not a model
+    concurrency = 1
 
     def __init__(self, scorer: LexicalScorer, threshold: float):
         self.scorer = scorer
@@ -63,6 +64,8 @@ class LexicalGrader:
 class KeywordRewriter:
     """The question's keywords (question words and stop words removed), plus configured policy keywords
     (reference flow 3 appends the policy's name and insurer)."""
+
+    concurrency = 1
 
     def __init__(self, policy_keywords: list[str]):
         self.policy_keywords = policy_keywords

@@ -1,0 +1,83 @@
+"""Databricks model serving through `mlflow.deployments.get_deploy_client("databricks")`.
+
+Chat endpoints take OpenAI chat-completion bodies. A custom (pyfunc) endpoint can also grade a whole
+batch of documents in one request, the shape reference flow 1 uses:
+    {"inputs": [{"prompt": doc}, ...], "params": {"system_prompt", "json_schema", "temperature",
+     "max_tokens", "stop"}}  ->  {"predictions": [{"output": "<json>"}, ...]}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from crag.backends.base import Usage
+from crag.backends.remote import Endpoint, secret
+from crag.config import LLMConfig
+
+
+class DatabricksServing:
+    def __init__(self, cfg: LLMConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1):
+        host = secret(cfg.host_env, None, f"Databricks serving endpoint {cfg.endpoint!r} (workspace URL)", secrets)
+        token = secret(cfg.token_env, cfg.token_secret, f"Databricks serving endpoint {cfg.endpoint!r}", secrets)
+        # mlflow reads the workspace and token from these variables only. Its own HTTP retries are
+        # switched off (crag's policy retries and counts them); the per-call timeout is crag's.
+        timeout = str(max(1, math.ceil(cfg.policy.timeout_s)))
+        os.environ.update(
+            DATABRICKS_HOST=host,
+            DATABRICKS_TOKEN=token,
+            MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
+            MLFLOW_DEPLOYMENT_PREDICT_TIMEOUT=timeout,
+            MLFLOW_DEPLOYMENT_PREDICT_TOTAL_TIMEOUT=timeout,
+        )
+        from mlflow.deployments import get_deploy_client
+
+        self._client = get_deploy_client("databricks")
+        self.endpoint_name = cfg.endpoint
+        self.name = f"databricks:{cfg.endpoint}"
+        self._endpoint = Endpoint(self.name, cfg.policy, concurrent_tasks)
+        self.concurrency = self._endpoint.concurrency
+
+    def _predict(self, body: dict, usage: Usage) -> dict:
+        reply = self._endpoint.call(lambda: self._client.predict(endpoint=self.endpoint_name, inputs=body), usage)
+        usage.llm_calls += 1
+        return dict(reply)
+
+    def chat(self, messages, usage, *, max_tokens, temperature, json_schema=None, regex=None) -> str:
+        body: dict = {"messages": messages, "max_tokens": max_tokens, "temperature": temperature}
+        if json_schema is not None:
+            body["response_format"] = {"type": "json_schema", "json_schema": json_schema}
+        reply = self._predict(body, usage)
+        tokens = reply.get("usage") or {}
+        usage.prompt_tokens += int(tokens.get("prompt_tokens") or 0)
+        usage.completion_tokens += int(tokens.get("completion_tokens") or 0)
+        return message_text(reply)
+
+    def batch(self, system_prompt: str, prompts: list[str], usage: Usage, *, max_tokens: int, temperature: float,
+              json_schema: dict | None = None, stop: list[str] | None = None) -> list[str]:
+        """One request, one output per prompt (in order)."""
+        params: dict = {"system_prompt": system_prompt, "temperature": temperature, "max_tokens": max_tokens}
+        if json_schema is not None:
+            # pyfunc params are scalars: the schema travels as a JSON string
+            params["json_schema"] = json.dumps(json_schema["schema"])
+        if stop:
+            params["stop"] = stop
+        reply = self._predict({"inputs": [{"prompt": p} for p in prompts], "params": params}, usage)
+        predictions = reply.get("predictions")
+        if not isinstance(predictions, list) or len(predictions) != len(prompts):
+            got = len(predictions) if isinstance(predictions, list) else type(predictions).__name__
+            raise ValueError(f"batch endpoint {self.endpoint_name!r} returned {got} predictions for {len(prompts)} inputs")
+        return [p.get("output", "") if isinstance(p, dict) else str(p) for p in predictions]
+
+
+def message_text(reply: dict) -> str:
+    """The assistant's text from a chat-completion reply. Some models (gpt-oss) return the content as
+    a list of blocks; the text is in the ones of type "text"."""
+    choices = reply.get("choices") or []
+    if not choices:
+        raise ValueError("chat completion reply has no choices")
+    content = (choices[0].get("message") or {}).get("content")
+    if isinstance(content, list):
+        return "".join(block.get("text", "") for block in content if isinstance(block, dict) and block.get("type") == "text")
+    return content or ""

@@ -1,0 +1,170 @@
+"""The grader, rewriter, generator and web-source check played by a chat model (any ChatModel).
+
+Untrusted text (documents, web results) enters a prompt only inside its tags, truncated to
+`max_doc_chars`, with any copy of the closing tag inside it defused, so that it cannot end its block
+early and pose as instructions.
+"""
+
+from __future__ import annotations
+
+import html
+import string
+
+import yaml
+
+from crag.backends.base import Answer, ChatModel, Document, Grade, Usage
+from crag.backends.parsing import clean_query, parse_answer, parse_binary, parse_score, parse_yes_no
+from crag.config import LLMConfig, LLMGeneratorConfig, LLMGraderConfig, SourceCheckConfig, stable_hash
+from crag.errors import ConfigError
+
+GRADE_SCHEMA = {
+    "name": "relevance_grade",
+    "schema": {
+        "type": "object",
+        "properties": {"grade": {"type": "string", "enum": ["yes", "no"]}},
+        "required": ["grade"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+GRADE_REGEX = r'\{"grade": "(yes|no)"\}'
+
+
+class Prompt:
+    """A system/user template pair with $placeholders, from a YAML prompt file."""
+
+    def __init__(self, text: str, origin: str):
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise ConfigError(f"prompt {origin} is not valid YAML") from None
+        if not isinstance(data, dict) or not isinstance(data.get("system"), str) or not isinstance(data.get("user"), str):
+            raise ConfigError(f"prompt {origin} must have string keys 'system' and 'user'")
+        self.system = string.Template(data["system"])
+        self.user = string.Template(data["user"])
+        self.hash = stable_hash(text)
+
+    def messages(self, **values: str) -> list[dict]:
+        return [
+            {"role": "system", "content": self.system.safe_substitute(values).strip()},
+            {"role": "user", "content": self.user.safe_substitute(values).strip()},
+        ]
+
+
+def fenced(text: str, tag: str, max_chars: int) -> str:
+    """Untrusted text made safe to place between <tag> and </tag>: truncated, closing tag defused."""
+    text = text if len(text) <= max_chars else text[:max_chars] + " [truncated]"
+    return text.replace(f"</{tag}", f"< /{tag}")
+
+
+def render_context(context: list[Document], max_chars: int) -> str:
+    blocks = []
+    for i, doc in enumerate(context, 1):
+        title = html.escape(str(doc.get("title") or ""), quote=True)
+        blocks.append(
+            f'<document index="{i}" source="{doc["source"]}" title="{title}">\n'
+            f"{fenced(doc['text'], 'document', max_chars)}\n</document>"
+        )
+    return "\n".join(blocks)
+
+
+class _Role:
+    def __init__(self, model: ChatModel, cfg: LLMConfig, role: str):
+        self.model, self.cfg = model, cfg
+        self.prompt = Prompt(cfg.prompt_text or "", f"{role}.prompt ({cfg.prompt})")
+        self.name = model.name
+        self.concurrency = model.concurrency
+
+    def _chat(self, messages, usage, **extra) -> str:
+        return self.model.chat(messages, usage, max_tokens=self.cfg.max_tokens, temperature=self.cfg.temperature, **extra)
+
+
+class LLMGrader(_Role):
+    def __init__(self, model: ChatModel, cfg: LLMGraderConfig):
+        super().__init__(model, cfg, "grader")
+        self.cfg: LLMGraderConfig = cfg
+        self.prompt_hash = self.prompt.hash
+        if cfg.batch and not hasattr(model, "batch"):
+            raise ConfigError("grader.batch needs the databricks backend (a batch-inference serving endpoint)")
+
+    def _parse(self, output: str) -> Grade:
+        parsed = (parse_score if self.cfg.format == "score" else parse_binary)(output)
+        if parsed.relevance is None:
+            return Grade(0.0, "no", "failed", parsed.rationale, output)
+        relevance = round(parsed.relevance, 4)
+        yes = relevance >= self.cfg.threshold if self.cfg.format == "score" else relevance >= 0.5
+        return Grade(relevance, "yes" if yes else "no", parsed.status, parsed.rationale, output)
+
+    def _chat_extra(self) -> dict:
+        if self.cfg.format != "binary":
+            return {}
+        extra: dict = {}
+        if self.cfg.structured_output:
+            extra["json_schema"] = GRADE_SCHEMA
+        if self.cfg.guided_regex:
+            extra["regex"] = GRADE_REGEX
+        return extra
+
+    def _grade_all(self, question: str, documents: list[Document], usage: Usage) -> list[str]:
+        texts = [fenced(f"{d.get('title') or ''}\n{d['text']}".strip(), "document", self.cfg.max_doc_chars) for d in documents]
+        if self.cfg.batch:
+            [system, _] = self.prompt.messages(question=question)
+            prompts = [self.prompt.user.safe_substitute(document=t).strip() for t in texts]
+            schema = GRADE_SCHEMA if self.cfg.format == "binary" and self.cfg.structured_output else None
+            return self.model.batch(system["content"], prompts, usage, max_tokens=self.cfg.max_tokens,
+                                    temperature=self.cfg.temperature, json_schema=schema)
+        return [self._chat(self.prompt.messages(question=question, document=t), usage, **self._chat_extra()) for t in texts]
+
+    def grade(self, question: str, documents: list[Document], usage: Usage) -> list[Grade]:
+        grades = [self._parse(o) for o in self._grade_all(question, documents, usage)]
+        failed = [i for i, g in enumerate(grades) if g.parse_status == "failed"]
+        if failed and self.cfg.on_parse_failure == "retry":
+            again = self._grade_all(question, [documents[i] for i in failed], usage)
+            for i, output in zip(failed, again):
+                grades[i] = self._parse(output)
+        return grades
+
+
+class LLMRewriter(_Role):
+    def __init__(self, model: ChatModel, cfg):
+        super().__init__(model, cfg, "rewriter")
+        self.policy_keywords = cfg.policy_keywords
+
+    def rewrite(self, question: str, usage: Usage) -> str:
+        query = clean_query(self._chat(self.prompt.messages(question=question), usage)) or question.strip()
+        extra = [k for k in self.policy_keywords if k.lower() not in query.lower()]
+        return " ".join([query, *extra])
+
+
+class LLMGenerator(_Role):
+    def __init__(self, model: ChatModel, cfg: LLMGeneratorConfig):
+        super().__init__(model, cfg, "generator")
+        self.cfg: LLMGeneratorConfig = cfg
+
+    def generate(self, question: str, context: list[Document], usage: Usage) -> Answer:
+        language = f"Reply in {self.cfg.reply_language}." if self.cfg.reply_language else ""
+        messages = self.prompt.messages(
+            question=question, context=render_context(context, self.cfg.max_doc_chars),
+            refusal=self.cfg.refusal_message, language_line=language,
+        )
+        text, cited = parse_answer(self._chat(messages, usage), self.cfg.refusal_message, len(context))
+        return Answer(text, cited)
+
+
+class LLMSourceCheck(_Role):
+    """Reference flow 3's web-source verification: YES keeps a web result, NO (or an unreadable reply)
+    drops it."""
+
+    def __init__(self, model: ChatModel, cfg: SourceCheckConfig):
+        super().__init__(model, cfg, "web_search.verify")
+        self.subject = cfg.subject or "the subject of the question"
+
+    def verify(self, question: str, results: list[Document], usage: Usage) -> list[bool]:
+        verdicts = []
+        for doc in results:
+            messages = self.prompt.messages(
+                question=question, subject=self.subject,
+                web_result=fenced(f"{doc.get('title') or ''}\n{doc['text']}".strip(), "web_result", self.cfg.max_doc_chars),
+            )
+            verdicts.append(parse_yes_no(self._chat(messages, usage)) is True)
+        return verdicts

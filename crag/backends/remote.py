@@ -1,0 +1,138 @@
+"""What every call to a remote service goes through: a concurrency budget, one retry policy, a timeout,
+and credentials from the environment or a Databricks secret scope.
+
+The client libraries' own retries are switched off where they allow it (openai max_retries=0, Vector
+Search total_retries=0, mlflow MLFLOW_HTTP_REQUEST_MAX_RETRIES=0), so that one policy applies everywhere
+and every retry is counted. The Databricks SDK under mlflow still retries a 429 itself (honouring
+Retry-After) within the per-call timeout; those retries are invisible here.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TypeVar
+
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from crag.backends.base import Usage
+from crag.config import EndpointPolicy
+from crag.errors import ConfigError
+
+T = TypeVar("T")
+RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+# Exceptions that name a rate limit without carrying a status code.
+_RATE_LIMIT_NAMES = ("UsageLimitExceededError", "TooManyRequests", "RateLimitError", "RetryError")
+
+
+class CallTimeout(TimeoutError):
+    """A call that did not answer within the per-call timeout."""
+
+
+def http_status(exc: BaseException) -> int | None:
+    for candidate in (getattr(exc, "status_code", None), getattr(getattr(exc, "response", None), "status_code", None)):
+        if isinstance(candidate, int):
+            return candidate
+    if type(exc).__name__ in _RATE_LIMIT_NAMES:
+        return 429  # e.g. requests' RetryError: urllib3 gave up on 429s
+    return None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth another try: rate limits, server errors, timeouts and dropped connections."""
+    if http_status(exc) in RETRYABLE_STATUS:
+        return True
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return isinstance(exc, (TimeoutError, ConnectionError)) or any("Timeout" in n or "ConnectionError" in n for n in names)
+
+
+def retry_after_s(exc: BaseException) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date), if the error carries one."""
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    value = headers.get("Retry-After") if headers is not None else None
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value)
+        return max(0.0, parsed.timestamp() - time.time()) if parsed else None
+
+
+_TIMEOUT_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="crag-timeout")
+
+
+class Endpoint:
+    """One remote endpoint as the job sees it.
+
+    `policy.max_concurrency` is the budget of in-flight requests for the whole job; Spark runs
+    `concurrent_tasks` partitions at once, each in its own Python process, so each process may have
+    ceil(max_concurrency / concurrent_tasks) requests in flight.
+    """
+
+    def __init__(self, name: str, policy: EndpointPolicy, concurrent_tasks: int = 1, hard_timeout: bool = False):
+        self.name = name
+        self.policy = policy
+        self.concurrency = max(1, math.ceil(policy.max_concurrency / max(1, concurrent_tasks)))
+        self._slots = threading.BoundedSemaphore(self.concurrency)
+        self.hard_timeout = hard_timeout  # for clients without a timeout of their own (Vector Search)
+
+    def _wait(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        hinted = retry_after_s(exc) if exc else None
+        backoff = wait_exponential_jitter(initial=self.policy.backoff_initial_s, max=self.policy.backoff_max_s)(state)
+        return min(self.policy.backoff_max_s, hinted) if hinted is not None else backoff
+
+    def call(self, fn: Callable[[], T], usage: Usage | None = None) -> T:
+        """fn() under the concurrency budget, retried on transient errors with exponential backoff and
+        jitter (or the server's Retry-After), at most policy.max_attempts times."""
+
+        def before_sleep(state: RetryCallState) -> None:
+            if usage is not None:
+                usage.retries += 1
+
+        retrying = Retrying(
+            retry=retry_if_exception(is_transient),
+            wait=self._wait,
+            stop=stop_after_attempt(self.policy.max_attempts),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        return retrying(self._attempt, fn)
+
+    def _attempt(self, fn: Callable[[], T]) -> T:
+        with self._slots:
+            if not self.hard_timeout:
+                return fn()
+            future = _TIMEOUT_POOL.submit(fn)
+            try:
+                return future.result(timeout=self.policy.timeout_s)
+            except FutureTimeout:
+                # The request thread is abandoned, not killed; its slot is released now.
+                raise CallTimeout(f"{self.name}: no answer within {self.policy.timeout_s:g} s") from None
+
+
+def secret(env_name: str, secret_ref: str | None, what: str, secrets: dict[str, str] | None = None) -> str:
+    """A credential: from `secrets` (resolved on the driver and shipped to workers), the environment
+    variable `env_name`, or a Databricks secret scope "scope/key". Never logged, never stored."""
+    if secrets and env_name in secrets:
+        return secrets[env_name]
+    value = os.environ.get(env_name)
+    if value:
+        return value
+    if secret_ref:
+        scope, _, key = secret_ref.partition("/")
+        try:
+            from databricks.sdk.runtime import dbutils  # only on Databricks
+
+            return dbutils.secrets.get(scope=scope, key=key)
+        except Exception as exc:  # not on Databricks, or no such secret
+            raise ConfigError(f"missing credential for {what}: {env_name} is not set and secret {secret_ref!r} "
+                              f"could not be read ({type(exc).__name__})") from None
+    raise ConfigError(f"missing credential for {what}: set the environment variable {env_name}")

@@ -1,0 +1,64 @@
+"""Retriever over a Databricks Vector Search index (databricks-vectorsearch) of child chunks: the top-k
+children of each question, expanded to their parent chunks and de-duplicated by parent, as the
+embedded BM25 retriever does. The client is thread-safe, so one index object serves every thread."""
+
+from __future__ import annotations
+
+import warnings
+
+from crag.backends.base import Document
+from crag.backends.remote import Endpoint, secret
+from crag.config import VectorSearchRetrieverConfig
+
+
+class VectorSearchRetriever:
+    def __init__(self, cfg: VectorSearchRetrieverConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1):
+        with warnings.catch_warnings():  # databricks-vectorsearch 0.81 is a shim that warns on import
+            warnings.simplefilter("ignore")
+            from databricks.vector_search.client import VectorSearchClient
+
+        what = f"Vector Search index {cfg.index_name!r}"
+        host = secret(cfg.host_env, None, f"{what} (workspace URL)", secrets)
+        token = secret(cfg.token_env, cfg.token_secret, what, secrets)
+        self.cfg = cfg
+        # The client has no request timeout of its own: the endpoint enforces one around each call.
+        self._endpoint = Endpoint(f"vector_search:{cfg.index_name}", cfg.policy, concurrent_tasks, hard_timeout=True)
+        self.concurrency = self._endpoint.concurrency
+        client = VectorSearchClient(workspace_url=host, personal_access_token=token, disable_notice=True)
+        self._index = self._endpoint.call(lambda: client.get_index(endpoint_name=cfg.endpoint, index_name=cfg.index_name))
+        c = cfg.columns
+        self._columns = list(dict.fromkeys([c.chunk_text, c.parent_id, c.parent_text, c.doc_id, c.title, c.url]))
+        self.name = "databricks_vector_search"
+
+    def _query(self, question: str, k: int, usage=None) -> list[Document]:
+        reply = self._endpoint.call(
+            lambda: self._index.similarity_search(
+                columns=self._columns, query_text=question, num_results=k, filters=self.cfg.filters,
+                query_type=self.cfg.query_type, total_retries=0,  # crag's policy retries instead
+            ),
+            usage,
+        )
+        names = [col["name"] for col in reply.get("manifest", {}).get("columns", [])]
+        c = self.cfg.columns
+        docs: list[Document] = []
+        seen: set[str] = set()
+        for row in reply.get("result", {}).get("data_array") or []:
+            values = dict(zip(names, row))
+            parent_id = str(values.get(c.parent_id))
+            if parent_id in seen:
+                continue
+            seen.add(parent_id)
+            docs.append({
+                "source": "internal",
+                "doc_id": values.get(c.doc_id) or parent_id,
+                "parent_id": parent_id,
+                "title": values.get(c.title),
+                "url": values.get(c.url),
+                "text": values.get(c.parent_text) or values.get(c.chunk_text) or "",
+                "retrieval_score": float(row[-1]),  # the score is always the last element
+                "rank": len(seen),
+            })
+        return docs
+
+    def search(self, queries: list[str], k: int, usages=None) -> list[list[Document]]:
+        return [self._query(q, k, u) for q, u in zip(queries, usages or [None] * len(queries))]
