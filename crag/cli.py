@@ -37,6 +37,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warehouse", required=True, help="folder of Delta tables written by crag run")
     p.add_argument("sql", help="e.g. \"SELECT route, count(*) FROM answers GROUP BY route\"")
 
+    p = sub.add_parser("emulate", help="serve local emulators of model serving, Vector Search and Tavily")
+    p.add_argument("--kb-index", help="crag index directory the Vector Search emulator searches")
+    p.add_argument("--web-index", help="crag index directory the Tavily emulator searches")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--token", help="require this bearer token / API key (default: accept any)")
+
     p = sub.add_parser("ask", help="answer one question without Spark, printing every stage")
     _conf_args(p)
     p.add_argument("question")
@@ -75,6 +81,30 @@ def _print_stage(name: str, df) -> None:
             print(f"    source: {s['source']} {s['doc_id']} {s['title']} {s['url'] or ''}".rstrip())
 
 
+def _emulate(args) -> None:
+    import time
+
+    from crag.emulators import Emulator
+
+    for path in (args.kb_index, args.web_index):
+        if path:
+            from crag.backends.bm25 import load_index
+
+            load_index(path)  # a missing index is a clear error now, not a 404 later
+    with Emulator(args.kb_index, args.web_index, token=args.token, port=args.port) as emulator:
+        token = args.token or "local-token"
+        print(f"emulating Databricks serving + Vector Search, OpenAI chat and Tavily at {emulator.url}")
+        print("use them with:")
+        print(f"  export DATABRICKS_HOST={emulator.url} DATABRICKS_TOKEN={token} TAVILY_API_KEY={token} OPENAI_API_KEY={token}")
+        print(f"  export TAVILY_API_BASE_URL={emulator.url} OPENAI_BASE_URL={emulator.url}/v1")
+        print("Ctrl-C stops.", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -99,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             with pd.option_context("display.max_rows", 500, "display.max_columns", 50, "display.width", 200,
                                    "display.max_colwidth", 80):
                 print(query(args.warehouse, args.sql).to_pandas().to_string(index=False))
+        elif args.command == "emulate":
+            _emulate(args)
         elif args.command == "ask":
             import pandas as pd
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -211,7 +213,13 @@ class SparkConfig(Section):
 
 
 class TablesConfig(Section):
-    backend: Literal["delta_rs", "unity_catalog"] = "delta_rs"
+    # auto: unity_catalog on a Databricks cluster (DATABRICKS_RUNTIME_VERSION is set), else delta_rs
+    backend: Literal["auto", "delta_rs", "unity_catalog"] = "auto"
+
+    def resolved(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "unity_catalog" if os.environ.get("DATABRICKS_RUNTIME_VERSION") else "delta_rs"
 
 
 class CragConfig(Section):
@@ -303,6 +311,32 @@ def _read_yaml(path: Path, what: str) -> dict:
     return data
 
 
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def interpolate(value: Any, where: str = "") -> Any:
+    """${NAME} or ${NAME:-default} in string values -> the environment variable (or the default), so
+    one config file serves a laptop and a server. An unset variable without a default is an error. An
+    empty result means "not set" (None)."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, where) for v in value]
+    if not isinstance(value, str) or "${" not in value:
+        return value
+
+    def replace(match: re.Match) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is None:
+            raise ConfigError(f"config key {where!r} refers to ${{{name}}}, which is not set (give a default: ${{{name}:-...}})")
+        return default
+
+    result = _ENV_REF.sub(replace, value)
+    return result if result != "" else None
+
+
 def variant_path(conf_path: Path, variant: str) -> Path:
     """Variants live beside the config: conf/variants/<name>.yaml for conf/local.yaml."""
     return conf_path.parent / "variants" / f"{variant}.yaml"
@@ -322,10 +356,13 @@ def load_config(path: str | Path | None, overrides: list[str] = (), variant: str
         keys, value = parse_override(item)
         node = data
         for key in keys[:-1]:
-            node = node.setdefault(key, {})
+            if node.get(key) is None:  # absent, or null in the file: setting a key inside creates it
+                node[key] = {}
+            node = node[key]
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {'.'.join(keys)}: {key!r} is not a section")
         node[keys[-1]] = value
+    data = interpolate(data)
     try:
         cfg = CragConfig.model_validate(data)
     except ValidationError as exc:

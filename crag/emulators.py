@@ -31,8 +31,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from requests.structures import CaseInsensitiveDict  # header names are case-insensitive
+
 SERVICES = ("serving", "vector_search", "tavily")
-FAULTS = ("429", "500", "hang", "malformed")
+# malformed: a reply in no requested format; prose: the right reply wrapped in chatter and a code fence
+FAULTS = ("429", "500", "hang", "malformed", "prose")
 
 
 @dataclass
@@ -40,7 +43,7 @@ class Recorded:
     service: str
     method: str
     path: str
-    headers: dict[str, str]
+    headers: CaseInsensitiveDict
     body: Any
 
 
@@ -73,6 +76,7 @@ class Emulator:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._in_flight: dict[str, int] = defaultdict(int)
+        self.peak_in_flight: dict[str, int] = defaultdict(int)  # most requests served at once, per service
         self._model = None
         self._server = ThreadingHTTPServer((host, port), _handler(self))
         self._server.daemon_threads = True
@@ -107,6 +111,7 @@ class Emulator:
         with self._lock:
             self.requests.clear()
             self.faults_injected.clear()
+            self.peak_in_flight.clear()
             for b in self.behaviour.values():
                 b.scripted.clear()
 
@@ -154,6 +159,7 @@ class Emulator:
                 self.faults_injected["capacity_429"] += 1
                 return False
             self._in_flight[service] += 1
+            self.peak_in_flight[service] = max(self.peak_in_flight[service], self._in_flight[service])
             return True
 
     def _release(self, service: str) -> None:
@@ -208,7 +214,7 @@ def _handler(emulator: Emulator):
             if service is None:
                 return self._reply(404, {"error_code": "ENDPOINT_NOT_FOUND", "message": f"no route {path}"})
             with emulator._lock:
-                emulator.requests.append(Recorded(service, self.command, path, dict(self.headers), body))
+                emulator.requests.append(Recorded(service, self.command, path, CaseInsensitiveDict(self.headers.items()), body))
             if emulator.token is not None:
                 auth = self.headers.get("Authorization", "")
                 key = body.get("api_key") if isinstance(body, dict) else None
@@ -229,7 +235,7 @@ def _handler(emulator: Emulator):
                     return self._reply(500, {"error_code": "INTERNAL_ERROR", "message": "injected failure"})
                 if fault == "hang":
                     time.sleep(emulator.hang_s)
-                status, payload = ROUTES[service](emulator, self.command, path, body, malformed=fault == "malformed")
+                status, payload = ROUTES[service](emulator, self.command, path, body, fault=fault)
                 return self._reply(status, payload)
             finally:
                 emulator._release(service)
@@ -242,7 +248,9 @@ def _handler(emulator: Emulator):
 # ------------------------------------------------------------------ model serving
 
 
-_TAG = {name: re.compile(rf"<{name}[^>]*>\n?(.*?)\n?</{name}>", re.S) for name in ("question", "document", "web_result")}
+# A block opens with its tag alone on a line (as in crag's prompts); "the <document> tags" in the
+# instructions is prose, not a block.
+_TAG = {name: re.compile(rf"<{name}[^>]*>\n(.*?)\n</{name}>", re.S) for name in ("question", "document", "web_result")}
 
 
 def _tag(name: str, text: str) -> str:
@@ -254,13 +262,18 @@ def _tokens(text: str) -> int:
     return max(1, len(text.split()))
 
 
-def _model_reply(emulator: Emulator, system: str, user: str, schema_name: str | None, malformed: bool) -> str:
+def _model_reply(emulator: Emulator, system: str, user: str, fault: str) -> str:
+    if fault == "malformed":
+        return "I am not sure how to answer in the requested format."
+    reply = _lexical_reply(emulator, system, user)
+    return f"Sure! Here is my answer:\n```json\n{reply}\n```\nLet me know if you need more." if fault == "prose" else reply
+
+
+def _lexical_reply(emulator: Emulator, system: str, user: str) -> str:
     """What the lexical model says to one prompt, read from crag's delimiters."""
     scorer, rewriter, generator = emulator.model
     prompt = f"{system}\n{user}"
     question = _tag("question", prompt)
-    if malformed:
-        return "I am not sure how to answer in the requested format."
     if "<web_result" in prompt:  # reference flow 3's source check: YES/NO
         relevance, _ = scorer.score(scorer.terms(question), _tag("web_result", prompt))
         return "YES" if relevance >= 0.5 else "NO"
@@ -291,11 +304,9 @@ def _messages_text(messages: list[dict]) -> tuple[str, str]:
     return system, user
 
 
-def _chat_completion(emulator: Emulator, body: dict, malformed: bool) -> dict:
+def _chat_completion(emulator: Emulator, body: dict, fault: str) -> dict:
     system, user = _messages_text(body.get("messages") or [])
-    fmt = body.get("response_format") or {}
-    schema_name = (fmt.get("json_schema") or {}).get("name") if isinstance(fmt, dict) else None
-    text = _model_reply(emulator, system, user, schema_name, malformed)
+    text = _model_reply(emulator, system, user, fault)
     return {
         "id": f"chatcmpl-{len(emulator.requests)}",
         "object": "chat.completion",
@@ -307,15 +318,15 @@ def _chat_completion(emulator: Emulator, body: dict, malformed: bool) -> dict:
     }
 
 
-def _serving(emulator: Emulator, method: str, path: str, body: Any, malformed: bool):
+def _serving(emulator: Emulator, method: str, path: str, body: Any, fault: str):
     if not isinstance(body, dict):
         return 400, {"error_code": "BAD_REQUEST", "message": "expected a JSON object"}
     if "messages" in body:
-        return 200, _chat_completion(emulator, body, malformed)
+        return 200, _chat_completion(emulator, body, fault)
     if "inputs" in body:  # the custom batch-grading endpoint of reference flow 1
         params = body.get("params") or {}
         system = params.get("system_prompt", "")
-        outputs = [_model_reply(emulator, system, item.get("prompt", ""), "batch", malformed) for item in body["inputs"]]
+        outputs = [_model_reply(emulator, system, item.get("prompt", ""), fault) for item in body["inputs"]]
         return 200, {"predictions": [{"output": o} for o in outputs]}
     return 400, {"error_code": "BAD_REQUEST", "message": "expected messages or inputs"}
 
@@ -323,7 +334,7 @@ def _serving(emulator: Emulator, method: str, path: str, body: Any, malformed: b
 # ------------------------------------------------------------------ Vector Search
 
 
-def _vector_search(emulator: Emulator, method: str, path: str, body: Any, malformed: bool):
+def _vector_search(emulator: Emulator, method: str, path: str, body: Any, fault: str):
     parts = path.strip("/").split("/")  # api 2.0 vector-search ...
     if parts[3] == "endpoints" and len(parts) == 7 and method == "GET":
         ep, idx = parts[4], parts[6]
@@ -352,7 +363,7 @@ def _vector_search(emulator: Emulator, method: str, path: str, body: Any, malfor
 # ------------------------------------------------------------------ Tavily
 
 
-def _tavily(emulator: Emulator, method: str, path: str, body: Any, malformed: bool):
+def _tavily(emulator: Emulator, method: str, path: str, body: Any, fault: str):
     if not emulator.web_index:
         return 200, {"query": body.get("query"), "answer": None, "images": [], "results": [], "response_time": 0.0}
     from crag.backends.bm25 import load_index

@@ -150,7 +150,7 @@ def run(
     cfg = resolve_paths(load_config(conf, overrides, variant))
     variant_name = variant or "base"
     run_id = tables.check_run_id(run_id) if run_id else new_run_id()
-    backend = cfg.tables.backend
+    backend = cfg.tables.resolved()
     started = datetime.now(timezone.utc)
 
     raw = tables.read_questions(questions, spark=spark)

@@ -55,3 +55,31 @@ def sample_backends(sample_config):
     from crag.backends import build_backends
 
     return build_backends(sample_config)
+
+
+TOKEN = "test-token-4f9a"  # recognisable, so tests can search outputs for it
+
+
+@pytest.fixture(scope="session")
+def emulator_server(sample_indexes):
+    from crag.emulators import Emulator
+
+    with Emulator(sample_indexes["kb"], sample_indexes["web"], token=TOKEN, hang_s=2.5) as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def emulator(emulator_server, monkeypatch):
+    """The shared emulator, cleared, with the credentials and URLs the production configs read."""
+    from crag.emulators import ServiceBehaviour
+
+    emulator_server.reset()
+    for service in emulator_server.behaviour:
+        emulator_server.behaviour[service] = ServiceBehaviour()
+    url = emulator_server.url
+    for name, value in {
+        "DATABRICKS_HOST": url, "DATABRICKS_TOKEN": TOKEN, "TAVILY_API_KEY": TOKEN, "OPENAI_API_KEY": TOKEN,
+        "TAVILY_API_BASE_URL": url, "OPENAI_BASE_URL": f"{url}/v1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    return emulator_server

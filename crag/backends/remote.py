@@ -86,7 +86,8 @@ class Endpoint:
     def _wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
         hinted = retry_after_s(exc) if exc else None
-        backoff = wait_exponential_jitter(initial=self.policy.backoff_initial_s, max=self.policy.backoff_max_s)(state)
+        initial = self.policy.backoff_initial_s
+        backoff = wait_exponential_jitter(multiplier=initial, max=self.policy.backoff_max_s, jitter=initial)(state)
         return min(self.policy.backoff_max_s, hinted) if hinted is not None else backoff
 
     def call(self, fn: Callable[[], T], usage: Usage | None = None) -> T:

@@ -1,0 +1,126 @@
+"""Databricks model serving through the real mlflow deployments client, against the emulator speaking
+the serving REST protocol: chat completions and reference flow 1's batch grading shape."""
+
+import json
+
+import pytest
+
+from conftest import REPO, TOKEN
+from crag.backends.base import Usage
+from crag.backends.databricks_serving import DatabricksServing, message_text
+from crag.backends.llm_roles import LLMGrader
+from crag.config import load_config
+
+DBX = REPO / "conf" / "databricks.yaml"
+FAST = ["grader.policy.backoff_initial_s=0.01", "grader.policy.timeout_s=1", "grader.policy.max_attempts=3"]
+
+DOCS = [
+    {"source": "internal", "title": "Filters", "text": "Replace the HEPA-13 main filter every 12 months."},
+    {"source": "internal", "title": "Sapporo", "text": "Sapporo hosted the 1972 Winter Olympics."},
+]
+QUESTION = "How often should the HEPA-13 main filter be replaced?"
+
+
+def grader(*sets):
+    cfg = load_config(DBX, [*FAST, *sets]).grader
+    return LLMGrader(DatabricksServing(cfg), cfg)
+
+
+def test_batch_grading_is_one_request_per_question(emulator):
+    usage = Usage()
+    grades = grader().grade(QUESTION, DOCS, usage)
+    assert [g.grade for g in grades] == ["yes", "no"] and {g.parse_status for g in grades} == {"ok"}
+    [request] = emulator.of("serving")
+    assert (request.method, request.path) == ("POST", "/serving-endpoints/crag-batch-grader/invocations")
+    assert request.headers["Authorization"] == f"Bearer {TOKEN}"
+    body = request.body
+    assert [i["prompt"].splitlines()[0] for i in body["inputs"]] == ["<document>", "<document>"]
+    assert "HEPA-13 main filter every 12 months" in body["inputs"][0]["prompt"]
+    params = body["params"]
+    assert QUESTION in params["system_prompt"] and params["temperature"] == 0.0 and params["max_tokens"] == 512
+    assert json.loads(params["json_schema"])["properties"]["grade"]["enum"] == ["yes", "no"]
+    assert usage.llm_calls == 1 and usage.retries == 0
+
+
+def test_chat_grading_sends_the_json_schema(emulator):
+    usage = Usage()
+    grades = grader("grader.batch=false").grade(QUESTION, DOCS, usage)
+    assert [g.grade for g in grades] == ["yes", "no"]
+    requests = emulator.of("serving")
+    assert len(requests) == 2 and usage.llm_calls == 2
+    body = requests[0].body
+    assert body["response_format"]["type"] == "json_schema"
+    assert body["response_format"]["json_schema"]["name"] == "relevance_grade"
+    assert [m["role"] for m in body["messages"]] == ["system", "user"]
+    assert usage.prompt_tokens > 0 and usage.completion_tokens > 0
+
+
+def test_score_format_is_normalised(emulator):
+    usage = Usage()
+    grades = grader("grader.batch=false", "grader.format=score", "grader.prompt=prompts/grade_score.yaml").grade(QUESTION, DOCS, usage)
+    for g in grades:
+        assert g.raw_output.startswith("Score: ") and g.parse_status == "ok" and g.rationale
+        assert g.relevance == int(g.raw_output.split()[1]) / 5
+    assert grades[0].grade == "yes" and grades[0].relevance >= 0.6
+    assert grades[1].grade == "no" and grades[1].relevance < 0.6
+
+
+def test_429_with_retry_after_is_retried(emulator):
+    emulator.behaviour["serving"].scripted = ["429"]
+    grades = grader().grade(QUESTION, DOCS, Usage())
+    assert [g.grade for g in grades] == ["yes", "no"]
+    assert len(emulator.of("serving")) == 2  # the Databricks SDK under mlflow honours Retry-After itself
+
+
+def test_500_is_retried_and_counted(emulator):
+    emulator.behaviour["serving"].scripted = ["500", "500"]
+    usage = Usage()
+    assert [g.grade for g in grader().grade(QUESTION, DOCS, usage)] == ["yes", "no"]
+    assert usage.retries == 2 and len(emulator.of("serving")) == 3
+
+
+def test_timeout_is_retried(emulator):
+    emulator.behaviour["serving"].scripted = ["hang"]
+    usage = Usage()
+    assert [g.grade for g in grader().grade(QUESTION, DOCS, usage)] == ["yes", "no"]
+    assert usage.retries == 1
+
+
+def test_persistent_failure_raises_after_max_attempts(emulator):
+    emulator.behaviour["serving"].scripted = ["500"] * 3
+    with pytest.raises(Exception, match="500"):
+        grader().grade(QUESTION, DOCS, Usage())
+    assert len(emulator.of("serving")) == 3
+
+
+def test_malformed_output_is_a_failed_parse_kept_raw(emulator):
+    emulator.behaviour["serving"].scripted = ["malformed"]
+    grades = grader().grade(QUESTION, DOCS, Usage())
+    assert {(g.grade, g.parse_status) for g in grades} == {("no", "failed")}
+    assert grades[0].raw_output == "I am not sure how to answer in the requested format."
+
+
+def test_failed_parse_can_be_retried_once(emulator):
+    emulator.behaviour["serving"].scripted = ["malformed"]
+    usage = Usage()
+    grades = grader("grader.on_parse_failure=retry").grade(QUESTION, DOCS, usage)
+    assert [(g.grade, g.parse_status) for g in grades] == [("yes", "ok"), ("no", "ok")]
+    assert usage.llm_calls == 2
+
+
+def test_prose_wrapped_json_is_repaired(emulator):
+    emulator.behaviour["serving"].scripted = ["prose"]
+    grades = grader().grade(QUESTION, DOCS, Usage())
+    assert [(g.grade, g.parse_status) for g in grades] == [("yes", "repaired"), ("no", "repaired")]
+
+
+def test_wrong_token_is_not_retried(emulator, monkeypatch):
+    monkeypatch.setenv("DATABRICKS_TOKEN", "wrong")
+    with pytest.raises(Exception, match="401|invalid token|UNAUTHENTICATED"):
+        grader().grade(QUESTION, DOCS, Usage())
+    assert len(emulator.of("serving")) == 1
+
+
+def test_content_blocks_reply():
+    reply = {"choices": [{"message": {"content": [{"type": "reasoning", "summary": []}, {"type": "text", "text": "ok"}]}}]}
+    assert message_text(reply) == "ok"

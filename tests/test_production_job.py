@@ -1,0 +1,77 @@
+"""The whole job on Spark with the production backends (Vector Search, model serving, Tavily; and an
+OpenAI-compatible server), every real client pointed at the emulator."""
+
+import pandas as pd
+import pytest
+from deltalake import DeltaTable
+
+from conftest import REPO, SAMPLE, TOKEN
+from crag.cli import main
+from crag.job import run
+
+QUESTIONS = SAMPLE / "questions.jsonl"
+
+
+def table(warehouse, name):
+    return DeltaTable(str(warehouse / name)).to_pandas()
+
+
+@pytest.fixture
+def databricks_run(spark, emulator, tmp_path):
+    result = run(str(REPO / "conf" / "databricks.yaml"), str(QUESTIONS), str(tmp_path), run_id="dbx", spark=spark)
+    return result, tmp_path, emulator
+
+
+def test_databricks_services_end_to_end(databricks_run):
+    result, warehouse, emulator = databricks_run
+    answers, grades = table(warehouse, "answers"), table(warehouse, "grades")
+    assert len(answers) == 49 and answers["question_id"].is_unique and answers["error"].isna().all()
+    # one batch-grading request per question that retrieved anything
+    batch = [r for r in emulator.of("serving") if "inputs" in r.body]
+    assert len(batch) == (answers["n_retrieved"] > 0).sum()
+    assert sum(len(r.body["inputs"]) for r in batch) == len(grades) == answers["n_retrieved"].sum()
+    # every call is accounted for in the answers table
+    assert answers["llm_calls"].sum() == len(emulator.of("serving"))
+    vs_queries = [r for r in emulator.of("vector_search") if r.path.endswith("/query")]
+    assert answers["search_calls"].sum() == len(vs_queries) + len(emulator.of("tavily"))
+    assert answers["prompt_tokens"].sum() > 0 and answers["completion_tokens"].sum() > 0
+    assert all(r.headers["Authorization"] == f"Bearer {TOKEN}" for r in emulator.of("serving"))
+    # grades carry the model's raw output and the prompt's hash
+    assert grades["raw_output"].str.contains('"grade"').all() and grades["prompt_hash"].nunique() == 1
+    assert set(grades["grader"]) == {"databricks:crag-batch-grader"}
+    runs = table(warehouse, "runs")
+    assert dict(runs.loc[0, "counts"])["llm_calls"] == len(emulator.of("serving"))
+    fuji = answers.set_index("question_id").loc["q-web-04"]
+    assert fuji["route"] in ("web", "mixed") and "3,776" in fuji["answer"]
+
+
+def test_no_credential_reaches_a_table(databricks_run):
+    _, warehouse, _ = databricks_run
+    for name in ("answers", "grades", "decisions", "runs", "rejects"):
+        assert TOKEN not in table(warehouse, name).to_csv(), name
+
+
+def test_openai_config_from_the_cli(spark, emulator, tmp_path, sample_indexes, capsys):
+    code = main(["run", "--conf", str(REPO / "conf" / "openai.yaml"), "--questions", str(QUESTIONS),
+                 "--warehouse", str(tmp_path), "--run-id", "oai",
+                 "--set", f"retriever.index={sample_indexes['kb']}", "--set", f"web_search.index={sample_indexes['web']}"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "questions   51: 49 accepted, 2 rejected" in out and "errors      0" in out
+    answers = table(tmp_path, "answers")
+    grades = table(tmp_path, "grades")
+    # per-document grading over chat completions, one call per graded document
+    assert answers["llm_calls"].sum() == len(emulator.of("serving"))
+    grading = [r for r in emulator.of("serving") if "guided_regex" in r.body]
+    assert len(grading) == len(grades)
+    expected = pd.read_json(QUESTIONS, lines=True).drop_duplicates("question_id").set_index("question_id")["expected_route"]
+    web = answers[answers["question_id"].map(expected) == "web"]
+    assert (web["route"] == "web").all()
+
+
+def test_missing_credential_fails_before_any_work(spark, emulator, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("TAVILY_API_KEY")
+    code = main(["run", "--conf", str(REPO / "conf" / "databricks.yaml"), "--questions", str(QUESTIONS), "--warehouse", str(tmp_path)])
+    assert code == 2
+    assert capsys.readouterr().err.endswith("crag: error: missing credential for web_search (Tavily): set the environment variable TAVILY_API_KEY\n")
+    assert emulator.requests == [] and not (tmp_path / "answers").exists()
