@@ -157,34 +157,26 @@ def _apply_grades(docs: list[Document], grades: list[Grade], grader: Grader) -> 
     ]
 
 
-def grade_documents(df: pd.DataFrame, grader: Grader, column: str, target: str, step: str) -> tuple[pd.DataFrame, list[float]]:
-    """Grade every document in `column` into `target`; shared by the knowledge-base and web grading."""
+def grade(df: pd.DataFrame, backends: Backends) -> pd.DataFrame:
+    """A relevance score and yes/no for every retrieved document (web results are graded in the web
+    search stage)."""
+    _check_inputs(df, "grade")
     out = df.copy()
+    grader = backends.grader
 
     def grade_row(row):
-        docs = getattr(row, column) or []
-        return _apply_grades(docs, grader.grade(row.question, docs, row.usage), grader) if docs else []
+        return _apply_grades(row.retrieved, grader.grade(row.question, row.retrieved, row.usage), grader)
 
-    graded, millis, errors = _per_row(out, step, grade_row, when=lambda r: bool(getattr(r, column)), workers=grader.concurrency)
-    out[target] = [g if g is not None else (list(d) if d else []) for g, d in zip(graded, out[column])]
+    graded, millis, errors = _per_row(out, "grade", grade_row, when=lambda r: bool(r.retrieved), workers=grader.concurrency)
+    out["graded"] = [g if g is not None else list(d) for g, d in zip(graded, out["retrieved"])]
+    out["n_relevant"] = [sum(d.get("grade") == "yes" for d in docs) for docs in out["graded"]]
     out["error"] = errors
+    out["ms_grade"] = millis
     out["decisions"] = _log(
         out,
-        [
-            (step, f"{sum(d['grade'] == 'yes' for d in g)} of {len(g)} relevant", f"grader {grader.name}")
-            if g
-            else None
-            for g in graded
-        ],
+        [("grade", f"{sum(d['grade'] == 'yes' for d in g)} of {len(g)} relevant", f"grader {grader.name}") if g else None
+         for g in graded],
     )
-    return out, millis
-
-
-def grade(df: pd.DataFrame, backends: Backends) -> pd.DataFrame:
-    _check_inputs(df, "grade")
-    out, millis = grade_documents(df, backends.grader, "retrieved", "graded", "grade")
-    out["n_relevant"] = [sum(d.get("grade") == "yes" for d in docs) for docs in out["graded"]]
-    out["ms_grade"] = millis
     return out
 
 

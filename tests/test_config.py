@@ -88,3 +88,30 @@ def test_hash_changes_with_config():
 def test_redaction_hides_secrets_but_keeps_env_var_names():
     out = redacted({"llm": {"api_key": "sk-123", "api_key_env": "OPENAI_API_KEY", "token": "", "k": 3}})
     assert out == {"llm": {"api_key": "***", "api_key_env": "OPENAI_API_KEY", "token": "", "k": 3}}
+
+
+def test_bundled_variant_overlays_local_conf():
+    cfg = load_config(LOCAL_CONF, variant="paper_thresholds")
+    assert cfg.routing.policy == "thresholds" and cfg.retriever.k == 10
+
+
+def test_env_interpolation(monkeypatch, tmp_path):
+    conf = tmp_path / "c.yaml"
+    conf.write_text("retriever:\n  index: ${KB_DIR:-/default/kb}\nweb_search:\n  index: ${WEB_DIR}\n")
+    monkeypatch.setenv("WEB_DIR", "/w")
+    cfg = load_config(conf)
+    assert (cfg.retriever.index, cfg.web_search.index) == ("/default/kb", "/w")
+    monkeypatch.delenv("WEB_DIR")
+    with pytest.raises(ConfigError, match=r"'web_search.index' refers to \$\{WEB_DIR\}, which is not set"):
+        load_config(conf)
+
+
+def test_role_without_backend_gets_the_embedded_one():
+    assert load_config(None, ["grader.threshold=0.4"]).grader.backend == "lexical"
+
+
+def test_missing_prompt_file_is_named(tmp_path):
+    conf = tmp_path / "c.yaml"
+    conf.write_text("grader:\n  backend: openai\n  endpoint: m\n")
+    with pytest.raises(ConfigError, match="'grader.prompt': prompt template not found: .*prompts/grade_binary.yaml"):
+        load_config(conf)
