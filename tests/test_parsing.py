@@ -1,0 +1,78 @@
+import email.utils
+import time
+
+import pytest
+import requests
+
+from crag.backends.parsing import clean_query, parse_answer, parse_binary, parse_score, parse_yes_no
+from crag.backends.remote import http_status, is_transient, retry_after_s
+
+
+@pytest.mark.parametrize(
+    "text, relevance, status",
+    [
+        ('{"grade": "yes"}', 1.0, "ok"),
+        ('{"grade": "no"}', 0.0, "ok"),
+        ('{"Grade": "YES"}', 1.0, "repaired"),
+        ('{"score": "no", "extra": 1}', 0.0, "repaired"),
+        ('Here you go:\n```json\n{"grade": "yes"}\n```', 1.0, "repaired"),
+        ('The answer is {"binary_score": "no"} as requested.', 0.0, "repaired"),
+        ("Yes.", 1.0, "repaired"),
+        ("no - unrelated", 0.0, "repaired"),
+        ("maybe", None, "failed"),
+        ("", None, "failed"),
+        ('{"grade": "perhaps"}', None, "failed"),
+    ],
+)
+def test_parse_binary(text, relevance, status):
+    parsed = parse_binary(text)
+    assert (parsed.relevance, parsed.status) == (relevance, status)
+
+
+@pytest.mark.parametrize(
+    "text, relevance, status, reason",
+    [
+        ("Score: 4\nReason: covers the filter interval", 0.8, "ok", "covers the filter interval"),
+        ("Score: 0", 0.0, "ok", None),
+        ("I'd say score: 3/5. Reason: partial", 0.6, "repaired", "partial"),
+        ('{"score": 5, "reason": "direct"}', 1.0, "repaired", "direct"),
+        ("Score: 7", None, "failed", None),
+        ("no idea", None, "failed", None),
+    ],
+)
+def test_parse_score(text, relevance, status, reason):
+    parsed = parse_score(text)
+    assert (parsed.relevance, parsed.status, parsed.rationale) == (relevance, status, reason)
+
+
+def test_parse_answer():
+    assert parse_answer("Every 12 months [2].", "I don't know.", 3) == ("Every 12 months.", [1])
+    assert parse_answer("Twelve months.", "I don't know.", 2) == ("Twelve months.", [0, 1])  # no citation: all cited
+    assert parse_answer("I don't know.", "I don't know.", 2) == (None, [])
+    assert parse_answer("i DON'T know", "I don't know.", 2) == (None, [])
+    assert parse_answer("It is [9] here.", "x", 2) == ("It is here.", [0, 1])  # out-of-range citation ignored
+
+
+def test_yes_no_and_query_cleaning():
+    assert parse_yes_no("YES") is True and parse_yes_no("No.") is False and parse_yes_no("unsure") is None
+    assert clean_query('"AQ-7 filter interval"') == "AQ-7 filter interval"
+    assert clean_query("Search query: hepa standard\nbecause...") == "hepa standard"
+    assert clean_query('{"improved_query": "mount fuji height"}') == "mount fuji height"
+
+
+def _http_error(status, headers=None):
+    response = requests.Response()
+    response.status_code = status
+    response.headers.update(headers or {})
+    return requests.HTTPError(f"{status}", response=response)
+
+
+def test_transient_errors_and_retry_after():
+    assert is_transient(_http_error(429)) and is_transient(_http_error(503)) and not is_transient(_http_error(400))
+    assert is_transient(TimeoutError()) and is_transient(requests.ConnectionError())
+    assert not is_transient(ValueError("bad json"))
+    assert http_status(requests.exceptions.RetryError()) == 429
+    assert retry_after_s(_http_error(429, {"Retry-After": "2.5"})) == 2.5
+    future = email.utils.formatdate(time.time() + 30, usegmt=True)
+    assert 25 < retry_after_s(_http_error(429, {"Retry-After": future})) <= 30
+    assert retry_after_s(_http_error(500)) is None
