@@ -33,6 +33,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warehouse", required=True, help="folder that holds the output Delta tables (catalog.schema on Databricks)")
     p.add_argument("--run-id", help="id for this run (default: time-stamped); re-using one replaces that run's rows")
 
+    p = sub.add_parser("eval", help="score a run against its gold columns; writes the metrics table")
+    p.add_argument("--warehouse", required=True, help="folder of Delta tables (catalog.schema on Databricks)")
+    p.add_argument("--run", required=True, dest="run_id", help="the run_id to evaluate")
+
+    p = sub.add_parser("calibrate", help="propose routing and grading thresholds from a run's stored scores")
+    p.add_argument("--warehouse", required=True, help="folder of Delta tables (catalog.schema on Databricks)")
+    p.add_argument("--run", required=True, dest="run_id", help="a run whose questions have gold columns")
+
     p = sub.add_parser("sql", help="query a local warehouse's tables with SQL")
     p.add_argument("--warehouse", required=True, help="folder of Delta tables written by crag run")
     p.add_argument("sql", help="e.g. \"SELECT route, count(*) FROM answers GROUP BY route\"")
@@ -81,6 +89,16 @@ def _print_stage(name: str, df) -> None:
             print(f"    source: {s['source']} {s['doc_id']} {s['title']} {s['url'] or ''}".rstrip())
 
 
+def _active_spark():
+    """Databricks' session when there is one (Unity Catalog tables); locally none is needed."""
+    try:
+        from pyspark.sql import SparkSession
+
+        return SparkSession.getActiveSession()
+    except ImportError:
+        return None
+
+
 def _emulate(args) -> None:
     import time
 
@@ -121,6 +139,27 @@ def main(argv: list[str] | None = None) -> int:
 
             result = run(args.conf, args.questions, args.warehouse, args.variant, args.run_id, args.overrides)
             print(result.summary())
+        elif args.command == "eval":
+            from crag.config import TablesConfig
+            from crag.evaluation import evaluate_run, metrics_table
+
+            metrics = evaluate_run(args.warehouse, args.run_id, TablesConfig().resolved(), _active_spark())
+            slices = ["all"] + sorted(x for x in metrics["slice"].unique() if x != "all")
+            print(f"run {args.run_id}: {len(metrics)} metric values written to the metrics table")
+            print(metrics_table(metrics, slices))
+        elif args.command == "calibrate":
+            import json
+
+            from crag.calibration import calibrate, report
+            from crag.config import TablesConfig
+            from crag.evaluation import read_run
+            from crag.tables import read_table
+
+            backend, spark = TablesConfig().resolved(), _active_spark()
+            parts = read_run(args.warehouse, args.run_id, backend, spark)
+            runs = read_table(args.warehouse, "runs", backend, spark, run_id=args.run_id)
+            routing = json.loads(runs["config"].iloc[0])["routing"]
+            print(report(calibrate(parts["grades"], parts["gold"], routing["lower"], routing["upper"])))
         elif args.command == "sql":
             import pandas as pd
 

@@ -22,7 +22,8 @@ from crag import schema, tables
 from crag.backends import build_backends, resolve_credentials
 from crag.config import CragConfig, load_config, redacted
 from crag.errors import CragError
-from crag.questions import validate_questions
+from crag.evaluation import metrics_table
+from crag.questions import GOLD_COLUMNS, validate_questions
 
 
 def log(message: str) -> None:
@@ -53,6 +54,7 @@ class RunResult:
     rejects: pd.DataFrame
     seconds: float
     counts: dict[str, int] = field(default_factory=dict)
+    metrics: pd.DataFrame | None = None  # when the questions carry gold columns
 
     def summary(self) -> str:
         a = self.answers
@@ -70,6 +72,9 @@ class RunResult:
             f"{self.counts.get('grade_parse_repaired', 0)} repaired",
             f"  wall time   {self.seconds:.1f} s",
         ]
+        if self.metrics is not None and not self.metrics.empty:
+            slices = ["all"] + sorted(s for s in self.metrics["slice"].unique() if s.startswith("language="))
+            lines += ["", "quality against the gold columns (crag eval):", metrics_table(self.metrics, slices)]
         return "\n".join(lines)
 
 
@@ -147,6 +152,7 @@ def run(
     spark=None,
 ) -> RunResult:
     t0 = time.perf_counter()
+    metrics = None
     cfg = resolve_paths(load_config(conf, overrides, variant))
     variant_name = variant or "base"
     run_id = tables.check_run_id(run_id) if run_id else new_run_id()
@@ -178,14 +184,24 @@ def run(
         parts = split_stage_output(result, run_id, variant_name, datetime.now(timezone.utc))
         for name in ("answers", "grades", "decisions"):
             write(name, parts[name])
+        gold_columns = [c for c in GOLD_COLUMNS if c in accepted.columns]
+        if gold_columns:
+            gold = accepted[["question_id", *gold_columns]].assign(run_id=run_id, variant=variant_name)
+            for column in set(GOLD_COLUMNS) - set(gold_columns):
+                gold[column] = None
+            write("gold", pa.Table.from_pandas(gold, schema=schema.GOLD, preserve_index=False))
         answers = parts["answers"].to_pandas()
         _check_invariant(answers, accepted, rejects, len(raw))
         counts = run_counts(answers, parts["grades"].to_pandas(), rejects, len(raw))
         write("runs", _runs_row(run_id, variant_name, cfg, started, datetime.now(timezone.utc), "succeeded", counts))
+        if gold_columns:
+            from crag.evaluation import evaluate_run
+
+            metrics = evaluate_run(warehouse, run_id, backend, spark)
     except BaseException:
         write("runs", _runs_row(run_id, variant_name, cfg, started, datetime.now(timezone.utc), "failed", {}))
         raise
-    return RunResult(run_id, variant_name, warehouse, len(raw), answers, rejects, time.perf_counter() - t0, counts)
+    return RunResult(run_id, variant_name, warehouse, len(raw), answers, rejects, time.perf_counter() - t0, counts, metrics)
 
 
 def _check_invariant(answers: pd.DataFrame, accepted: pd.DataFrame, rejects: pd.DataFrame, input_rows: int) -> None:

@@ -101,7 +101,32 @@ REJECTS = pa.schema(
     ]
 )
 
-TABLES = {"answers": ANSWERS, "grades": GRADES, "decisions": DECISIONS, "runs": RUNS, "rejects": REJECTS}
+# The gold columns of a run's questions (when the question table has any), for `crag eval`.
+GOLD = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("variant", pa.string()),
+        ("question_id", pa.string()),
+        ("answers", pa.list_(pa.string())),
+        ("is_impossible", pa.bool_()),
+        ("expected_route", pa.string()),
+        ("gold_doc_ids", pa.list_(pa.string())),
+    ]
+)
+
+METRICS = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("variant", pa.string()),
+        ("metric", pa.string()),
+        ("slice", pa.string()),
+        ("value", pa.float64()),
+        ("n", pa.int64()),
+    ]
+)
+
+TABLES = {"answers": ANSWERS, "grades": GRADES, "decisions": DECISIONS, "runs": RUNS, "rejects": REJECTS,
+          "gold": GOLD, "metrics": METRICS}
 
 # What the Spark stage returns per question: the answer row without the driver-side columns, with the
 # question's grades and decisions nested so that one pass over the partition yields all three tables.

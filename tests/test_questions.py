@@ -101,3 +101,19 @@ def test_read_questions_errors(tmp_path):
     (tmp_path / "folder").mkdir()
     with pytest.raises(InputError, match="not a Delta table"):
         read_questions(tmp_path / "folder")
+
+
+def test_gold_columns_are_normalised_or_rejected():
+    df = pd.DataFrame({
+        "question_id": ["a", "b", "c", "d", "e"],
+        "question": ["q?"] * 5,
+        "answers": [["x", "y"], "single", None, [1, 2], ["ok"]],
+        "expected_route": ["internal", "web", None, "internal", "sideways"],
+        "is_impossible": [False, "true", None, False, False],
+    })
+    accepted, rejects = validate_questions(df, 10)
+    assert list(accepted["answers"]) == [["x", "y"], ["single"], []]
+    assert list(accepted["is_impossible"]) == [False, True, None]
+    assert list(accepted["expected_route"]) == ["internal", "web", None]
+    assert list(rejects["reason"]) == ["answers must be a list of strings",
+                                       "expected_route must be one of internal, web, none (got 'sideways')"]

@@ -1,0 +1,234 @@
+"""Answer quality you can measure: metrics of a run against the gold columns of its questions.
+
+Pure functions over the answers, grades and gold tables of one run. Per question:
+- exact_match, f1: SQuAD's normalised exact match and token F1, best over the gold answers (Japanese
+  and other CJK answers are compared character by character); answer_contained: a normalised gold
+  answer occurs inside the returned answer. Over answerable questions; a refusal scores 0.
+- refused; refusal_correct: refused exactly when the question should be refused (is_impossible, or
+  expected_route none); answerable_refused: refusals of answerable questions.
+- routing_accuracy: against expected_route: none -> refused; internal / web -> answered with that
+  collection among the cited sources. route_exact: the route is exactly the expected one (mixed never
+  is). web_search_rate: the question went to the web.
+- recall_at_k: a gold document is among the internal documents retrieved (questions expected to be
+  answered internally); web_recall: among the web results (questions expected from the web).
+Per graded document, against gold_doc_ids: grader_precision and grader_recall.
+Each metric is computed overall (slice "all") and per slice: route, action, language, expected_route,
+answerable.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+
+from crag.questions import EXPECTED_ROUTES
+
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f]")
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+# ------------------------------------------------------------------ text metrics
+
+
+def is_cjk(text: str) -> bool:
+    return bool(_CJK.search(text or ""))
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD's normalisation (lower case, no punctuation, no English articles, single spaces); for
+    CJK text also NFKC and no spaces at all, since words are not space-separated."""
+    text = unicodedata.normalize("NFKC", text or "").lower()
+    if is_cjk(text):
+        return "".join(ch for ch in text if not unicodedata.category(ch).startswith(("P", "Z", "S")) and not ch.isspace())
+    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def _units(text: str) -> list[str]:
+    normalized = normalize_answer(text)
+    return list(normalized) if is_cjk(text) else normalized.split()
+
+
+def exact_match(prediction: str, gold: str) -> float:
+    return float(normalize_answer(prediction) == normalize_answer(gold))
+
+
+def f1(prediction: str, gold: str) -> float:
+    """Token F1 (characters for CJK gold answers)."""
+    if is_cjk(gold):
+        pred, ref = list(normalize_answer(prediction)), list(normalize_answer(gold))
+    else:
+        pred, ref = _units(prediction), _units(gold)
+    common = sum((Counter(pred) & Counter(ref)).values())
+    if not pred or not ref or common == 0:
+        return float(pred == ref)
+    precision, recall = common / len(pred), common / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+def contained(prediction: str, gold: str) -> float:
+    g = normalize_answer(gold)
+    return float(bool(g) and g in normalize_answer(prediction))
+
+
+def best(metric, prediction: str | None, golds: Iterable[str]) -> float:
+    golds = [g for g in golds if g]
+    if prediction is None or not golds:
+        return 0.0
+    return max(metric(prediction, g) for g in golds)
+
+
+# ------------------------------------------------------------------ per-question table
+
+
+def _as_list(value) -> list:
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return []
+    if isinstance(value, str):
+        return [value]
+    return [v for v in list(value) if v is not None]
+
+
+def question_scores(answers: pd.DataFrame, grades: pd.DataFrame, gold: pd.DataFrame) -> pd.DataFrame:
+    """One row per answered question with its slice keys and per-question metric values (NaN where a
+    metric does not apply)."""
+    df = answers.merge(gold.drop(columns=[c for c in ("run_id", "variant") if c in gold]), on="question_id", how="inner")
+    internal = grades[grades["source"] == "internal"].groupby("question_id")["doc_id"].apply(set)
+    web = grades[grades["source"] == "web"].groupby("question_id")["doc_id"].apply(set)
+    rows = []
+    for r in df.itertuples(index=False):
+        golds = _as_list(r.answers)
+        impossible = bool(r.is_impossible) if pd.notna(r.is_impossible) else False
+        expected = r.expected_route if isinstance(r.expected_route, str) else None
+        answerable = bool(golds) and not impossible and expected != "none"
+        should_refuse = impossible or expected == "none"
+        answer = None if r.refused or r.route == "error" else r.answer
+        cited = {s["source"] for s in _as_list(r.sources)}
+        searched = isinstance(r.web_query, str)
+        gold_docs = set(_as_list(r.gold_doc_ids))
+        row = {
+            "question_id": r.question_id,
+            "route": r.route,
+            "action": r.action if isinstance(r.action, str) else "none",
+            "language": "ja" if is_cjk(r.question) else "en",
+            "expected_route": expected or "unknown",
+            "answerable": "yes" if answerable else "no",
+            "exact_match": best(exact_match, answer, golds) if answerable else np.nan,
+            "f1": best(f1, answer, golds) if answerable else np.nan,
+            "answer_contained": best(contained, answer, golds) if answerable else np.nan,
+            "refused": float(bool(r.refused)),
+            "refusal_correct": float(bool(r.refused) == should_refuse) if (golds or should_refuse or expected) else np.nan,
+            "answerable_refused": float(bool(r.refused)) if answerable else np.nan,
+            "web_search_rate": float(searched),
+            "routing_accuracy": np.nan,
+            "route_exact": np.nan,
+            "recall_at_k": np.nan,
+            "web_recall": np.nan,
+        }
+        if expected in EXPECTED_ROUTES:
+            if expected == "none":
+                ok = bool(r.refused)
+            else:
+                ok = not r.refused and r.route != "error" and expected in cited
+            row["routing_accuracy"] = float(ok)
+            row["route_exact"] = float(r.route == ("refused" if expected == "none" else expected))
+        if gold_docs:
+            if expected in (None, "internal"):
+                row["recall_at_k"] = float(bool(gold_docs & internal.get(r.question_id, set())))
+            if expected == "web" and searched:
+                row["web_recall"] = float(bool(gold_docs & web.get(r.question_id, set())))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+QUESTION_METRICS = ("exact_match", "f1", "answer_contained", "refused", "refusal_correct", "answerable_refused",
+                    "routing_accuracy", "route_exact", "web_search_rate", "recall_at_k", "web_recall")
+SLICES = ("route", "action", "language", "expected_route", "answerable")
+
+
+def _grader_pr(docs: pd.DataFrame) -> list[tuple[str, float, int]]:
+    if docs.empty:
+        return []
+    yes, gold = docs["grade"] == "yes", docs["is_gold"]
+    out = []
+    if yes.sum():
+        out.append(("grader_precision", float((yes & gold).sum() / yes.sum()), int(yes.sum())))
+    if gold.sum():
+        out.append(("grader_recall", float((yes & gold).sum() / gold.sum()), int(gold.sum())))
+    return out
+
+
+def evaluate(answers: pd.DataFrame, grades: pd.DataFrame, gold: pd.DataFrame) -> pd.DataFrame:
+    """metric, slice, value, n (questions or documents behind the value)."""
+    scores = question_scores(answers, grades, gold)
+    if scores.empty:
+        return pd.DataFrame(columns=["metric", "slice", "value", "n"])
+    gold_docs = gold.set_index("question_id")["gold_doc_ids"].map(lambda v: set(_as_list(v))) if "gold_doc_ids" in gold else None
+    docs = grades[grades["question_id"].isin(scores["question_id"])].copy()
+    if gold_docs is not None and gold_docs.map(bool).any():
+        docs["is_gold"] = [d in gold_docs.get(q, set()) for q, d in zip(docs["question_id"], docs["doc_id"])]
+        docs = docs[docs["question_id"].map(lambda q: bool(gold_docs.get(q)))]
+    else:
+        docs = docs.iloc[0:0].assign(is_gold=False)
+
+    out = []
+    groups = [("all", scores)] + [
+        (f"{key}={value}", part) for key in SLICES for value, part in scores.groupby(key, sort=True)
+    ]
+    for name, part in groups:
+        for metric in QUESTION_METRICS:
+            values = part[metric].dropna()
+            if len(values):
+                out.append((metric, name, float(values.mean()), int(len(values))))
+        for metric, value, n in _grader_pr(docs[docs["question_id"].isin(part["question_id"])]):
+            out.append((metric, name, value, n))
+    return pd.DataFrame(out, columns=["metric", "slice", "value", "n"])
+
+
+def metrics_table(metrics: pd.DataFrame, slices: Iterable[str] = ("all",)) -> str:
+    """A readable metric x slice table."""
+    wanted = metrics[metrics["slice"].isin(list(slices))]
+    if wanted.empty:
+        return "(no metrics)"
+    pivot = wanted.pivot(index="metric", columns="slice", values="value").reindex(columns=list(slices))
+    order = [m for m in (*QUESTION_METRICS, "grader_precision", "grader_recall") if m in pivot.index]
+    return pivot.loc[order].to_string(float_format=lambda v: f"{v:.3f}", na_rep="-")
+
+
+def read_run(warehouse: str, run_id: str, backend: str = "delta_rs", spark=None) -> dict[str, pd.DataFrame]:
+    """The answers, grades and gold tables of one run."""
+    from crag import tables
+    from crag.errors import InputError
+
+    parts = {name: tables.read_table(warehouse, name, backend, spark, run_id=run_id) for name in ("answers", "grades")}
+    if parts["answers"].empty:
+        raise InputError(f"run {run_id!r} has no answers in {warehouse}")
+    try:
+        parts["gold"] = tables.read_table(warehouse, "gold", backend, spark, run_id=run_id)
+    except InputError:
+        parts["gold"] = pd.DataFrame()
+    if parts["gold"].empty:
+        raise InputError(f"run {run_id!r} has no gold columns (answers, is_impossible, expected_route, gold_doc_ids) to evaluate against")
+    return parts
+
+
+def evaluate_run(warehouse: str, run_id: str, backend: str = "delta_rs", spark=None) -> pd.DataFrame:
+    """`crag eval`: compute the run's metrics and store them in the metrics table (replacing the run's
+    earlier ones)."""
+    import pyarrow as pa
+
+    from crag import schema, tables
+
+    parts = read_run(warehouse, run_id, backend, spark)
+    metrics = evaluate(parts["answers"], parts["grades"], parts["gold"])
+    variant = parts["answers"]["variant"].iloc[0]
+    rows = metrics.assign(run_id=run_id, variant=variant)
+    tables.write_run_rows(warehouse, "metrics", pa.Table.from_pandas(rows, schema=schema.METRICS, preserve_index=False),
+                          run_id, backend, spark)
+    return metrics

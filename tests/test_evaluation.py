@@ -1,0 +1,126 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import LOCAL_CONF, SAMPLE
+from crag.calibration import propose_grade_threshold, propose_routing, routing_scores
+from crag.cli import main
+from crag.evaluation import contained, evaluate, exact_match, f1, normalize_answer
+
+
+def test_english_normalisation_is_squads():
+    assert normalize_answer("The  Eiffel Tower!") == "eiffel tower"
+    assert exact_match("the Eiffel tower.", "Eiffel Tower") == 1.0
+    assert exact_match("Eiffel", "Eiffel Tower") == 0.0
+
+
+def test_token_f1_by_hand():
+    # prediction tokens: replace filter every 12 months ; gold: every 12 months -> common 3
+    # precision 3/5, recall 3/3 -> F1 = 2*0.6*1/(1.6) = 0.75
+    assert f1("Replace the filter every 12 months.", "every 12 months") == pytest.approx(0.75)
+    assert f1("nothing alike", "every 12 months") == 0.0
+
+
+def test_japanese_is_compared_by_character():
+    assert normalize_answer("１２か月、です。") == "12か月です"
+    # prediction 12か月ごと (6 chars) vs gold 12か月 (4 chars): common 4 -> P 4/6, R 1 -> F1 0.8
+    assert f1("12か月ごと", "12か月") == pytest.approx(0.8)
+    assert exact_match("１２か月。", "12か月") == 1.0
+    assert contained("交換は12か月ごとです。", "12か月") == 1.0
+
+
+def test_contained_needs_a_nonempty_gold():
+    assert contained("anything", "") == 0.0 and contained("It is 3,776 metres.", "3,776 metres") == 1.0
+
+
+def _tables():
+    answers = pd.DataFrame([
+        # internal question answered from the knowledge base
+        dict(question_id="a", question="How often?", answer="Every 12 months.", route="internal", action="correct",
+             refused=False, web_query=None, sources=[{"source": "internal"}]),
+        # web question wrongly answered from the knowledge base
+        dict(question_id="b", question="How high is Fuji?", answer="It is tall.", route="internal", action="correct",
+             refused=False, web_query=None, sources=[{"source": "internal"}]),
+        # question nobody can answer, refused
+        dict(question_id="c", question="誰が描いた？", answer="I don't know", route="refused", action="incorrect",
+             refused=True, web_query="描いた", sources=[]),
+    ])
+    grades = pd.DataFrame([
+        dict(question_id="a", source="internal", doc_id="d1", grade="yes", relevance=0.9),
+        dict(question_id="a", source="internal", doc_id="d2", grade="yes", relevance=0.7),
+        dict(question_id="b", source="internal", doc_id="d3", grade="no", relevance=0.2),
+    ])
+    gold = pd.DataFrame([
+        dict(question_id="a", answers=["12 months"], is_impossible=False, expected_route="internal", gold_doc_ids=["d1"]),
+        dict(question_id="b", answers=["3,776 metres"], is_impossible=False, expected_route="web", gold_doc_ids=["w1"]),
+        dict(question_id="c", answers=[], is_impossible=True, expected_route="none", gold_doc_ids=[]),
+    ])
+    return answers, grades, gold
+
+
+def test_evaluate_by_hand():
+    m = evaluate(*_tables()).set_index(["metric", "slice"])
+    value = lambda metric, s="all": m.loc[(metric, s), "value"]  # noqa: E731
+    assert value("answer_contained") == 0.5 and m.loc[("answer_contained", "all"), "n"] == 2
+    assert value("routing_accuracy") == pytest.approx(2 / 3)  # a right, b wrong (no web source), c refused
+    assert value("refusal_correct") == 1.0 and value("refused") == pytest.approx(1 / 3)
+    assert value("recall_at_k") == 1.0 and m.loc[("recall_at_k", "all"), "n"] == 1
+    assert value("grader_precision") == 0.5  # d1 gold, d2 not
+    assert value("grader_recall") == 1.0
+    assert value("routing_accuracy", "language=ja") == 1.0
+    assert value("routing_accuracy", "expected_route=web") == 0.0
+    assert ("web_recall", "all") not in m.index  # b never searched the web
+
+
+def test_calibration_finds_the_known_best_thresholds():
+    rng = np.random.default_rng(7)
+    # internal questions score 0.62..1, web ones 0..0.38: any cut in between separates them perfectly
+    best = np.r_[rng.uniform(0.62, 1, 300), rng.uniform(0, 0.38, 300)]
+    internal = np.r_[np.ones(300, bool), np.zeros(300, bool)]
+    p = propose_routing(best, internal)
+    assert p.accuracy == 1.0 and p.ambiguous_share == 0.0
+    assert best[~internal].max() < p.lower == p.upper <= best[internal].min()
+    # a deliberately poor setting scores worse
+    assert routing_scores(best, internal, 0.1, 0.9).accuracy < 1.0
+
+
+def test_calibration_with_overlap_prefers_the_least_wrong_cut():
+    best = np.array([0.9, 0.8, 0.55, 0.5, 0.45, 0.1])
+    internal = np.array([True, True, False, True, False, False])
+    p = propose_routing(best, internal)
+    assert p.accuracy == pytest.approx(5 / 6)
+
+
+def test_grade_threshold():
+    t, precision, recall, score = propose_grade_threshold(np.array([0.9, 0.8, 0.3, 0.2]), np.array([True, True, False, False]))
+    assert 0.3 < t <= 0.8 and (precision, recall, score) == (1.0, 1.0, 1.0)
+
+
+def test_eval_and_calibrate_commands_on_the_sample(spark, tmp_path, index_overrides, capsys):
+    sets = [a for o in index_overrides for a in ("--set", o)]
+    assert main(["run", "--conf", str(LOCAL_CONF), *sets, "--questions", str(SAMPLE / "questions.jsonl"),
+                 "--warehouse", str(tmp_path), "--run-id", "gold"]) == 0
+    assert "quality against the gold columns" in capsys.readouterr().out
+    assert main(["eval", "--warehouse", str(tmp_path), "--run", "gold"]) == 0
+    out = capsys.readouterr().out
+    assert "routing_accuracy" in out and "language=ja" in out
+    from deltalake import DeltaTable
+
+    metrics = DeltaTable(str(tmp_path / "metrics")).to_pandas()
+    assert set(metrics["run_id"]) == {"gold"} and not metrics.duplicated(["metric", "slice"]).any()
+    routing = metrics[(metrics["metric"] == "routing_accuracy") & (metrics["slice"] == "all")]
+    assert routing["n"].iloc[0] == 49 and routing["value"].iloc[0] >= 0.9
+    assert main(["calibrate", "--warehouse", str(tmp_path), "--run", "gold"]) == 0
+    out = capsys.readouterr().out
+    assert "proposed lower" in out and "--set routing.policy=thresholds" in out and "grader yes/no threshold" in out
+
+
+def test_eval_without_gold_is_a_clear_error(spark, tmp_path, index_overrides, capsys):
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"question_id": "1", "question": "How high is Mount Fuji?"}\n')
+    sets = [a for o in index_overrides for a in ("--set", o)]
+    assert main(["run", "--conf", str(LOCAL_CONF), *sets, "--questions", str(questions), "--warehouse", str(tmp_path / "w"),
+                 "--run-id", "nogold"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--warehouse", str(tmp_path / "w"), "--run", "nogold"]) == 2
+    assert "has no gold columns" in capsys.readouterr().err
