@@ -159,6 +159,7 @@ class ExtractiveGeneratorConfig(Section):
     backend: Literal["extractive"] = "extractive"
     max_sentences: int = Field(2, ge=1, le=3)
     min_sentence_score: float = Field(0.2, ge=0, le=1)
+    document_weight: float = Field(0.5, ge=0, le=1)  # share of a sentence's score taken from its document's relevance
     refusal_message: str = DEFAULT_REFUSAL
 
 

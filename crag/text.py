@@ -49,9 +49,18 @@ _QUESTION_STEMS = frozenset(Stemmer.Stemmer("english").stemWords(sorted(QUESTION
 JAPANESE_QUESTION_WORDS = ("何", "なに", "なん", "どこ", "いつ", "だれ", "誰", "どの", "どれ", "どう", "なぜ", "どんな", "いくつ", "いくら")
 
 
+_ACCENTED = re.compile(r"[\u00c0-\u024f\u1e00-\u1eff]+")  # Latin letters with diacritics
+
+
+def _strip_accents(match: re.Match) -> str:
+    return "".join(ch for ch in unicodedata.normalize("NFKD", match.group(0)) if not unicodedata.combining(ch))
+
+
 def normalize(text: str) -> str:
-    """NFKC folds full-width Latin and half-width katakana, so both spellings match."""
-    return unicodedata.normalize("NFKC", text)
+    """NFKC folds full-width Latin and half-width katakana, so both spellings match; Latin diacritics
+    are dropped ("Möngke" matches "Mongke"). Only Latin letters are decomposed: decomposing kana would
+    split their voicing marks (が -> か + ゛)."""
+    return _ACCENTED.sub(_strip_accents, unicodedata.normalize("NFKC", text))
 
 
 def _cjk_ngrams(run: str) -> list[str]:

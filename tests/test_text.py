@@ -64,3 +64,10 @@ def test_merged_weights_add_counts():
     b = TermWeights({"x": 2, "y": 1}, 3)
     m = a.merged(b)
     assert m.document_frequency == {"x": 3, "y": 1} and m.n_documents == 5
+
+
+def test_latin_diacritics_fold_but_kana_keeps_its_marks():
+    from crag.text import normalize
+
+    assert tokenize("Möngke Khan") == tokenize("Mongke khan")
+    assert normalize("がぎぐ café") == "がぎぐ cafe"

@@ -120,7 +120,7 @@ def build_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concu
     if g.backend == "extractive":
         from crag.backends.extractive import ExtractiveGenerator
 
-        generator = ExtractiveGenerator(scorer, g.max_sentences, g.min_sentence_score)
+        generator = ExtractiveGenerator(scorer, g.max_sentences, g.min_sentence_score, g.document_weight)
     else:
         from crag.backends.llm_roles import LLMGenerator
 

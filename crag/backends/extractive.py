@@ -15,8 +15,9 @@ _BULLET = re.compile(r"^([-*+]|\d+[.)])\s+")
 
 class ExtractiveGenerator:
     concurrency = 1
-    def __init__(self, scorer: LexicalScorer, max_sentences: int, min_sentence_score: float):
+    def __init__(self, scorer: LexicalScorer, max_sentences: int, min_sentence_score: float, document_weight: float = 0.0):
         self.scorer = scorer
+        self.document_weight = document_weight
         self.max_sentences = max_sentences
         self.min_sentence_score = min_sentence_score
         self.name = "extractive"
@@ -31,7 +32,10 @@ class ExtractiveGenerator:
                 sentence = _BULLET.sub("", sentence)
                 score, _ = self.scorer.score(terms, sentence)
                 if score >= self.min_sentence_score:
-                    candidates.append((score, d, s, sentence))
+                    # A sentence is as good as its own coverage and its document's: a partial match
+                    # inside the most relevant document beats a stray match elsewhere.
+                    combined = (1 - self.document_weight) * score + self.document_weight * doc.get("relevance", score)
+                    candidates.append((combined, d, s, sentence))
         if not candidates:
             return Answer(text=None)
         # Best first; ties go to the earlier document (higher rank) and the earlier sentence.

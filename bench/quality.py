@@ -1,0 +1,125 @@
+"""Answer quality of the embedded backends on the shared QA datasets.
+
+For each dataset (SQuAD 2.0 dev, JSQuAD, JaQuAD from ../shared/data): the article titles, sorted, are
+split alternately into a knowledge-base half and a web half (deterministic). The knowledge base is
+indexed as the retriever's collection and the other half as the offline web collection. Questions are
+drawn from both halves (seeded): expected_route is internal for knowledge-base articles and web for the
+others, gold_doc_ids is the question's paragraph. The whole job then runs on Spark with the embedded
+backends and `crag eval` scores it.
+
+Run:  python -m bench.quality [--datasets squad_v2,jsquad,jaquad] [--per-dataset 1000] [--set KEY=VALUE ...]
+Writes the metrics to <out>/quality.json as well as printing them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from bench.datasets import REPO, read_jsonl, require_dataset
+
+CONF = REPO / "conf" / "local.yaml"
+URL_BASE = {"squad_v2": "https://en.wikipedia.org/wiki/", "jsquad": "https://ja.wikipedia.org/wiki/", "jaquad": "https://ja.wikipedia.org/wiki/"}
+# The figures each target is checked against: (metric, slice, minimum).
+TARGETS = {
+    "squad_v2": [("routing_accuracy", "answerable=yes", 0.95), ("recall_at_k", "all", 0.95), ("answer_contained", "all", 0.70)],
+    "jsquad": [("routing_accuracy", "answerable=yes", 0.90), ("recall_at_k", "all", 0.90), ("answer_contained", "all", 0.60)],
+    "jaquad": [("routing_accuracy", "answerable=yes", 0.90), ("recall_at_k", "all", 0.90), ("answer_contained", "all", 0.60)],
+}
+REPORTED = ("routing_accuracy", "route_exact", "web_search_rate", "recall_at_k", "web_recall", "answer_contained",
+            "f1", "exact_match", "refusal_correct", "answerable_refused", "grader_precision", "grader_recall")
+
+
+def prepare(dataset: str, out: Path, per_dataset: int, seed: int) -> dict:
+    """Write kb.jsonl, web.jsonl and questions.jsonl for one dataset; return their paths and counts."""
+    path = require_dataset(dataset)
+    corpus = read_jsonl(path / "corpus.jsonl")
+    questions = read_jsonl(path / "questions.jsonl")
+    titles = sorted({d["title"] for d in corpus})
+    kb_titles = set(titles[0::2])
+    folder = out / dataset
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, keep in (("kb", lambda t: t in kb_titles), ("web", lambda t: t not in kb_titles)):
+        with (folder / f"{name}.jsonl").open("w", encoding="utf-8") as f:
+            for d in corpus:
+                if keep(d["title"]):
+                    # The article title heads its paragraph, as a page title heads a web result; some
+                    # JSQuAD answers are only in the title.
+                    text = f"{d['title'].replace('_', ' ')}\n{d['text']}"
+                    f.write(json.dumps({"doc_id": d["doc_id"], "title": d["title"], "text": text,
+                                        "url": URL_BASE[dataset] + d["title"]}, ensure_ascii=False) + "\n")
+    rng = random.Random(seed)
+    halves = {True: [q for q in questions if q["title"] in kb_titles], False: [q for q in questions if q["title"] not in kb_titles]}
+    chosen = []
+    for internal, pool in halves.items():
+        chosen += rng.sample(pool, min(len(pool), per_dataset // 2))
+    with (folder / "questions.jsonl").open("w", encoding="utf-8") as f:
+        for q in chosen:
+            internal = q["title"] in kb_titles
+            f.write(json.dumps({
+                "question_id": q["question_id"], "question": q["question"], "answers": q["answers"],
+                "is_impossible": q["is_impossible"], "expected_route": "internal" if internal else "web",
+                "gold_doc_ids": [q["doc_id"]],
+            }, ensure_ascii=False) + "\n")
+    return {"folder": folder, "questions": len(chosen), "kb_docs": sum(d["title"] in kb_titles for d in corpus),
+            "web_docs": sum(d["title"] not in kb_titles for d in corpus)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--datasets", default="squad_v2,jsquad,jaquad")
+    parser.add_argument("--per-dataset", type=int, default=1000, help="questions per dataset, half from each half")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(REPO / ".crag" / "bench" / "quality"))
+    parser.add_argument("--conf", default=str(CONF))
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+
+    from crag.config import load_config
+    from crag.evaluation import metrics_table
+    from crag.indexing import build_index
+    from crag.job import run
+    from crag.spark import get_spark
+
+    out = Path(args.out)
+    cfg = load_config(args.conf, args.overrides)
+    spark = get_spark(cfg.spark)
+    spark.sparkContext.setLogLevel("ERROR")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commit": commit, "overrides": args.overrides, "datasets": {}}
+    for dataset in args.datasets.split(","):
+        t0 = time.perf_counter()
+        prepared = prepare(dataset, out, args.per_dataset, args.seed)
+        folder = prepared["folder"]
+        build_index(folder / "kb.jsonl", folder / "kb_index", cfg.indexing)
+        build_index(folder / "web.jsonl", folder / "web_index", cfg.indexing)
+        print(f"\n== {dataset}: {prepared['questions']} questions; knowledge base {prepared['kb_docs']} paragraphs, "
+              f"web {prepared['web_docs']} paragraphs", flush=True)
+        result = run(args.conf, str(folder / "questions.jsonl"), str(out / "warehouse"), run_id=f"quality-{dataset}",
+                     overrides=[f"retriever.index={folder / 'kb_index'}", f"web_search.index={folder / 'web_index'}", *args.overrides],
+                     spark=spark)
+        metrics = result.metrics
+        slices = ["all", "answerable=yes", "expected_route=internal", "expected_route=web"]
+        print(metrics_table(metrics[metrics["metric"].isin(REPORTED)], [s for s in slices if s in set(metrics["slice"])]))
+        values = {f"{m}|{s}": v for m, s, v in metrics[["metric", "slice", "value"]].itertuples(index=False)}
+        checks = []
+        for metric, slice_, minimum in TARGETS.get(dataset, []):
+            got = values.get(f"{metric}|{slice_}")
+            checks.append({"metric": metric, "slice": slice_, "target": minimum, "value": got,
+                           "met": got is not None and got >= minimum})
+            print(f"  target {metric} [{slice_}] >= {minimum}: {got if got is None else round(got, 3)} "
+                  f"{'met' if checks[-1]['met'] else 'NOT met'}")
+        report["datasets"][dataset] = {"questions": prepared["questions"], "seconds": round(time.perf_counter() - t0, 1),
+                                       "metrics": values, "targets": checks}
+    (out / "quality.json").write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
+    print(f"\nwritten: {out / 'quality.json'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
