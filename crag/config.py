@@ -211,6 +211,7 @@ class IndexingConfig(Section):
 class SparkConfig(Section):
     master: str = "local[2]"
     partitions: int | None = Field(None, gt=0)
+    batch_questions: int = Field(2000, gt=0)  # questions per committed batch: what a killed run can lose
 
 
 class TablesConfig(Section):

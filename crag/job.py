@@ -142,6 +142,49 @@ def run_counts(answers: pd.DataFrame, grades: pd.DataFrame, rejects: pd.DataFram
     return counts
 
 
+# Tables that hold one run's rows; a fresh run with an existing id clears them first.
+RUN_TABLES = ("answers", "grades", "decisions", "rejects", "gold", "metrics")
+
+
+def _batches(frame: pd.DataFrame, size: int):
+    for start in range(0, len(frame), size):
+        yield frame.iloc[start : start + size]
+
+
+def _previous_run(warehouse: str, run_id: str, backend: str, spark, cfg: CragConfig, variant: str) -> pd.Series:
+    if not tables.table_exists(warehouse, "runs", backend, spark):
+        raise CragError(f"no run {run_id!r} to resume in {warehouse}")
+    runs = tables.read_table(warehouse, "runs", backend, spark, run_id=run_id)
+    if runs.empty:
+        raise CragError(f"no run {run_id!r} to resume in {warehouse}")
+    previous = runs.iloc[0]
+    if previous["config_hash"] != cfg.hash() or previous["variant"] != variant:
+        raise CragError(
+            f"run {run_id!r} was started with config {previous['config_hash']} (variant {previous['variant']}); "
+            f"this one is {cfg.hash()} (variant {variant}): resume with the same --conf, --variant and --set"
+        )
+    return previous
+
+
+def _completed(warehouse: str, run_id: str, backend: str, spark) -> set[str]:
+    """Question ids whose answers were committed; grades and decisions of an interrupted batch (written
+    before its answers) are deleted, so that batch runs again cleanly."""
+    if not tables.table_exists(warehouse, "answers", backend, spark):
+        return set()
+    done = set(tables.read_table(warehouse, "answers", backend, spark, run_id=run_id)["question_id"])
+    for name in ("grades", "decisions"):
+        if tables.table_exists(warehouse, name, backend, spark):
+            stored = set(tables.read_table(warehouse, name, backend, spark, run_id=run_id)["question_id"])
+            tables.delete_rows(warehouse, name, run_id, sorted(stored - done), backend, spark)
+    return done
+
+
+def _read_run_table(warehouse: str, name: str, run_id: str, backend: str, spark) -> pd.DataFrame:
+    if not tables.table_exists(warehouse, name, backend, spark):
+        return schema.TABLES[name].empty_table().to_pandas()
+    return tables.read_table(warehouse, name, backend, spark, run_id=run_id)
+
+
 def run(
     conf: str | None,
     questions: str,
@@ -150,14 +193,23 @@ def run(
     run_id: str | None = None,
     overrides: list[str] = (),
     spark=None,
+    resume: bool = False,
 ) -> RunResult:
+    """Answer the questions and write every table of the run.
+
+    Accepted questions go through Spark in batches of spark.batch_questions; each batch's grades and
+    decisions are committed, then its answers, which mark the batch done. With `resume`, a run that
+    was killed or failed continues: committed questions are kept and not sent to any backend again.
+    Without it, an existing run id is started over (its rows replaced).
+    """
     t0 = time.perf_counter()
     metrics = None
     cfg = resolve_paths(load_config(conf, overrides, variant))
     variant_name = variant or "base"
+    if resume and not run_id:
+        raise CragError("--resume needs the id of the run to continue")
     run_id = tables.check_run_id(run_id) if run_id else new_run_id()
     backend = cfg.tables.resolved()
-    started = datetime.now(timezone.utc)
 
     raw = tables.read_questions(questions, spark=spark)
     accepted, rejects = validate_questions(raw, cfg.input.max_question_chars)
@@ -171,28 +223,41 @@ def run(
 
     spark = spark or get_spark(cfg.spark)
     write = lambda name, rows: tables.write_run_rows(warehouse, name, rows, run_id, backend, spark)  # noqa: E731
+    append = lambda name, rows: tables.append_rows(warehouse, name, rows, backend, spark)  # noqa: E731
+    started = datetime.now(timezone.utc)
+    if resume:
+        started = _previous_run(warehouse, run_id, backend, spark, cfg, variant_name)["started_at"]
+        done = _completed(warehouse, run_id, backend, spark)
+    else:
+        for name in RUN_TABLES:
+            tables.delete_rows(warehouse, name, run_id, None, backend, spark)
+        done = set()
     write("runs", _runs_row(run_id, variant_name, cfg, started, None, "running", {}))
     try:
-        created_at = datetime.now(timezone.utc)
-        reject_rows = rejects.assign(run_id=run_id, variant=variant_name, created_at=pd.Timestamp(created_at))
+        created_at = pd.Timestamp(datetime.now(timezone.utc))
+        reject_rows = rejects.assign(run_id=run_id, variant=variant_name, created_at=created_at)
         write("rejects", pa.Table.from_pandas(reject_rows, schema=schema.REJECTS, preserve_index=False))
-        if len(accepted):
-            log(f"running {len(accepted)} questions on Spark ({spark.sparkContext.master})")
-            result = run_stages(spark, accepted, cfg, secrets)
-        else:
-            result = schema.STAGE_OUTPUT.empty_table()
-        parts = split_stage_output(result, run_id, variant_name, datetime.now(timezone.utc))
-        for name in ("answers", "grades", "decisions"):
-            write(name, parts[name])
         gold_columns = [c for c in GOLD_COLUMNS if c in accepted.columns]
         if gold_columns:
             gold = accepted[["question_id", *gold_columns]].assign(run_id=run_id, variant=variant_name)
             for column in set(GOLD_COLUMNS) - set(gold_columns):
                 gold[column] = None
             write("gold", pa.Table.from_pandas(gold, schema=schema.GOLD, preserve_index=False))
-        answers = parts["answers"].to_pandas()
+
+        todo = accepted[~accepted["question_id"].isin(done)]
+        if resume:
+            log(f"resuming: {len(done)} questions already answered, {len(todo)} to go")
+        n_batches = -(-len(todo) // cfg.spark.batch_questions)
+        for i, batch in enumerate(_batches(todo, cfg.spark.batch_questions), 1):
+            log(f"batch {i}/{n_batches}: {len(batch)} questions on Spark ({spark.sparkContext.master})")
+            parts = split_stage_output(run_stages(spark, batch, cfg, secrets), run_id, variant_name, datetime.now(timezone.utc))
+            for name in ("grades", "decisions", "answers"):  # answers last: they mark the batch done
+                append(name, parts[name])
+
+        answers = _read_run_table(warehouse, "answers", run_id, backend, spark)
+        grades = _read_run_table(warehouse, "grades", run_id, backend, spark)
         _check_invariant(answers, accepted, rejects, len(raw))
-        counts = run_counts(answers, parts["grades"].to_pandas(), rejects, len(raw))
+        counts = run_counts(answers, grades, rejects, len(raw))
         write("runs", _runs_row(run_id, variant_name, cfg, started, datetime.now(timezone.utc), "succeeded", counts))
         if gold_columns:
             from crag.evaluation import evaluate_run

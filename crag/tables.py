@@ -11,6 +11,7 @@ Writes of run tables replace the rows of that run_id only, so re-running a run i
 from __future__ import annotations
 
 import json
+import random
 import re
 import time
 from collections.abc import Iterator
@@ -119,6 +120,45 @@ def write_run_rows(
     _with_commit_retries(lambda: _delta_rs_replace(location, rows, predicate))
 
 
+def append_rows(warehouse: str, name: str, rows: pa.Table, backend: str = "delta_rs", spark=None) -> None:
+    """Add rows to table `name` (created on first write)."""
+    rows = rows.select(schema.TABLES[name].names).cast(schema.TABLES[name])
+    location = table_location(warehouse, name, backend)
+    if backend == "unity_catalog":
+        spark.createDataFrame(rows).write.format("delta").mode("append").option("mergeSchema", "true").saveAsTable(location)
+        return
+    from deltalake import write_deltalake
+
+    def write():
+        Path(location).mkdir(parents=True, exist_ok=True)
+        write_deltalake(location, rows, mode="append", schema_mode="merge")
+
+    _with_commit_retries(write)
+
+
+def _sql_literal(value: str) -> str:
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def delete_rows(warehouse: str, name: str, run_id: str, question_ids: list[str] | None = None,
+                backend: str = "delta_rs", spark=None) -> None:
+    """Delete a run's rows from table `name` (only those of `question_ids`, when given)."""
+    predicate = f"run_id = {_sql_literal(check_run_id(run_id))}"
+    if question_ids is not None:
+        if not question_ids:
+            return
+        predicate += f" AND question_id IN ({', '.join(_sql_literal(q) for q in question_ids)})"
+    location = table_location(warehouse, name, backend)
+    if backend == "unity_catalog":
+        if spark.catalog.tableExists(location):
+            spark.sql(f"DELETE FROM {location} WHERE {predicate}")
+        return
+    from deltalake import DeltaTable
+
+    if DeltaTable.is_deltatable(location):
+        _with_commit_retries(lambda: DeltaTable(location).delete(predicate))
+
+
 def _delta_rs_replace(location: str, rows: pa.Table, predicate: str) -> None:
     from deltalake import DeltaTable, write_deltalake
 
@@ -134,13 +174,23 @@ def _with_commit_retries(write, attempts: int = 8) -> None:
     write again on top of the new version."""
     from deltalake.exceptions import CommitFailedError
 
+    # Jitter spreads writers that collided, so they do not collide again in lockstep.
     for attempt in range(attempts):
         try:
             return write()
         except CommitFailedError:
             if attempt == attempts - 1:
                 raise
-            time.sleep(0.05 * 2**attempt)
+            time.sleep(0.05 * 2**attempt * (0.5 + random.random()))
+
+
+def table_exists(warehouse: str, name: str, backend: str = "delta_rs", spark=None) -> bool:
+    location = table_location(warehouse, name, backend)
+    if backend == "unity_catalog":
+        return spark.catalog.tableExists(location)
+    from deltalake import DeltaTable
+
+    return DeltaTable.is_deltatable(location)
 
 
 def read_table(warehouse: str, name: str, backend: str = "delta_rs", spark=None, run_id: str | None = None) -> pd.DataFrame:

@@ -1,0 +1,111 @@
+"""A run that dies mid-way resumes: no duplicate rows, and no backend call for questions already
+stored."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+from deltalake import DeltaTable
+
+from conftest import LOCAL_CONF, REPO, SAMPLE
+from crag import spark as crag_spark
+from crag.errors import CragError
+from crag.job import run
+
+QUESTIONS = SAMPLE / "questions.jsonl"
+
+
+def table(warehouse, name):
+    return DeltaTable(str(warehouse / name)).to_pandas()
+
+
+def test_resume_after_a_failure_mid_run(spark, tmp_path, index_overrides, monkeypatch):
+    sent: list[list[str]] = []
+    real = crag_spark.run_stages
+    failures = [3]  # the batch to die on, once
+
+    def dies_on_third_batch(spark_, batch, cfg, secrets=None):
+        sent.append(list(batch["question_id"]))
+        if failures and len(sent) == failures[0]:
+            failures.clear()
+            raise RuntimeError("driver lost")
+        return real(spark_, batch, cfg, secrets)
+
+    monkeypatch.setattr(crag_spark, "run_stages", dies_on_third_batch)
+    sets = [*index_overrides, "spark.batch_questions=10"]
+    with pytest.raises(RuntimeError, match="driver lost"):
+        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r1", overrides=sets, spark=spark)
+    assert table(tmp_path, "runs").loc[0, "status"] == "failed"
+    answered = set(table(tmp_path, "answers")["question_id"])
+    assert answered == set(sent[0] + sent[1])
+
+    sent.clear()
+    result = run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r1", overrides=sets, spark=spark, resume=True)
+    resent = {q for batch in sent for q in batch}
+    assert not resent & answered  # nothing already stored went to the backends again
+    assert len(resent) == 49 - len(answered)
+    answers, grades = table(tmp_path, "answers"), table(tmp_path, "grades")
+    assert len(answers) == 49 and answers["question_id"].is_unique
+    assert not grades.duplicated(["question_id", "source", "rank"]).any()
+    assert table(tmp_path, "runs").loc[0, "status"] == "succeeded" and result.counts["accepted"] == 49
+
+
+def test_resume_refuses_a_different_config(spark, tmp_path, index_overrides):
+    run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r2", overrides=index_overrides, spark=spark)
+    with pytest.raises(CragError, match="was started with config .* resume with the same --conf"):
+        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r2", overrides=[*index_overrides, "retriever.k=3"],
+            spark=spark, resume=True)
+    with pytest.raises(CragError, match="no run 'nope' to resume"):
+        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="nope", overrides=index_overrides, spark=spark, resume=True)
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_driver_then_resume(emulator, sample_indexes, tmp_path):
+    """A real `crag run` process tree (driver, JVM, Python workers) is killed with SIGKILL once its
+    first batches are committed; `crag run --resume` then finishes the run."""
+    emulator.behaviour["serving"].latency_s = 0.03  # slow enough to kill mid-way
+    warehouse = tmp_path / "wh"
+    command = [sys.executable, "-m", "crag.cli", "run", "--conf", str(REPO / "conf" / "openai.yaml"),
+               "--questions", str(QUESTIONS), "--warehouse", str(warehouse),
+               "--set", f"retriever.index={sample_indexes['kb']}", "--set", f"web_search.index={sample_indexes['web']}",
+               "--set", "spark.batch_questions=8"]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    first = subprocess.Popen([*command, "--run-id", "killed"], env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 240
+    answered = 0
+    while time.time() < deadline and first.poll() is None:
+        if (warehouse / "answers" / "_delta_log").is_dir():
+            answered = len(DeltaTable(str(warehouse / "answers")).to_pandas())
+            if answered >= 16:
+                break
+        time.sleep(0.2)
+    assert first.poll() is None, "the run finished before it could be killed: " + first.stderr.read().decode()[-500:]
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    done = set(DeltaTable(str(warehouse / "answers")).to_pandas()["question_id"])
+    assert 16 <= len(done) < 49
+    runs = DeltaTable(str(warehouse / "runs")).to_pandas()
+    assert runs.loc[0, "status"] == "running"  # nobody could mark it otherwise
+
+    emulator.reset()
+    second = subprocess.run([*command, "--resume", "killed"], env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert f"resuming: {len(done)} questions already answered" in second.stderr
+    # no request of the second process concerns a question that was already answered
+    questions = pd.read_json(QUESTIONS, lines=True).drop_duplicates("question_id").set_index("question_id")["question"]
+    bodies = [json.dumps(r.body, ensure_ascii=False) for r in emulator.requests]
+    assert bodies
+    for qid in done:
+        text = json.dumps(questions[qid], ensure_ascii=False)[1:-1]
+        assert not any(text in b for b in bodies), qid
+    answers = DeltaTable(str(warehouse / "answers")).to_pandas()
+    assert len(answers) == 49 and answers["question_id"].is_unique
+    grades = DeltaTable(str(warehouse / "grades")).to_pandas()
+    assert not grades.duplicated(["question_id", "source", "rank"]).any()
+    assert DeltaTable(str(warehouse / "runs")).to_pandas().loc[0, "status"] == "succeeded"
