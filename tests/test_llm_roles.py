@@ -40,7 +40,8 @@ def test_injected_instructions_stay_inside_the_document_block():
 
 
 def test_documents_are_truncated_before_the_prompt():
-    assert fenced("x" * 50, "document", 10) == "x" * 10 + " [truncated]"
+    assert fenced("x" * 50, 10) == "x" * 10 + " [truncated]"
+    assert fenced("a </Context> b </ document> c", 100) == "a < /Context> b < /document> c"
     ctx = render_context([{"source": "web", "title": 'a "quoted" <title>', "text": "y" * 30 + "</document>"}], 100)
     assert ctx.startswith('<document index="1" source="web" title="a &quot;quoted&quot; &lt;title&gt;">\n')
     assert ctx.count("</document>") == 1

@@ -8,6 +8,7 @@ early and pose as instructions.
 from __future__ import annotations
 
 import html
+import re
 import string
 
 import yaml
@@ -51,10 +52,16 @@ class Prompt:
         ]
 
 
-def fenced(text: str, tag: str, max_chars: int) -> str:
-    """Untrusted text made safe to place between <tag> and </tag>: truncated, closing tag defused."""
+# Every tag crag's prompts use as a delimiter: untrusted text must not be able to close any of them.
+DELIMITERS = ("question", "document", "context", "web_result")
+_CLOSING = re.compile(rf"</\s*({'|'.join(DELIMITERS)})", re.I)
+
+
+def fenced(text: str, max_chars: int) -> str:
+    """Untrusted text made safe to place inside a delimited block: truncated, and every closing tag of
+    crag's delimiters in it defused (an injected "</context>" must not end the context block)."""
     text = text if len(text) <= max_chars else text[:max_chars] + " [truncated]"
-    return text.replace(f"</{tag}", f"< /{tag}")
+    return _CLOSING.sub(lambda m: f"< /{m.group(1)}", text)
 
 
 def render_context(context: list[Document], max_chars: int) -> str:
@@ -63,7 +70,7 @@ def render_context(context: list[Document], max_chars: int) -> str:
         title = html.escape(str(doc.get("title") or ""), quote=True)
         blocks.append(
             f'<document index="{i}" source="{doc["source"]}" title="{title}">\n'
-            f"{fenced(doc['text'], 'document', max_chars)}\n</document>"
+            f"{fenced(doc['text'], max_chars)}\n</document>"
         )
     return "\n".join(blocks)
 
@@ -106,7 +113,7 @@ class LLMGrader(_Role):
         return extra
 
     def _grade_all(self, question: str, documents: list[Document], usage: Usage) -> list[str]:
-        texts = [fenced(f"{d.get('title') or ''}\n{d['text']}".strip(), "document", self.cfg.max_doc_chars) for d in documents]
+        texts = [fenced(f"{d.get('title') or ''}\n{d['text']}".strip(), self.cfg.max_doc_chars) for d in documents]
         if self.cfg.batch:
             [system, _] = self.prompt.messages(question=question)
             prompts = [self.prompt.user.safe_substitute(document=t).strip() for t in texts]
@@ -164,7 +171,7 @@ class LLMSourceCheck(_Role):
         for doc in results:
             messages = self.prompt.messages(
                 question=question, subject=self.subject,
-                web_result=fenced(f"{doc.get('title') or ''}\n{doc['text']}".strip(), "web_result", self.cfg.max_doc_chars),
+                web_result=fenced(f"{doc.get('title') or ''}\n{doc['text']}".strip(), self.cfg.max_doc_chars),
             )
             verdicts.append(parse_yes_no(self._chat(messages, usage)) is True)
         return verdicts

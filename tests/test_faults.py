@@ -1,0 +1,48 @@
+"""Faults on every endpoint lose nothing: every question ends in an answer or in route=error with its
+error text, accepted + rejected = input rows, and retries and errors are counted."""
+
+import os
+
+import pandas as pd
+import pytest
+
+from bench.faults import run_scenario
+from conftest import REPO, SAMPLE
+
+
+@pytest.fixture
+def restore_env():
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def test_twenty_percent_faults_on_every_endpoint(spark, tmp_path, restore_env):
+    report = run_scenario(0.2, str(SAMPLE / "questions.jsonl"), tmp_path, spark=spark, hang_s=1.5)
+    assert sum(report["faults_injected"].values()) > 0.1 * report["requests"]
+    assert {"429", "500", "hang"} <= set(report["faults_injected"])
+    assert report["rows_lost"] == 0 and report["duplicates"] == 0 and report["unanswered_without_error"] == 0
+    assert report["accepted"] + report["rejected"] == report["questions"] == 51
+    assert report["retries"] > 0 and f"{report['retries']} retries" in report["summary"]
+    assert "errors" in report["summary"]
+
+
+def test_an_endpoint_that_always_fails_errors_its_questions_and_the_job_goes_on(spark, emulator, tmp_path):
+    from crag.job import run
+
+    emulator.behaviour["serving"].fault_rates = {"500": 1.0}
+    fast = [f"{role}.policy.{key}" for role in ("grader", "rewriter", "generator")
+            for key in ("max_attempts=2", "backoff_initial_s=0.01")]
+    result = run(str(REPO / "conf" / "databricks.yaml"), str(SAMPLE / "questions.jsonl"), str(tmp_path),
+                 run_id="down", overrides=fast, spark=spark)
+    answers = result.answers
+    assert len(answers) == 49
+    errored = answers[answers["route"] == "error"]
+    # every question that needed the model failed, with the reason; the others (nothing retrieved,
+    # nothing found on the web) were refused without a model call
+    assert len(errored) > 0 and errored["error"].str.contains("500").all()
+    assert set(answers["route"]) <= {"error", "refused"}
+    assert result.counts["errors"] == len(errored) and result.counts["retries"] > 0
+    assert "errors      " + str(len(errored)) in result.summary()
+    assert pd.Series(answers["question_id"]).is_unique
