@@ -211,22 +211,25 @@ def run(
     run_id = tables.check_run_id(run_id) if run_id else new_run_id()
     backend = cfg.tables.resolved()
 
-    raw = tables.read_questions(questions, spark=spark)
-    accepted, rejects = validate_questions(raw, cfg.input.max_question_chars)
-    log(f"run {run_id}: {len(raw)} input rows, {len(accepted)} accepted, {len(rejects)} rejected")
-    # Resolve credentials and build the backends here once before Spark starts, so a missing index or
-    # credential fails in seconds with a clear message rather than inside a task.
+    # Credentials, indexes and clients first: a missing one fails in seconds with one clear line,
+    # before any input is read or any Spark work starts.
     secrets = resolve_credentials(cfg)
     build_backends(cfg, secrets)
 
     from crag.spark import get_spark, run_stages
 
+    if spark is None and backend == "unity_catalog":
+        spark = get_spark(cfg.spark)  # Unity Catalog tables are read through Spark
+    raw = tables.read_questions(questions, spark=spark)
+    accepted, rejects = validate_questions(raw, cfg.input.max_question_chars)
     spark = spark or get_spark(cfg.spark)
     write = lambda name, rows: tables.write_run_rows(warehouse, name, rows, run_id, backend, spark)  # noqa: E731
     append = lambda name, rows: tables.append_rows(warehouse, name, rows, backend, spark)  # noqa: E731
     started = datetime.now(timezone.utc)
     if resume:
         started = _previous_run(warehouse, run_id, backend, spark, cfg, variant_name)["started_at"]
+    log(f"run {run_id}: {len(raw)} input rows, {len(accepted)} accepted, {len(rejects)} rejected")
+    if resume:
         done = _completed(warehouse, run_id, backend, spark)
     else:
         for name in RUN_TABLES:

@@ -64,7 +64,8 @@ def _string_list(value, column: str):
     if not isinstance(value, (list, tuple, np.ndarray)):
         if _is_missing(value):
             return []
-        raise ValueError(f"{column} must be a list of strings (got {type(value).__name__})")
+        shown = value.item() if isinstance(value, np.generic) else value
+        raise ValueError(f"{column} must be a list of strings (got {shown!r})")
     if not all(isinstance(v, str) for v in value):
         raise ValueError(f"{column} must be a list of strings")
     return list(value)

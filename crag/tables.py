@@ -58,7 +58,7 @@ def read_questions(path: str | Path, spark=None) -> pd.DataFrame:
 
         table = DeltaTable(str(path)).to_pyarrow_table()
     elif path.suffix.lower() == ".jsonl":
-        table = _read_jsonl(path)
+        return _read_jsonl(path)
     elif path.suffix.lower() == ".parquet":
         table = pq.read_table(path)
     elif path.suffix.lower() == ".csv":
@@ -66,6 +66,10 @@ def read_questions(path: str | Path, spark=None) -> pd.DataFrame:
             table = pa_csv.read_csv(path, convert_options=pa_csv.ConvertOptions(strings_can_be_null=True))
         except pa.ArrowInvalid as exc:
             raise InputError(f"{path}: cannot read as CSV ({str(exc).splitlines()[0]})") from None
+        # pyarrow reads a text column with invalid UTF-8 as binary rather than failing
+        binary = [f.name for f in table.schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
+        if binary:
+            raise InputError(f"{path}: column(s) {', '.join(binary)} not valid UTF-8")
     else:
         raise InputError(f"unsupported questions file {path}: expected a Delta folder or {', '.join(QUESTION_FILE_SUFFIXES)}")
     return table.to_pandas()
@@ -89,8 +93,10 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
             yield lineno, row
 
 
-def _read_jsonl(path: Path) -> pa.Table:
-    return pa.Table.from_pandas(pd.DataFrame([row for _, row in iter_jsonl(path)]), preserve_index=False)
+def _read_jsonl(path: Path) -> pd.DataFrame:
+    # Straight to pandas: a column that mixes types (text, null, numbers) must reach validation, where
+    # each bad value becomes a reject row; Arrow would refuse the whole file.
+    return pd.DataFrame([row for _, row in iter_jsonl(path)])
 
 
 # ---------------------------------------------------------------- Delta tables

@@ -32,10 +32,11 @@ def credentials(cfg: CragConfig) -> list[tuple[str, str | None, str]]:
     needs, so the driver can check and resolve them all before any work starts."""
     needed: list[tuple[str, str | None, str]] = []
     for name, role in cfg.llm_roles().items():
+        what = f"{name} ({role.backend} model {role.endpoint!r})"
         if role.backend == "databricks":
-            needed += [(role.host_env, None, f"{name} (workspace URL)"), (role.token_env, role.token_secret, name)]
+            needed += [(role.host_env, None, f"{what}, workspace URL"), (role.token_env, role.token_secret, what)]
         else:
-            needed.append((role.api_key_env, role.api_key_secret, name))
+            needed.append((role.api_key_env, role.api_key_secret, what))
     if cfg.retriever.backend == "databricks_vector_search":
         r = cfg.retriever
         needed += [(r.host_env, None, "retriever (workspace URL)"), (r.token_env, r.token_secret, "retriever")]

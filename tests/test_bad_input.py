@@ -1,0 +1,137 @@
+"""Bad input, case by case: each ends in a reject row with a reason, or in a one-line error (exit 2)
+before any work. Nothing is lost and nothing prints a traceback."""
+
+import json
+
+import pandas as pd
+import pytest
+from deltalake import DeltaTable
+
+from conftest import LOCAL_CONF, REPO, SAMPLE
+from crag.cli import main
+
+OPENAI_CONF = REPO / "conf" / "openai.yaml"
+
+# question_id -> (row, expected reason)
+REJECTED = {
+    "null-question": ({"question": None}, "question is missing (null)"),
+    "empty": ({"question": ""}, "question is empty"),
+    "spaces": ({"question": "  \t "}, "question is only whitespace"),
+    "newlines": ({"question": "\n\n"}, "question is only whitespace"),
+    "too-long": ({"question": "why? " * 500}, "question is 2500 characters; the limit is 2000 (input.max_question_chars)"),
+    "bell": ({"question": "ring\x07"}, "question contains control character U+0007"),
+    "nul": ({"question": "nul\x00byte"}, "question contains control character U+0000"),
+    "escape": ({"question": "\x1b[31mred"}, "question contains control character U+001B"),
+    "number": ({"question": 42}, "question is not text (got int)"),
+    "list": ({"question": ["a", "b"]}, "question is not text (got list)"),
+    "bad-answers": ({"question": "ok?", "answers": 5}, "answers must be a list of strings (got 5"),
+    "bad-route": ({"question": "ok?", "expected_route": "sideways"}, "expected_route must be one of internal, web, none"),
+    "bad-impossible": ({"question": "ok?", "is_impossible": "perhaps"}, "is_impossible must be true or false"),
+    "bad-gold-docs": ({"question": "ok?", "gold_doc_ids": [1, 2]}, "gold_doc_ids must be a list of strings"),
+}
+
+
+@pytest.fixture(scope="module")
+def rejected_run(spark, index_overrides, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bad")
+    rows = [{"question_id": "good", "question": "How high is Mount Fuji?"}]
+    rows += [{"question_id": qid, **row} for qid, (row, _) in REJECTED.items()]
+    rows += [{"question_id": "good", "question": "the same id again?"}, {"question_id": None, "question": "no id?"},
+             {"question_id": {"a": 1}, "question": "odd id?"}]
+    path = folder / "questions.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    sets = [a for o in index_overrides for a in ("--set", o)]
+    code = main(["run", "--conf", str(LOCAL_CONF), *sets, "--questions", str(path), "--warehouse", str(folder / "wh"), "--run-id", "bad"])
+    assert code == 0
+    rejects = DeltaTable(str(folder / "wh" / "rejects")).to_pandas()
+    answers = DeltaTable(str(folder / "wh" / "answers")).to_pandas()
+    return rows, rejects, answers
+
+
+@pytest.mark.parametrize("qid", sorted(REJECTED))
+def test_rejected_with_reason(rejected_run, qid):
+    _, rejects, _ = rejected_run
+    reason = rejects.set_index("question_id").loc[qid, "reason"]
+    assert reason.startswith(REJECTED[qid][1]), reason
+
+
+def test_duplicate_and_missing_ids(rejected_run):
+    rows, rejects, answers = rejected_run
+    reasons = list(rejects["reason"])
+    assert "duplicate question_id 'good': first seen at input row 0" in reasons
+    assert "question_id is missing" in reasons
+    assert "question_id is not text or an integer (got dict)" in reasons
+    assert list(answers["question_id"]) == ["good"]
+    assert len(answers) + len(rejects) == len(rows)  # nothing lost
+
+
+def _write(tmp_path, name, content: bytes):
+    path = tmp_path / name
+    path.write_bytes(content)
+    return str(path)
+
+
+ERRORS = {
+    "invalid UTF-8": (lambda t: ["--questions", _write(t, "q.jsonl", b'{"question_id": "1", "question": "caf\xe9"}\n')], "q.jsonl:1: not valid UTF-8"),
+    "invalid JSON": (lambda t: ["--questions", _write(t, "q.jsonl", b'{"question_id": "1",\n')], "q.jsonl:1: not valid JSON"),
+    "not an object": (lambda t: ["--questions", _write(t, "q.jsonl", b'["a"]\n')], "q.jsonl:1: expected a JSON object per line"),
+    "invalid UTF-8 in CSV": (lambda t: ["--questions", _write(t, "q.csv", b"question_id,question\n1,caf\xe9\n")], "column(s) question not valid UTF-8"),
+    "missing column": (lambda t: ["--questions", _write(t, "q.jsonl", b'{"question_id": "1", "text": "?"}\n')], "questions lack column(s) question (found: question_id, text)"),
+    "missing id column": (lambda t: ["--questions", _write(t, "q.jsonl", b'{"question": "?"}\n')], "questions lack column(s) question_id"),
+    "empty table": (lambda t: ["--questions", _write(t, "q.jsonl", b"\n")], "questions lack column(s) question_id, question (found: none)"),
+    "empty CSV table": (lambda t: ["--questions", _write(t, "q.csv", b"question_id,question\n")], "the questions table has no rows"),
+    "path does not exist": (lambda t: ["--questions", str(t / "nope.jsonl")], "questions not found"),
+    "unsupported file": (lambda t: ["--questions", _write(t, "q.xlsx", b"x")], "unsupported questions file"),
+    "folder not a Delta table": (lambda t: ["--questions", str(t)], "is a folder but not a Delta table"),
+    "malformed config": (lambda t: ["--conf", _write(t, "c.yaml", b"retriever: [oops\n")], "is not valid YAML"),
+    "config not a mapping": (lambda t: ["--conf", _write(t, "c.yaml", b"- a\n- b\n")], "must be a mapping of sections"),
+    "config file missing": (lambda t: ["--conf", str(t / "none.yaml")], "config file not found"),
+    "unknown config key": (lambda t: ["--set", "retriever.top_k=3"], "unknown config key 'retriever.top_k' (allowed here: backend, index, k)"),
+    "unknown section": (lambda t: ["--set", "retreiver.k=3"], "unknown config key 'retreiver'"),
+    "mistyped value": (lambda t: ["--set", "retriever.k=ten"], "config key 'retriever.k': Input should be a valid integer"),
+    "unknown backend": (lambda t: ["--set", "grader.backend=gpt4"], "config key 'grader.backend': got 'gpt4', expected one of 'lexical', 'databricks', 'openai'"),
+    "unknown policy": (lambda t: ["--set", "routing.policy=sometimes"], "config key 'routing.policy': got 'sometimes'"),
+    "thresholds out of order": (lambda t: ["--set", "routing.lower=0.9", "--set", "routing.upper=0.1"], "must not exceed"),
+    "bad --set": (lambda t: ["--set", "retriever.k"], "--set expects key=value"),
+    "unknown variant": (lambda t: ["--variant", "nope"], "unknown variant 'nope'"),
+    "unset env var": (lambda t: ["--conf", _write(t, "c.yaml", b"input:\n  max_question_chars: ${CRAG_NO_SUCH_VAR}\n")], "refers to ${CRAG_NO_SUCH_VAR}, which is not set"),
+    "missing index": (lambda t: ["--set", f"retriever.index={t / 'none'}"], "no crag index at"),
+    "incompatible index": (lambda t: ["--set", f"retriever.index={_old_index(t)}"], "rebuild it with crag index"),
+    "missing credential": (lambda t: ["--set", "grader.backend=openai", "--set", "grader.endpoint=m", "--set", "grader.api_key_env=CRAG_NO_KEY"],
+                           "missing credential for grader (openai model 'm'): set the environment variable CRAG_NO_KEY"),
+    "invalid run id": (lambda t: ["--run-id", "bad id!"], "invalid run id 'bad id!'"),
+    "resume of an unknown run": (lambda t: ["--resume", "ghost"], "no run 'ghost' to resume"),
+    "missing prompt": (lambda t: ["--conf", str(OPENAI_CONF), "--set", "generator.prompt=nope.yaml"], "prompt template not found"),
+}
+
+
+def _old_index(tmp_path):
+    index = tmp_path / "old"
+    index.mkdir()
+    (index / "manifest.json").write_text('{"format": "crag-bm25", "version": 0}')
+    return index
+
+
+@pytest.mark.parametrize("case", sorted(ERRORS))
+def test_one_line_error(case, tmp_path, index_overrides, capsys, monkeypatch):
+    monkeypatch.delenv("CRAG_NO_KEY", raising=False)
+    build, message = ERRORS[case]
+    extra = build(tmp_path)
+    args = {"--conf": str(LOCAL_CONF), "--questions": str(SAMPLE / "questions.jsonl"), "--warehouse": str(tmp_path / "wh")}
+    for flag in ("--conf", "--questions"):
+        if flag in extra:
+            i = extra.index(flag)
+            args[flag] = extra[i + 1]
+            extra = extra[:i] + extra[i + 2:]
+    sets = [a for o in index_overrides for a in ("--set", o)]
+    argv = ["run", *[x for kv in args.items() for x in kv], *sets, *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("crag: error: ") and err.count("\n") == 1, err
+    assert message in err, err
+    assert not (tmp_path / "wh" / "answers").exists()
+
+
+def test_index_errors_are_one_line(tmp_path, capsys):
+    assert main(["index", "--conf", str(LOCAL_CONF), "--docs", str(tmp_path / "none"), "--out", str(tmp_path / "i")]) == 2
+    assert capsys.readouterr().err == f"crag: error: documents not found: {tmp_path / 'none'}\n"
