@@ -32,6 +32,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--questions", required=True, help="Delta table folder, or .jsonl/.parquet/.csv with question_id, question")
     p.add_argument("--warehouse", required=True, help="folder that holds the output Delta tables (catalog.schema on Databricks)")
     p.add_argument("--run-id", help="id for this run (default: time-stamped); re-using one replaces that run's rows")
+    p.add_argument("--no-cache", action="store_true",
+                   help="call every backend again instead of reusing stored results (sets cache.enabled=false)")
     p.add_argument("--resume", metavar="RUN_ID",
                    help="continue a killed or failed run: answered questions are kept and not sent to any backend again")
 
@@ -141,8 +143,9 @@ def main(argv: list[str] | None = None) -> int:
 
             if args.resume and args.run_id and args.resume != args.run_id:
                 raise CragError("give either --run-id or --resume, not two different ids")
+            overrides = [*args.overrides, "cache.enabled=false"] if args.no_cache else args.overrides
             result = run(args.conf, args.questions, args.warehouse, args.variant, args.resume or args.run_id,
-                         args.overrides, resume=bool(args.resume))
+                         overrides, resume=bool(args.resume))
             print(result.summary())
         elif args.command == "eval":
             from crag.config import TablesConfig

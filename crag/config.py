@@ -214,6 +214,10 @@ class SparkConfig(Section):
     batch_questions: int = Field(2000, gt=0)  # questions per committed batch: what a killed run can lose
 
 
+class CacheConfig(Section):
+    enabled: bool = True  # reuse stored backend results with the same inputs and config (crag run --no-cache: off)
+
+
 class TablesConfig(Section):
     # auto: unity_catalog on a Databricks cluster (DATABRICKS_RUNTIME_VERSION is set), else delta_rs
     backend: Literal["auto", "delta_rs", "unity_catalog"] = "auto"
@@ -235,6 +239,7 @@ class CragConfig(Section):
     refinement: RefinementConfig = Field(default_factory=RefinementConfig)
     generator: GeneratorConfig = Field(default_factory=ExtractiveGeneratorConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
     tables: TablesConfig = Field(default_factory=TablesConfig)
 
     @model_validator(mode="before")

@@ -66,7 +66,7 @@ class RunResult:
             f"  refusals    {int(a['refused'].sum())}",
             f"  errors      {int(a['error'].notna().sum())}",
             f"  calls       {int(a['search_calls'].sum())} search, {int(a['llm_calls'].sum())} LLM, "
-            f"{int(a['retries'].sum())} retries",
+            f"{int(a['retries'].sum())} retries, {int(a['cache_hits'].sum())} answered from the stage cache",
             f"  tokens      {int(a['prompt_tokens'].sum())} prompt, {int(a['completion_tokens'].sum())} completion",
             f"  grader      {self.counts.get('grade_parse_failed', 0)} unreadable outputs, "
             f"{self.counts.get('grade_parse_repaired', 0)} repaired",
@@ -85,7 +85,7 @@ def _fmt(counter: Counter) -> str:
 def split_stage_output(result: pa.Table, run_id: str, variant: str, created_at: datetime) -> dict[str, pa.Table]:
     """The nested per-question rows -> answers, grades and decisions tables."""
     frame = result.to_pandas()
-    answers = frame.drop(columns=["grades", "decisions"])
+    answers = frame.drop(columns=["grades", "decisions", "cache_entries"])
     answers.insert(0, "variant", variant)
     answers.insert(0, "run_id", run_id)
     answers["created_at"] = pd.Timestamp(created_at)
@@ -98,10 +98,15 @@ def split_stage_output(result: pa.Table, run_id: str, variant: str, created_at: 
         ]
         return pa.Table.from_pylist(rows, schema=target)
 
+    cache_rows = {}
+    for items in frame["cache_entries"]:
+        for item in items if items is not None else []:
+            cache_rows.setdefault(item["key"], {**item, "run_id": run_id, "created_at": created_at})
     return {
         "answers": pa.Table.from_pandas(answers, schema=schema.ANSWERS, preserve_index=False),
         "grades": explode("grades", schema.GRADES),
         "decisions": explode("decisions", schema.DECISIONS),
+        "stage_cache": pa.Table.from_pylist(list(cache_rows.values()), schema=schema.STAGE_CACHE),
     }
 
 
@@ -135,6 +140,7 @@ def run_counts(answers: pd.DataFrame, grades: pd.DataFrame, rejects: pd.DataFram
         "prompt_tokens": int(answers["prompt_tokens"].sum()),
         "completion_tokens": int(answers["completion_tokens"].sum()),
         "retries": int(answers["retries"].sum()),
+        "cache_hits": int(answers["cache_hits"].sum()),
     }
     counts.update({f"grade_parse_{k}": v for k, v in Counter(grades["parse_status"].dropna()).items()})
     counts.update({f"action_{k}": v for k, v in Counter(answers["action"].dropna()).items()})
@@ -177,6 +183,18 @@ def _completed(warehouse: str, run_id: str, backend: str, spark) -> set[str]:
             stored = set(tables.read_table(warehouse, name, backend, spark, run_id=run_id)["question_id"])
             tables.delete_rows(warehouse, name, run_id, sorted(stored - done), backend, spark)
     return done
+
+
+def _stored_results(warehouse: str, questions: pd.Series, backend: str, spark) -> list[list[dict]]:
+    """The stage-cache entries filed under each question (crag.cache)."""
+    from crag.cache import question_key
+
+    keys = [question_key(q) for q in questions]
+    stored = tables.read_cache(warehouse, sorted(set(keys)), backend, spark)
+    by_question: dict[str, list[dict]] = {}
+    for row in stored.drop_duplicates("key").itertuples(index=False):
+        by_question.setdefault(row.question_key, []).append({"key": row.key, "value": row.value})
+    return [by_question.get(k, []) for k in keys]
 
 
 def _read_run_table(warehouse: str, name: str, run_id: str, backend: str, spark) -> pd.DataFrame:
@@ -253,7 +271,11 @@ def run(
         n_batches = -(-len(todo) // cfg.spark.batch_questions)
         for i, batch in enumerate(_batches(todo, cfg.spark.batch_questions), 1):
             log(f"batch {i}/{n_batches}: {len(batch)} questions on Spark ({spark.sparkContext.master})")
+            if cfg.cache.enabled:
+                batch = batch.assign(cache=_stored_results(warehouse, batch["question"], backend, spark))
             parts = split_stage_output(run_stages(spark, batch, cfg, secrets), run_id, variant_name, datetime.now(timezone.utc))
+            if parts["stage_cache"].num_rows:
+                append("stage_cache", parts["stage_cache"])
             for name in ("grades", "decisions", "answers"):  # answers last: they mark the batch done
                 append(name, parts[name])
 

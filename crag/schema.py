@@ -38,6 +38,7 @@ ANSWERS = pa.schema(
         ("prompt_tokens", pa.int64()),
         ("completion_tokens", pa.int64()),
         ("retries", pa.int32()),
+        ("cache_hits", pa.int32()),
         *STAGE_MS,
         ("created_at", UTC_TIMESTAMP),
     ]
@@ -125,8 +126,21 @@ METRICS = pa.schema(
     ]
 )
 
+# Stored backend results, for re-running only what changed (crag.cache).
+STAGE_CACHE = pa.schema(
+    [
+        ("key", pa.string()),
+        ("question_key", pa.string()),
+        ("role", pa.string()),
+        ("value", pa.string()),
+        ("run_id", pa.string()),
+        ("created_at", UTC_TIMESTAMP),
+    ]
+)
+CACHE_ENTRY = pa.struct([("key", pa.string()), ("question_key", pa.string()), ("role", pa.string()), ("value", pa.string())])
+
 TABLES = {"answers": ANSWERS, "grades": GRADES, "decisions": DECISIONS, "runs": RUNS, "rejects": REJECTS,
-          "gold": GOLD, "metrics": METRICS}
+          "gold": GOLD, "metrics": METRICS, "stage_cache": STAGE_CACHE}
 
 # What the Spark stage returns per question: the answer row without the driver-side columns, with the
 # question's grades and decisions nested so that one pass over the partition yields all three tables.
@@ -135,8 +149,13 @@ GRADE_ITEM = pa.struct([f for f in GRADES if f.name not in _DRIVER_SIDE | {"ques
 DECISION_ITEM = pa.struct([f for f in DECISIONS if f.name not in _DRIVER_SIDE | {"question_id"}])
 STAGE_OUTPUT = pa.schema(
     [f for f in ANSWERS if f.name not in _DRIVER_SIDE]
-    + [pa.field("grades", pa.list_(GRADE_ITEM)), pa.field("decisions", pa.list_(DECISION_ITEM))]
+    + [pa.field("grades", pa.list_(GRADE_ITEM)), pa.field("decisions", pa.list_(DECISION_ITEM)),
+       pa.field("cache_entries", pa.list_(CACHE_ENTRY))]
 )
+# What each Spark task receives per question: the question and the stored backend results that may
+# serve it (empty with the cache off).
+STAGE_INPUT = pa.schema([("question_id", pa.string()), ("question", pa.string()),
+                         ("cache", pa.list_(pa.struct([("key", pa.string()), ("value", pa.string())])))])
 
 # The chunk table an index directory holds (and, on Databricks, the source of the Vector Search index).
 CHUNKS = pa.schema(

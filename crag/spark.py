@@ -50,25 +50,43 @@ def _partition_task(config_json: str, secrets: dict[str, str], concurrent_tasks:
         from crag.backends import cached_backends
         from crag.stages import run_pipeline, to_stage_output
 
+        from crag.cache import StageCache, question_key, role_slices, with_cache
+
         cfg = CragConfig.model_validate_json(config_json)
         backends = cached_backends(cfg, secrets, concurrent_tasks)
+        slices = role_slices(cfg) if cfg.cache.enabled else None
         for batch in batches:
-            if batch.num_rows:
-                out = run_pipeline(batch.to_pandas(), backends, cfg)
-                yield from to_stage_output(out).to_batches()
+            if not batch.num_rows:
+                continue
+            frame = batch.to_pandas()
+            cache = None
+            if slices is not None:
+                cache = StageCache({e["key"]: e["value"] for entries in frame["cache"] for e in entries})
+            out = run_pipeline(frame[["question_id", "question"]], with_cache(backends, cache, slices) if cache else backends, cfg)
+            table = to_stage_output(out)
+            by_question: dict[str, list] = {}
+            for entry in cache.new if cache else []:
+                by_question.setdefault(entry["question_key"], []).append(entry)
+            entries = pa.array([by_question.pop(question_key(q), []) for q in frame["question"]],
+                               type=schema.STAGE_OUTPUT.field("cache_entries").type)
+            yield from table.set_column(table.schema.get_field_index("cache_entries"), "cache_entries", entries).to_batches()
 
     return process
 
 
 def run_stages(spark, questions: pd.DataFrame, cfg: CragConfig, secrets: dict[str, str] | None = None) -> pa.Table:
-    """All stages over the accepted questions on Spark; returns schema.STAGE_OUTPUT rows."""
+    """All stages over the accepted questions on Spark; returns schema.STAGE_OUTPUT rows. `questions`
+    may carry a `cache` column of stored backend results (schema.STAGE_INPUT)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     slots = spark.sparkContext.defaultParallelism
     partitions = max(1, min(cfg.spark.partitions or slots, len(questions)))
     # Partitions running at the same time share each endpoint's max_concurrency budget.
     concurrent_tasks = min(partitions, slots)
-    frame = spark.createDataFrame(pa.Table.from_pandas(questions[["question_id", "question"]], preserve_index=False))
+    if "cache" not in questions:
+        questions = questions.assign(cache=[[] for _ in range(len(questions))])
+    frame = spark.createDataFrame(pa.Table.from_pandas(questions[["question_id", "question", "cache"]],
+                                                       schema=schema.STAGE_INPUT, preserve_index=False))
     result = frame.repartition(partitions).mapInArrow(
         _partition_task(cfg.model_dump_json(), secrets or {}, concurrent_tasks), from_arrow_schema(schema.STAGE_OUTPUT)
     )

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from crag import schema
 from crag.backends import Backends
-from crag.backends.base import Document, Grade, Grader, Usage
+from crag.backends.base import Document, Grade, Grader, Usage, current_question
 from crag.config import CragConfig, RefinementConfig, RoutingConfig
 from crag.text import split_sentences, word_windows
 
@@ -83,10 +83,13 @@ def _per_row(df: pd.DataFrame, stage: str, fn: Callable[[object], object], when=
 
     def one(i: int) -> None:
         t0 = time.perf_counter()
+        token = current_question.set(rows[i].question)
         try:
             results[i] = fn(rows[i])
         except Exception as exc:  # a backend failure is data for this question, not the end of the batch
             errors[i] = f"{stage}: {type(exc).__name__}: {exc}"
+        finally:
+            current_question.reset(token)
         millis[i] = (time.perf_counter() - t0) * 1000
 
     if workers > 1 and len(todo) > 1:
@@ -109,8 +112,6 @@ def retrieve(df: pd.DataFrame, backends: Backends, k: int) -> pd.DataFrame:
     _check_inputs(df, "retrieve")
     out = df.copy()
     retriever = backends.retriever
-    for usage in out["usage"]:
-        usage.search_calls += 1
     one_by_one = lambda r: retriever.search([r.question], k, [r.usage])[0]  # noqa: E731
     if retriever.concurrency > 1:
         found, millis, errors = _per_row(df, "retrieve", one_by_one, workers=retriever.concurrency)
@@ -283,7 +284,6 @@ def web_search(df: pd.DataFrame, backends: Backends, cfg: CragConfig) -> pd.Data
     w = cfg.web_search
 
     def search_once(row, query: str, first_rank: int, log: list) -> list[Document]:
-        row.usage.search_calls += 1
         results = [{**d, "rank": first_rank + i} for i, d in enumerate(ws.search(query, w.k, row.usage))]
         log.append(("web_search", f"{len(results)} results", f"{ws.name}, query {query!r}"))
         if check is not None and results:
@@ -481,9 +481,11 @@ def to_stage_output(df: pd.DataFrame) -> pa.Table:
                 "prompt_tokens": usage.prompt_tokens,
                 "completion_tokens": usage.completion_tokens,
                 "retries": usage.retries,
+                "cache_hits": usage.cache_hits,
                 **{f"ms_{s}": float(getattr(r, f"ms_{s}")) for s in schema.STAGES},
                 "grades": _grade_rows(r.graded, r.web_results),
                 "decisions": r.decisions,
+                "cache_entries": [],  # filled by the Spark task when the stage cache is on
             }
         )
     return pa.Table.from_pylist(rows, schema=schema.STAGE_OUTPUT)

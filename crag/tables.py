@@ -214,6 +214,21 @@ def read_table(warehouse: str, name: str, backend: str = "delta_rs", spark=None,
     return DeltaTable(location).to_pyarrow_table(filters=filters).to_pandas()
 
 
+def read_cache(warehouse: str, question_keys: list[str], backend: str = "delta_rs", spark=None) -> pd.DataFrame:
+    """Stage-cache rows filed under the given questions (an empty frame when there is no cache yet)."""
+    empty = schema.STAGE_CACHE.empty_table().to_pandas()
+    if not question_keys or not table_exists(warehouse, "stage_cache", backend, spark):
+        return empty
+    location = table_location(warehouse, "stage_cache", backend)
+    if backend == "unity_catalog":
+        frame = spark.table(location)
+        return frame.where(frame.question_key.isin(question_keys)).select("key", "question_key", "value").toPandas()
+    from deltalake import DeltaTable
+
+    return DeltaTable(location).to_pyarrow_table(columns=["key", "question_key", "value"],
+                                                 filters=[("question_key", "in", question_keys)]).to_pandas()
+
+
 def write_table(location: str | Path, table: pa.Table) -> None:
     """Write a whole table (index chunk tables), replacing any previous content."""
     from deltalake import write_deltalake

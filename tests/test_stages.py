@@ -25,6 +25,8 @@ class Retriever:
 
     def search(self, queries, k, usages=None):
         self.calls.append(list(queries))
+        for usage in usages or []:
+            usage.search_calls += 1
         if self.fail_on and any(self.fail_on in q for q in queries):
             raise RuntimeError("index unavailable")
         return [[doc(i, t) for i, t in enumerate(self.corpus.get(q, []))][:k] for q in queries]
@@ -64,6 +66,7 @@ class Web:
 
     def search(self, query, k, usage=None):
         self.calls.append(query)
+        usage.search_calls += 1
         return [doc(i, t, "web") for i, t in enumerate(self.results)][:k]
 
 

@@ -10,10 +10,15 @@ and, once graded, relevance (0..1), grade ("yes" | "no"), parse_status, rational
 
 from __future__ import annotations
 
+import contextvars
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 Document = dict
+
+# The question the current backend call serves, set per question by the stage runner: a call whose
+# input is not the question itself (a web query) can still be filed under its question (crag.cache).
+current_question: contextvars.ContextVar[str | None] = contextvars.ContextVar("current_question", default=None)
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     retries: int = 0
+    cache_hits: int = 0  # backend calls answered from the stage cache instead
 
 
 @runtime_checkable

@@ -148,6 +148,9 @@ class BM25Retriever:
         self.name = "bm25"
 
     def search(self, queries: list[str], k: int, usages=None) -> list[list[Document]]:
+        for usage in usages or []:
+            if usage is not None:
+                usage.search_calls += 1
         return self.index.search(queries, k, source="internal")
 
 
@@ -166,4 +169,6 @@ class OfflineCorpusSearch:
     CHILDREN_PER_RESULT = 4
 
     def search(self, query: str, k: int, usage=None) -> list[Document]:
+        if usage is not None:
+            usage.search_calls += 1
         return self.index.search([query], k * self.CHILDREN_PER_RESULT, source="web", max_parents=k)[0]

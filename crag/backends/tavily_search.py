@@ -29,6 +29,8 @@ class TavilySearch:
             ),
             usage,
         )
+        if usage is not None:
+            usage.search_calls += 1
         return [
             {
                 "source": "web",

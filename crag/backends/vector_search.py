@@ -38,6 +38,8 @@ class VectorSearchRetriever:
             ),
             usage,
         )
+        if usage is not None:
+            usage.search_calls += 1
         names = [col["name"] for col in reply.get("manifest", {}).get("columns", [])]
         c = self.cfg.columns
         docs: list[Document] = []

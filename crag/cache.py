@@ -1,0 +1,170 @@
+"""Re-run only what changed: every backend call's result is stored under a key made of the call's
+inputs and a hash of its role's config slice (backend, model, prompt text, parameters, and the
+identity of local indexes). A later run with the same key reuses the stored result instead of calling
+the backend, so a variant that changes only the answer prompt makes no retrieval, grading, rewrite or
+search call.
+
+The store is a Delta table (`stage_cache`), so it works on Databricks too. Rows carry the hash of the
+question they were made for: before each batch the driver loads the rows of that batch's questions
+and ships them to the Spark tasks in a column; the tasks return their new rows in the stage output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from crag.backends import Backends
+from crag.backends.base import Answer, Grade, current_question
+from crag.config import CragConfig, stable_hash
+
+
+def question_key(question: str) -> str:
+    return hashlib.sha256(question.encode("utf-8")).hexdigest()[:24]
+
+
+def _index_identity(path: str | None) -> str | None:
+    """A local index's build time: rebuilding an index at the same path invalidates its cache."""
+    if not path:
+        return None
+    from pathlib import Path
+
+    manifest = Path(path) / "manifest.json"
+    return json.loads(manifest.read_text()).get("built_at") if manifest.is_file() else None
+
+
+def role_slices(cfg: CragConfig) -> dict[str, str]:
+    """Hash of the config that determines each role's results."""
+    indexes = {"kb": _index_identity(getattr(cfg.retriever, "index", None)),
+               "web": _index_identity(getattr(cfg.web_search, "index", None)),
+               "tokenizer": cfg.indexing.tokenizer}
+    dump = lambda section: section.model_dump(mode="json", exclude={"policy"}) if section is not None else None  # noqa: E731
+    web = dump(cfg.web_search)
+    web.pop("verify", None)
+    return {
+        "retriever": stable_hash({"retriever": dump(cfg.retriever), "indexes": indexes}),
+        # the lexical grader and extractive generator weigh terms by the local indexes' statistics
+        "grader": stable_hash({"grader": dump(cfg.grader), "indexes": indexes}),
+        "rewriter": stable_hash({"rewriter": dump(cfg.rewriter)}),
+        "web_search": stable_hash({"web_search": web, "indexes": indexes}),
+        "source_check": stable_hash({"verify": dump(cfg.web_search.verify)}),
+        "generator": stable_hash({"generator": dump(cfg.generator), "indexes": indexes}),
+    }
+
+
+class StageCache:
+    """The entries known to one batch, and the ones it adds. Thread-safe."""
+
+    def __init__(self, entries: dict[str, str]):
+        self.entries = dict(entries)
+        self.new: list[dict] = []
+        self._lock = threading.Lock()
+
+    def key(self, role: str, slice_hash: str, inputs: Any) -> str:
+        return f"{role}:{stable_hash([slice_hash, inputs])}"
+
+    def get(self, key: str) -> str | None:
+        with self._lock:
+            return self.entries.get(key)
+
+    def put(self, key: str, role: str, question: str, value: str) -> None:
+        with self._lock:
+            if key not in self.entries:
+                self.entries[key] = value
+                self.new.append({"key": key, "question_key": question_key(question), "role": role, "value": value})
+
+    def cached(self, role: str, slice_hash: str, inputs: Any, usage, question: str,
+               call: Callable[[], Any], encode: Callable[[Any], Any], decode: Callable[[Any], Any]):
+        key = self.key(role, slice_hash, inputs)
+        stored = self.get(key)
+        if stored is not None:
+            if usage is not None:
+                usage.cache_hits += 1
+            return decode(json.loads(stored))
+        result = call()
+        self.put(key, role, question, json.dumps(encode(result), ensure_ascii=False))
+        return result
+
+
+def _doc_inputs(docs: list[dict]) -> list:
+    return [[d.get("source"), d.get("doc_id"), d.get("parent_id"), d.get("title"), d.get("text")] for d in docs]
+
+
+class _Wrapper:
+    def __init__(self, inner, cache: StageCache, slice_hash: str):
+        self._inner, self._cache, self._slice = inner, cache, slice_hash
+
+    def __getattr__(self, name):  # name, concurrency, prompt_hash, policy_keywords ...
+        return getattr(self._inner, name)
+
+
+class CachedRetriever(_Wrapper):
+    def search(self, queries, k, usages=None):
+        usages = usages or [None] * len(queries)
+        results: list = [None] * len(queries)
+        missing = []
+        for i, (query, usage) in enumerate(zip(queries, usages)):
+            stored = self._cache.get(self._cache.key("retriever", self._slice, [query, k]))
+            if stored is not None:
+                results[i] = json.loads(stored)
+                if usage is not None:
+                    usage.cache_hits += 1
+            else:
+                missing.append(i)
+        if missing:
+            found = self._inner.search([queries[i] for i in missing], k, [usages[i] for i in missing])
+            for i, docs in zip(missing, found):
+                results[i] = docs
+                self._cache.put(self._cache.key("retriever", self._slice, [queries[i], k]), "retriever", queries[i],
+                                json.dumps(docs, ensure_ascii=False))
+        return results
+
+
+class CachedGrader(_Wrapper):
+    def grade(self, question, documents, usage):
+        return self._cache.cached(
+            "grader", self._slice, [question, _doc_inputs(documents)], usage, current_question.get() or question,
+            lambda: self._inner.grade(question, documents, usage),
+            lambda grades: [asdict(g) for g in grades], lambda rows: [Grade(**r) for r in rows],
+        )
+
+
+class CachedRewriter(_Wrapper):
+    def rewrite(self, question, usage):
+        return self._cache.cached("rewriter", self._slice, question, usage, question,
+                                  lambda: self._inner.rewrite(question, usage), lambda q: q, lambda q: q)
+
+
+class CachedWebSearch(_Wrapper):
+    def search(self, query, k, usage=None):
+        return self._cache.cached("web_search", self._slice, [query, k], usage, current_question.get() or query,
+                                  lambda: self._inner.search(query, k, usage), lambda docs: docs, lambda docs: docs)
+
+
+class CachedSourceCheck(_Wrapper):
+    def verify(self, question, results, usage):
+        return self._cache.cached("source_check", self._slice, [question, _doc_inputs(results)], usage, question,
+                                  lambda: self._inner.verify(question, results, usage), list, list)
+
+
+class CachedGenerator(_Wrapper):
+    def generate(self, question, context, usage):
+        return self._cache.cached(
+            "generator", self._slice, [question, _doc_inputs(context)], usage, question,
+            lambda: self._inner.generate(question, context, usage), asdict, lambda row: Answer(**row),
+        )
+
+
+def with_cache(backends: Backends, cache: StageCache, slices: dict[str, str]) -> Backends:
+    return Backends(
+        retriever=CachedRetriever(backends.retriever, cache, slices["retriever"]),
+        grader=CachedGrader(backends.grader, cache, slices["grader"]),
+        rewriter=CachedRewriter(backends.rewriter, cache, slices["rewriter"]),
+        web_search=CachedWebSearch(backends.web_search, cache, slices["web_search"]) if backends.web_search else None,
+        generator=CachedGenerator(backends.generator, cache, slices["generator"]),
+        source_check=CachedSourceCheck(backends.source_check, cache, slices["source_check"]) if backends.source_check else None,
+    )
