@@ -45,6 +45,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warehouse", required=True, help="folder of Delta tables (catalog.schema on Databricks)")
     p.add_argument("--run", required=True, dest="run_id", help="a run whose questions have gold columns")
 
+    p = sub.add_parser("compare", help="compare two runs question by question; writes the comparisons table and an HTML report")
+    p.add_argument("--warehouse", required=True, help="folder of Delta tables (catalog.schema on Databricks)")
+    p.add_argument("--base", required=True, help="run_id of the baseline")
+    p.add_argument("--candidate", required=True, help="run_id of the variant under test")
+    p.add_argument("--report", help="HTML report path (default: compare_BASE_vs_CANDIDATE.html here)")
+    p.add_argument("--no-mlflow", action="store_true", help="do not attach the report to the candidate's MLflow run")
+
     p = sub.add_parser("sql", help="query a local warehouse's tables with SQL")
     p.add_argument("--warehouse", required=True, help="folder of Delta tables written by crag run")
     p.add_argument("sql", help="e.g. \"SELECT route, count(*) FROM answers GROUP BY route\"")
@@ -168,6 +175,15 @@ def main(argv: list[str] | None = None) -> int:
             runs = read_table(args.warehouse, "runs", backend, spark, run_id=args.run_id)
             routing = json.loads(runs["config"].iloc[0])["routing"]
             print(report(calibrate(parts["grades"], parts["gold"], routing["lower"], routing["upper"])))
+        elif args.command == "compare":
+            from crag.compare import compare
+            from crag.config import TablesConfig, TrackingConfig
+
+            tracking = TrackingConfig(enabled=not args.no_mlflow)
+            _, lines, path = compare(args.warehouse, args.base, args.candidate, args.report, TablesConfig().resolved(),
+                                     _active_spark(), tracking)
+            print("\n".join(lines))
+            print(f"report: {path}")
         elif args.command == "sql":
             import pandas as pd
 

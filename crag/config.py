@@ -218,6 +218,12 @@ class CacheConfig(Section):
     enabled: bool = True  # reuse stored backend results with the same inputs and config (crag run --no-cache: off)
 
 
+class TrackingConfig(Section):
+    enabled: bool = True  # log every run to MLflow
+    tracking_uri: str | None = None  # None: SQLite under the warehouse; "databricks" on a Databricks cluster
+    experiment: str = "crag"  # on Databricks, a workspace path such as /Shared/crag
+
+
 class TablesConfig(Section):
     # auto: unity_catalog on a Databricks cluster (DATABRICKS_RUNTIME_VERSION is set), else delta_rs
     backend: Literal["auto", "delta_rs", "unity_catalog"] = "auto"
@@ -240,6 +246,7 @@ class CragConfig(Section):
     generator: GeneratorConfig = Field(default_factory=ExtractiveGeneratorConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
+    mlflow: TrackingConfig = Field(default_factory=TrackingConfig)
     tables: TablesConfig = Field(default_factory=TablesConfig)
 
     @model_validator(mode="before")

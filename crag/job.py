@@ -141,6 +141,7 @@ def run_counts(answers: pd.DataFrame, grades: pd.DataFrame, rejects: pd.DataFram
         "completion_tokens": int(answers["completion_tokens"].sum()),
         "retries": int(answers["retries"].sum()),
         "cache_hits": int(answers["cache_hits"].sum()),
+        "relevant_docs": int(answers["n_relevant"].sum()),
     }
     counts.update({f"grade_parse_{k}": v for k, v in Counter(grades["parse_status"].dropna()).items()})
     counts.update({f"action_{k}": v for k, v in Counter(answers["action"].dropna()).items()})
@@ -288,6 +289,12 @@ def run(
             from crag.evaluation import evaluate_run
 
             metrics = evaluate_run(warehouse, run_id, backend, spark)
+        from crag.tracking import log_run
+
+        mlflow_run = log_run(cfg, warehouse, run_id, variant_name, counts, metrics, time.perf_counter() - t0,
+                             redacted(cfg.model_dump(mode="json")))
+        if mlflow_run:
+            log(f"logged to MLflow run {mlflow_run}")
     except BaseException:
         write("runs", _runs_row(run_id, variant_name, cfg, started, datetime.now(timezone.utc), "failed", {}))
         raise

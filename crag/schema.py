@@ -139,8 +139,39 @@ STAGE_CACHE = pa.schema(
 )
 CACHE_ENTRY = pa.struct([("key", pa.string()), ("question_key", pa.string()), ("role", pa.string()), ("value", pa.string())])
 
+# One row per question of two compared runs (crag compare).
+COMPARISONS = pa.schema(
+    [
+        ("base_run", pa.string()),
+        ("candidate_run", pa.string()),
+        ("question_id", pa.string()),
+        ("question", pa.string()),
+        ("in_base", pa.bool_()),
+        ("in_candidate", pa.bool_()),
+        ("answer_base", pa.string()),
+        ("answer_candidate", pa.string()),
+        ("answer_changed", pa.bool_()),
+        ("answer_similarity", pa.float64()),
+        ("action_base", pa.string()),
+        ("action_candidate", pa.string()),
+        ("route_base", pa.string()),
+        ("route_candidate", pa.string()),
+        ("action_flip", pa.bool_()),
+        ("route_flip", pa.bool_()),
+        ("n_relevant_base", pa.int32()),
+        ("n_relevant_candidate", pa.int32()),
+        ("n_relevant_delta", pa.int32()),
+        ("grade_flips", pa.list_(pa.string())),
+        ("f1_delta", pa.float64()),
+        ("answer_contained_delta", pa.float64()),
+        ("routing_accuracy_delta", pa.float64()),
+        ("created_at", UTC_TIMESTAMP),
+    ]
+)
+
 TABLES = {"answers": ANSWERS, "grades": GRADES, "decisions": DECISIONS, "runs": RUNS, "rejects": REJECTS,
-          "gold": GOLD, "metrics": METRICS, "stage_cache": STAGE_CACHE}
+          "gold": GOLD, "metrics": METRICS, "stage_cache": STAGE_CACHE,
+          "comparisons": COMPARISONS}
 
 # What the Spark stage returns per question: the answer row without the driver-side columns, with the
 # question's grades and decisions nested so that one pass over the partition yields all three tables.

@@ -110,9 +110,13 @@ def write_run_rows(
     warehouse: str, name: str, rows: pa.Table, run_id: str, backend: str = "delta_rs", spark=None
 ) -> None:
     """Replace this run's rows in table `name` (created on first write) with `rows`."""
+    replace_where(warehouse, name, rows, f"run_id = '{check_run_id(run_id)}'", backend, spark)
+
+
+def replace_where(warehouse: str, name: str, rows: pa.Table, predicate: str, backend: str = "delta_rs", spark=None) -> None:
+    """Replace the rows of table `name` that match `predicate` (SQL) with `rows`, atomically."""
     rows = rows.select(schema.TABLES[name].names).cast(schema.TABLES[name])
     location = table_location(warehouse, name, backend)
-    predicate = f"run_id = '{check_run_id(run_id)}'"
     if backend == "unity_catalog":
         (
             spark.createDataFrame(rows)

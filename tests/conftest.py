@@ -40,7 +40,8 @@ def sample_indexes(tmp_path_factory) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def index_overrides(sample_indexes) -> list[str]:
-    return [f"retriever.index={sample_indexes['kb']}", f"web_search.index={sample_indexes['web']}"]
+    # MLflow logging is tested on its own (test_variants); elsewhere it would only add set-up time.
+    return [f"retriever.index={sample_indexes['kb']}", f"web_search.index={sample_indexes['web']}", "mlflow.enabled=false"]
 
 
 @pytest.fixture(scope="session")

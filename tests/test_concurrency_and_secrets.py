@@ -47,11 +47,16 @@ def test_no_secret_in_tables_logs_or_run_config(spark, emulator, tmp_path, capfd
     out, err = capfd.readouterr()
     assert TOKEN not in out and TOKEN not in err
     assert len(out) > 100  # the summary was printed (and searched)
-    for path in sorted(tmp_path.iterdir()):
-        table = DeltaTable(str(path))
-        assert TOKEN not in table.to_pandas().to_csv(), path.name
+    tables = [p for p in sorted(tmp_path.iterdir()) if (p / "_delta_log").is_dir()]
+    assert {"answers", "grades", "decisions", "runs", "rejects", "gold", "metrics", "stage_cache"} <= {p.name for p in tables}
+    for path in tables:
+        assert TOKEN not in DeltaTable(str(path)).to_pandas().to_csv(), path.name
         for log in (path / "_delta_log").glob("*.json"):
             assert TOKEN not in log.read_text(), log
+    mlflow_files = [p for p in (tmp_path / "mlflow").rglob("*") if p.is_file()]
+    assert any(p.name == "config.json" for p in mlflow_files)  # the MLflow store and artifacts exist ...
+    for path in mlflow_files:
+        assert TOKEN.encode() not in path.read_bytes(), path  # ... and hold no secret
     config = DeltaTable(str(tmp_path / "runs")).to_pandas().loc[0, "config"]
     assert "DATABRICKS_TOKEN" in config and TOKEN not in config  # where the secret comes from, not what it is
 

@@ -1,0 +1,139 @@
+"""Variants: comparison rows against the two runs' tables, the HTML report, the stage cache by call
+counts on the emulators, and the MLflow record."""
+
+import subprocess
+import sys
+from html.parser import HTMLParser
+
+import pytest
+from deltalake import DeltaTable
+
+from conftest import LOCAL_CONF, REPO, SAMPLE
+from crag.cli import main
+from crag.job import run
+
+QUESTIONS = str(SAMPLE / "questions.jsonl")
+
+
+def table(warehouse, name, **where):
+    df = DeltaTable(str(warehouse / name)).to_pandas()
+    for k, v in where.items():
+        df = df[df[k] == v]
+    return df.reset_index(drop=True)
+
+
+@pytest.fixture(scope="module")
+def two_runs(spark, index_overrides, tmp_path_factory):
+    wh = tmp_path_factory.mktemp("variants")
+    run(str(LOCAL_CONF), QUESTIONS, str(wh), run_id="base", overrides=index_overrides, spark=spark)
+    run(str(LOCAL_CONF), QUESTIONS, str(wh), variant="paper_thresholds", run_id="cand",
+        overrides=[*index_overrides, "grader.threshold=0.4"], spark=spark)
+    return wh
+
+
+class Sections(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.ids, self.tags, self.external = [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.tags.append(tag)
+        if tag == "section":
+            self.ids.append(attrs.get("id"))
+        if attrs.get("src") or (tag == "link" and attrs.get("href")):
+            self.external.append((tag, attrs))
+
+
+def test_comparison_rows_match_the_run_tables(two_runs, capsys):
+    wh = two_runs
+    report = wh / "report.html"
+    assert main(["compare", "--warehouse", str(wh), "--base", "base", "--candidate", "cand", "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "compare base (base) -> cand (candidate): 49 questions in both" in out and f"report: {report}" in out
+    rows = table(wh, "comparisons").set_index("question_id")
+    a = table(wh, "answers", run_id="base").set_index("question_id").reindex(rows_index := sorted(table(wh, "comparisons")["question_id"]))
+    b = table(wh, "answers", run_id="cand").set_index("question_id").reindex(rows_index)
+    assert len(rows) == 49 and (rows["base_run"] == "base").all()
+    rows = rows.reindex(rows_index)
+    assert (rows["route_flip"] == (a["route"] != b["route"])).all()
+    assert (rows["action_flip"] == (a["action"] != b["action"])).all()
+    assert (rows["n_relevant_delta"] == (b["n_relevant"] - a["n_relevant"])).all()
+    assert (rows["answer_changed"] == (a["answer"] != b["answer"])).all()
+    assert rows.loc[~rows["answer_changed"], "answer_similarity"].eq(1.0).all()
+    # grade flips, counted independently from the grades tables
+    ga, gb = table(wh, "grades", run_id="base"), table(wh, "grades", run_id="cand")
+    merged = ga.merge(gb, on=["question_id", "source", "parent_id"], suffixes=("_a", "_b"))
+    flipped = merged[merged["grade_a"] != merged["grade_b"]]
+    assert rows["grade_flips"].map(len).sum() == len(flipped) > 0  # the lower threshold flips some "no" to "yes"
+    assert rows["f1_delta"].notna().sum() == 41  # answerable questions, gold present in both runs
+    assert "grade flips" in out and "web_search_rate" in out
+    # running the comparison again replaces its rows
+    assert main(["compare", "--warehouse", str(wh), "--base", "base", "--candidate", "cand", "--report", str(report)]) == 0
+    assert len(table(wh, "comparisons")) == 49
+
+
+def test_the_report_renders_its_sections(two_runs):
+    report = two_runs / "report2.html"
+    assert main(["compare", "--warehouse", str(two_runs), "--base", "base", "--candidate", "cand", "--report", str(report)]) == 0
+    page = report.read_text()
+    parser = Sections()
+    parser.feed(page)
+    assert parser.ids == ["summary", "routes", "relevance", "metrics", "changed"]
+    assert parser.tags.count("svg") == 6 and "script" not in parser.tags and parser.external == []
+    assert "<del>" in page and "<ins>" in page  # word-level diff of a changed answer
+    assert "routing_accuracy" in page
+
+
+def test_only_the_changed_stage_calls_its_backend(spark, emulator, tmp_path):
+    conf = str(REPO / "conf" / "databricks.yaml")
+    run(conf, QUESTIONS, str(tmp_path), run_id="v1", spark=spark)
+    queries = lambda: [r for r in emulator.of("vector_search") if r.path.endswith("/query")]  # noqa: E731
+    first = {"serving": len(emulator.of("serving")), "vector_search": len(queries()), "tavily": len(emulator.of("tavily"))}
+    emulator.reset()
+    result = run(conf, QUESTIONS, str(tmp_path), run_id="v2", overrides=["generator.prompt=prompts/answer_strict.yaml"], spark=spark)
+    serving = emulator.of("serving")
+    assert queries() == [] and emulator.of("tavily") == []
+    assert [r for r in serving if "inputs" in r.body] == []  # no grading
+    generate = [r for r in serving if "<context>" in r.body["messages"][1]["content"]]
+    assert len(generate) == len(serving) > 0  # every call left is an answer with the new prompt
+    assert all("give it as the documents word it" in r.body["messages"][0]["content"] for r in generate)
+    saved = first["serving"] + first["vector_search"] + first["tavily"] - len(serving)
+    assert result.counts["cache_hits"] >= saved > 0
+    emulator.reset()
+    run(conf, QUESTIONS, str(tmp_path), run_id="v3", overrides=["cache.enabled=false"], spark=spark)
+    assert len(emulator.of("serving")) == first["serving"] and len(emulator.of("tavily")) == first["tavily"]
+
+
+def test_runs_are_logged_to_mlflow(spark, sample_indexes, tmp_path, capsys):
+    from mlflow.tracking import MlflowClient
+
+    sets = ["--set", f"retriever.index={sample_indexes['kb']}", "--set", f"web_search.index={sample_indexes['web']}"]
+    for run_id, extra in (("ml-base", []), ("ml-cand", ["--variant", "paper_thresholds"])):
+        assert main(["run", "--conf", str(LOCAL_CONF), *sets, *extra, "--questions", QUESTIONS,
+                     "--warehouse", str(tmp_path), "--run-id", run_id]) == 0
+    report = tmp_path / "cmp.html"
+    assert main(["compare", "--warehouse", str(tmp_path), "--base", "ml-base", "--candidate", "ml-cand", "--report", str(report)]) == 0
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("crag")
+    runs = {r.data.tags["crag.run_id"]: r for r in client.search_runs([experiment.experiment_id])}
+    assert set(runs) == {"ml-base", "ml-cand"}
+    cand = runs["ml-cand"]
+    assert cand.data.params["variant"] == "paper_thresholds" and cand.data.params["routing.policy"] == "thresholds"
+    answers = table(tmp_path, "answers", run_id="ml-cand")
+    assert cand.data.metrics["accepted"] == 49 and cand.data.metrics["search_calls"] == answers["search_calls"].sum()
+    assert cand.data.metrics["route_web_rate"] == pytest.approx((answers["route"] == "web").mean())
+    assert 0 < cand.data.metrics["eval.routing_accuracy"] <= 1 and cand.data.metrics["wall_time_s"] > 0
+    artifacts = {a.path for a in client.list_artifacts(cand.info.run_id)}
+    assert artifacts == {"config.json", "reports"}
+    assert [a.path for a in client.list_artifacts(cand.info.run_id, "reports")] == ["reports/cmp.html"]
+    config = client.download_artifacts(cand.info.run_id, "config.json", str(tmp_path / "dl"))
+    assert '"policy": "thresholds"' in open(config).read()
+
+
+def test_compare_job_entry_point(two_runs):
+    done = subprocess.run([sys.executable, "jobs/compare_variants.py", "--warehouse", str(two_runs), "--base", "base",
+                           "--candidate", "cand", "--report", str(two_runs / "job.html"), "--no-mlflow"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert (two_runs / "job.html").exists() and "questions in both" in done.stdout
