@@ -11,11 +11,19 @@ from crag.errors import CragError
 
 def _conf_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--conf", required=True, help="YAML config file, e.g. conf/local.yaml")
-    p.add_argument("--variant", help="overlay conf/variants/NAME.yaml (next to --conf) on the config")
+    p.add_argument("--variant", help="overlay conf/variants/NAME.yaml (next to --conf) on the config; base: none")
     p.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override one config key, e.g. --set routing.policy=thresholds (repeatable)",
     )
+    p.add_argument(
+        "--overrides", dest="override_list", default="", metavar="'K=V;K=V'",
+        help="several --set in one argument, separated by ';' (for job schedulers that pass one string)",
+    )
+
+
+def _overrides(args) -> list[str]:
+    return [*args.overrides, *(item.strip() for item in args.override_list.split(";") if item.strip())]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -139,18 +147,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "index":
             from crag.config import load_config
-            from crag.indexing import build_index
+            from crag.indexing import build_knowledge_base
 
-            cfg = load_config(args.conf, args.overrides, args.variant)
-            manifest = build_index(args.docs, args.out, cfg.indexing)
+            cfg = load_config(args.conf, _overrides(args), args.variant)
+            manifest = build_knowledge_base(args.docs, args.out, cfg, _active_spark())
             print(f"indexed {manifest['n_documents']} documents -> {manifest['n_parents']} parents, "
-                  f"{manifest['n_chunks']} child chunks at {args.out}")
+                  f"{manifest['n_chunks']} child chunks at {args.out}"
+                  + (f"; Vector Search index {manifest['vector_index']}" if "vector_index" in manifest else ""))
         elif args.command == "run":
             from crag.job import run
 
             if args.resume and args.run_id and args.resume != args.run_id:
                 raise CragError("give either --run-id or --resume, not two different ids")
-            overrides = [*args.overrides, "cache.enabled=false"] if args.no_cache else args.overrides
+            overrides = [*_overrides(args), "cache.enabled=false"] if args.no_cache else _overrides(args)
             result = run(args.conf, args.questions, args.warehouse, args.variant, args.resume or args.run_id,
                          overrides, resume=bool(args.resume))
             print(result.summary())
@@ -203,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             from crag.questions import validate_questions
             from crag.stages import run_pipeline
 
-            cfg = resolve_paths(load_config(args.conf, args.overrides, args.variant))
+            cfg = resolve_paths(load_config(args.conf, _overrides(args), args.variant))
             accepted, rejects = validate_questions(
                 pd.DataFrame({"question_id": ["ask"], "question": [args.question]}), cfg.input.max_question_chars
             )

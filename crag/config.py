@@ -90,6 +90,10 @@ class VectorSearchRetrieverConfig(DatabricksAuth):
     filters: dict[str, Any] | None = None
     columns: VectorSearchColumns = Field(default_factory=VectorSearchColumns)
     policy: EndpointPolicy = Field(default_factory=EndpointPolicy)
+    # building the index (crag index): the chunk table it syncs from, and how it embeds
+    source_table: str | None = None  # catalog.schema.table written by crag index on Databricks
+    embedding_endpoint: str = "databricks-bge-m3"  # model serving endpoint that embeds chunk_text
+    pipeline_type: Literal["TRIGGERED", "CONTINUOUS"] = "TRIGGERED"
 
 
 class LexicalGraderConfig(Section):
@@ -203,6 +207,9 @@ class RefinementConfig(Section):
 
 class IndexingConfig(Section):
     tokenizer: Literal[TOKENIZERS] = "cjk_ngram"  # type: ignore[valid-type]
+    # sections: parents are Markdown/HTML sections or paragraphs, children are split inside them
+    # chunk: reference flow 3's flat split (child_chars 500, child_overlap 50), each chunk its own parent
+    parents: Literal["sections", "chunk"] = "sections"
     parent_chars: int = Field(1500, gt=0)
     child_chars: int = Field(300, gt=0)
     child_overlap: int = Field(50, ge=0)
@@ -351,6 +358,9 @@ def interpolate(value: Any, where: str = "") -> Any:
     return result if result != "" else None
 
 
+BASE_VARIANT = "base"  # the name a run without an overlay records; --variant base applies none
+
+
 def variant_path(conf_path: Path, variant: str) -> Path:
     """Variants live beside the config: conf/variants/<name>.yaml for conf/local.yaml."""
     return conf_path.parent / "variants" / f"{variant}.yaml"
@@ -358,7 +368,7 @@ def variant_path(conf_path: Path, variant: str) -> Path:
 
 def load_config(path: str | Path | None, overrides: list[str] = (), variant: str | None = None) -> CragConfig:
     data: dict = _read_yaml(Path(path), "config file") if path else {}
-    if variant:
+    if variant and variant != BASE_VARIANT:
         if not path:
             raise ConfigError("--variant needs --conf: variants are overlays on a config file")
         vpath = variant_path(Path(path), variant)

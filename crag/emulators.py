@@ -77,6 +77,10 @@ class Emulator:
         self._lock = threading.Lock()
         self._in_flight: dict[str, int] = defaultdict(int)
         self.peak_in_flight: dict[str, int] = defaultdict(int)  # most requests served at once, per service
+        # Vector Search indexes that exist: None = any name (each serves kb_index); a dict = only those
+        # created through the API (name -> create request), for index-building tests.
+        self.vector_indexes: dict[str, dict] | None = None
+        self.syncs: list[str] = []
         self._model = None
         self._server = ThreadingHTTPServer((host, port), _handler(self))
         self._server.daemon_threads = True
@@ -336,13 +340,24 @@ def _serving(emulator: Emulator, method: str, path: str, body: Any, fault: str):
 
 def _vector_search(emulator: Emulator, method: str, path: str, body: Any, fault: str):
     parts = path.strip("/").split("/")  # api 2.0 vector-search ...
+    known = emulator.vector_indexes
     if parts[3] == "endpoints" and len(parts) == 7 and method == "GET":
         ep, idx = parts[4], parts[6]
+        if known is not None and idx not in known:
+            return 404, {"error_code": "RESOURCE_DOES_NOT_EXIST", "message": f"Index {idx} does not exist"}
         return 200, {"name": idx, "endpoint_name": ep, "index_type": "DELTA_SYNC", "primary_key": "chunk_id",
                      "status": {"ready": True, "detailed_state": "ONLINE_NO_PENDING_UPDATE", "indexed_row_count": 0}}
-    if parts[3] == "endpoints" and method == "POST":  # create index / sync
-        return 200, body if isinstance(body, dict) else {}
+    if parts[3] == "endpoints" and parts[-1] == "indexes" and method == "POST":  # create a Delta Sync index
+        name = body.get("name")
+        if known is not None:
+            if name in known:
+                return 409, {"error_code": "RESOURCE_ALREADY_EXISTS", "message": f"Index {name} already exists"}
+            known[name] = body
+        return 200, {**body, "endpoint_name": parts[4], "status": {"ready": False, "detailed_state": "PROVISIONING"}}
     if parts[3] == "indexes" and parts[-1] == "sync":
+        if known is not None and parts[4] not in known:
+            return 404, {"error_code": "RESOURCE_DOES_NOT_EXIST", "message": f"Index {parts[4]} does not exist"}
+        emulator.syncs.append(parts[4])
         return 200, {}
     if parts[3] == "indexes" and parts[-1] == "query":
         if not emulator.kb_index:

@@ -17,13 +17,13 @@ import pyarrow as pa
 from langchain_text_splitters import MarkdownHeaderTextSplitter, RecursiveCharacterTextSplitter
 
 from crag import schema
-from crag.config import IndexingConfig
+from crag.config import CragConfig, IndexingConfig
 from crag.errors import InputError
 from crag.tables import iter_jsonl
 
 # Paragraphs first, then lines, then sentence ends (Western and Japanese), then words, then characters.
 SEPARATORS = ["\n\n", "\n", "。", ". ", "！", "？", "! ", "? ", "、", ", ", " ", ""]
-TEXT_SUFFIXES = {".md", ".markdown", ".txt"}
+TEXT_SUFFIXES = {".md", ".markdown", ".txt", ".html", ".htm", ".pdf"}
 
 
 @dataclass(frozen=True)
@@ -37,14 +37,15 @@ class SourceDocument:
 
 
 def read_documents(path: str | Path) -> Iterator[SourceDocument]:
-    """JSONL lines {"doc_id", "title", "text", "url"?}, or a folder (searched recursively) of .md/.txt."""
+    """JSONL lines {"doc_id", "title", "text", "url"?}, or files: Markdown, plain text, HTML, PDF (one,
+    or a folder searched recursively)."""
     path = Path(path)
     if not path.exists():
         raise InputError(f"documents not found: {path}")
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.suffix.lower() in TEXT_SUFFIXES and p.is_file())
         if not files:
-            raise InputError(f"no .md or .txt files under {path}")
+            raise InputError(f"no .md, .txt, .html or .pdf files under {path}")
         for file in files:
             yield _read_text_file(file, path)
     elif path.suffix.lower() == ".jsonl":
@@ -52,7 +53,7 @@ def read_documents(path: str | Path) -> Iterator[SourceDocument]:
     elif path.suffix.lower() in TEXT_SUFFIXES:
         yield _read_text_file(path, path.parent)
     else:
-        raise InputError(f"unsupported documents file {path}: expected .jsonl, .md, .txt or a folder of them")
+        raise InputError(f"unsupported documents file {path}: expected .jsonl, .md, .txt, .html, .pdf or a folder of them")
 
 
 def _read_jsonl(path: Path) -> Iterator[SourceDocument]:
@@ -71,20 +72,62 @@ def _read_jsonl(path: Path) -> Iterator[SourceDocument]:
 
 
 def _read_text_file(file: Path, root: Path) -> SourceDocument:
+    suffix = file.suffix.lower()
+    doc_id = file.relative_to(root).with_suffix("").as_posix()
+    if suffix == ".pdf":
+        return _read_pdf(file, doc_id)
     try:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise InputError(f"{file}: not valid UTF-8") from None
-    markdown = file.suffix.lower() in {".md", ".markdown"}
+    title = None
+    if suffix in {".html", ".htm"}:
+        title, text = html_to_markdown(text)
+    markdown = suffix in {".md", ".markdown", ".html", ".htm"}
     heading = re.search(r"^#\s+(.+)$", text, re.MULTILINE) if markdown else None
     return SourceDocument(
-        doc_id=file.relative_to(root).with_suffix("").as_posix(),
-        title=heading.group(1).strip() if heading else file.stem.replace("_", " ").replace("-", " "),
+        doc_id=doc_id,
+        title=title or (heading.group(1).strip() if heading else file.stem.replace("_", " ").replace("-", " ")),
         text=text,
         url=None,
         source_path=str(file),
         markdown=markdown,
     )
+
+
+def html_to_markdown(page: str) -> tuple[str | None, str]:
+    """(title, text) of an HTML page: scripts, styles and navigation dropped, headings h1-h3 turned
+    into Markdown headings so that the page is split into sections like a Markdown file."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(page, "html.parser")
+    for tag in soup(["script", "style", "noscript", "nav", "header", "footer", "template"]):
+        tag.decompose()
+    title = soup.title.get_text(" ", strip=True) if soup.title else None
+    for level in (1, 2, 3):
+        for heading in soup.find_all(f"h{level}"):
+            heading.replace_with(f"\n\n{'#' * level} {heading.get_text(' ', strip=True)}\n\n")
+    for block in soup.find_all(["p", "li", "tr", "div", "br"]):
+        block.insert_after("\n")
+    body = soup.body or soup
+    text = re.sub(r"\n{3,}", "\n\n", re.sub(r"[ \t]+", " ", body.get_text()))
+    return title, "\n".join(line.strip() for line in text.splitlines()).strip()
+
+
+def _read_pdf(file: Path, doc_id: str) -> SourceDocument:
+    from pypdf import PdfReader
+    from pypdf.errors import PdfReadError
+
+    try:
+        reader = PdfReader(file)
+        pages = [page.extract_text() or "" for page in reader.pages]
+        title = (reader.metadata.title if reader.metadata else None) or file.stem.replace("_", " ")
+    except (PdfReadError, ValueError, OSError) as exc:
+        raise InputError(f"{file}: cannot read as PDF ({exc})") from None
+    text = "\n\n".join(p.strip() for p in pages if p.strip())
+    if not text:
+        raise InputError(f"{file}: no extractable text (a scanned PDF needs OCR first)")
+    return SourceDocument(doc_id=doc_id, title=str(title), text=text, url=None, source_path=str(file), markdown=False)
 
 
 class Chunker:
@@ -95,11 +138,14 @@ class Chunker:
         self.child_splitter = RecursiveCharacterTextSplitter(
             chunk_size=cfg.child_chars, chunk_overlap=cfg.child_overlap, separators=SEPARATORS, keep_separator="end"
         )
+        self.flat = cfg.parents == "chunk"
         self.sections = MarkdownHeaderTextSplitter(
             [("#", "h1"), ("##", "h2"), ("###", "h3")], strip_headers=False
         )
 
     def parents(self, doc: SourceDocument) -> list[str]:
+        if self.flat:  # reference flow 3: fixed-size chunks, each its own document
+            return [c.strip() for c in self.child_splitter.split_text(doc.text) if c.strip()]
         if doc.markdown:
             # One parent per section; a section longer than parent_chars is split further.
             sections = [re.sub(r"[ \t]+\n", "\n", s.page_content) for s in self.sections.split_text(doc.text)]
@@ -110,7 +156,8 @@ class Chunker:
     def rows(self, doc: SourceDocument) -> Iterator[dict]:
         for p, parent in enumerate(self.parents(doc)):
             parent_id = f"{doc.doc_id}#p{p}"
-            for c, child in enumerate(self.child_splitter.split_text(parent)):
+            children = [parent] if self.flat else self.child_splitter.split_text(parent)
+            for c, child in enumerate(children):
                 if child.strip():
                     yield {
                         "chunk_id": f"{parent_id}#c{c}",
@@ -145,3 +192,27 @@ def build_index(docs: str | Path, out: str | Path, cfg: IndexingConfig) -> dict:
     chunks = chunk_documents(docs, cfg)
     print(f"crag index: {chunks.num_rows} child chunks from {docs}", file=sys.stderr)
     return write_index(chunks, Path(out), cfg.tokenizer)
+
+
+def build_knowledge_base(docs: str | Path, out: str | Path, cfg: CragConfig, spark=None) -> dict:
+    """`crag index`: the local index under `out`, and with the Vector Search retriever configured also
+    the Unity Catalog chunk table (on Databricks) and its Delta Sync index (created, or synced)."""
+    manifest = build_index(docs, out, cfg.indexing)
+    r = cfg.retriever
+    if r.backend != "databricks_vector_search":
+        return manifest
+    from crag import tables
+    from crag.backends import resolve_credentials
+    from crag.vector_index import sync_vector_index
+
+    if cfg.tables.resolved() == "unity_catalog":
+        if not r.source_table:
+            raise InputError("config key 'retriever.source_table' is required: the Unity Catalog chunk table to write")
+        from crag.spark import get_spark
+
+        tables.write_uc_chunk_table(r.source_table, tables.read_whole_table(Path(out) / "chunks"), spark or get_spark(cfg.spark))
+        manifest["source_table"] = r.source_table
+        print(f"crag index: chunk table written to {r.source_table}", file=sys.stderr)
+    manifest["vector_index"] = f"{sync_vector_index(r, resolve_credentials(cfg))} {r.index_name} on endpoint {r.endpoint}"
+    print(f"crag index: Vector Search index {manifest['vector_index']}", file=sys.stderr)
+    return manifest

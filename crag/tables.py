@@ -241,6 +241,19 @@ def write_table(location: str | Path, table: pa.Table) -> None:
     write_deltalake(str(location), table, mode="overwrite", schema_mode="overwrite")
 
 
+def write_uc_chunk_table(name: str, chunks: pa.Table, spark) -> None:
+    """The chunk table in Unity Catalog, replaced whole; change data feed on, as a Delta Sync Vector
+    Search index requires of its source."""
+    (
+        spark.createDataFrame(chunks)
+        .write.format("delta")
+        .mode("overwrite")
+        .option("overwriteSchema", "true")
+        .option("delta.enableChangeDataFeed", "true")
+        .saveAsTable(name)
+    )
+
+
 def read_whole_table(location: str | Path) -> pa.Table:
     from deltalake import DeltaTable
 

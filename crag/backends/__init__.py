@@ -27,21 +27,21 @@ def _require(value: str | None, key: str) -> str:
     return value
 
 
-def credentials(cfg: CragConfig) -> list[tuple[str, str | None, str]]:
-    """(environment variable, secret scope reference, what it is for) of every credential the config
-    needs, so the driver can check and resolve them all before any work starts."""
-    needed: list[tuple[str, str | None, str]] = []
+def credentials(cfg: CragConfig) -> list[tuple[str, str | None, str, bool]]:
+    """(environment variable, secret scope reference, what it is for, optional on Databricks) of every
+    credential the config needs, so the driver can check and resolve them all before any work starts."""
+    needed: list[tuple[str, str | None, str, bool]] = []
     for name, role in cfg.llm_roles().items():
         what = f"{name} ({role.backend} model {role.endpoint!r})"
-        if role.backend == "databricks":
-            needed += [(role.host_env, None, f"{what}, workspace URL"), (role.token_env, role.token_secret, what)]
+        if role.backend == "databricks":  # on a Databricks cluster the runtime's own auth serves
+            needed += [(role.host_env, None, f"{what}, workspace URL", True), (role.token_env, role.token_secret, what, True)]
         else:
-            needed.append((role.api_key_env, role.api_key_secret, what))
+            needed.append((role.api_key_env, role.api_key_secret, what, False))
     if cfg.retriever.backend == "databricks_vector_search":
         r = cfg.retriever
-        needed += [(r.host_env, None, "retriever (workspace URL)"), (r.token_env, r.token_secret, "retriever")]
+        needed += [(r.host_env, None, "retriever (workspace URL)", True), (r.token_env, r.token_secret, "retriever", True)]
     if cfg.web_search.backend == "tavily":
-        needed.append((cfg.web_search.api_key_env, cfg.web_search.api_key_secret, "web_search (Tavily)"))
+        needed.append((cfg.web_search.api_key_env, cfg.web_search.api_key_secret, "web_search (Tavily)", False))
     return needed
 
 
@@ -50,7 +50,8 @@ def resolve_credentials(cfg: CragConfig) -> dict[str, str]:
     naming it. The values travel to Spark workers in memory only: never logged, never stored."""
     from crag.backends.remote import secret
 
-    return {env: secret(env, ref, what) for env, ref, what in credentials(cfg)}
+    found = {env: secret(env, ref, what, optional_on_databricks=optional) for env, ref, what, optional in credentials(cfg)}
+    return {env: value for env, value in found.items() if value is not None}
 
 
 def _chat_model(role: LLMConfig, secrets, concurrent_tasks: int):

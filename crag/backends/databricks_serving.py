@@ -19,14 +19,16 @@ from crag.config import LLMConfig
 
 class DatabricksServing:
     def __init__(self, cfg: LLMConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1):
-        host = secret(cfg.host_env, None, f"Databricks serving endpoint {cfg.endpoint!r} (workspace URL)", secrets)
-        token = secret(cfg.token_env, cfg.token_secret, f"Databricks serving endpoint {cfg.endpoint!r}", secrets)
-        # mlflow reads the workspace and token from these variables only. Its own HTTP retries are
-        # switched off (crag's policy retries and counts them); the per-call timeout is crag's.
+        what = f"Databricks serving endpoint {cfg.endpoint!r}"
+        host = secret(cfg.host_env, None, f"{what} (workspace URL)", secrets, optional_on_databricks=True)
+        token = secret(cfg.token_env, cfg.token_secret, what, secrets, optional_on_databricks=True)
+        if host and token:  # otherwise (on Databricks) mlflow uses the runtime's own auth
+            # mlflow reads the workspace and token from these variables only
+            os.environ.update(DATABRICKS_HOST=host, DATABRICKS_TOKEN=token)
+        # mlflow's own HTTP retries are switched off (crag's policy retries and counts them); the
+        # per-call timeout is crag's.
         timeout = str(max(1, math.ceil(cfg.policy.timeout_s)))
         os.environ.update(
-            DATABRICKS_HOST=host,
-            DATABRICKS_TOKEN=token,
             MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
             MLFLOW_DEPLOYMENT_PREDICT_TIMEOUT=timeout,
             MLFLOW_DEPLOYMENT_PREDICT_TOTAL_TIMEOUT=timeout,

@@ -119,21 +119,33 @@ class Endpoint:
                 raise CallTimeout(f"{self.name}: no answer within {self.policy.timeout_s:g} s") from None
 
 
-def secret(env_name: str, secret_ref: str | None, what: str, secrets: dict[str, str] | None = None) -> str:
+def on_databricks() -> bool:
+    return bool(os.environ.get("DATABRICKS_RUNTIME_VERSION"))
+
+
+def secret(env_name: str, secret_ref: str | None, what: str, secrets: dict[str, str] | None = None,
+           optional_on_databricks: bool = False) -> str | None:
     """A credential: from `secrets` (resolved on the driver and shipped to workers), the environment
-    variable `env_name`, or a Databricks secret scope "scope/key". Never logged, never stored."""
+    variable `env_name`, or a Databricks secret scope "scope/key". Never logged, never stored.
+    `optional_on_databricks`: on a Databricks cluster the workspace URL and token may be left to the
+    runtime's own authentication (None is returned)."""
     if secrets and env_name in secrets:
         return secrets[env_name]
     value = os.environ.get(env_name)
     if value:
         return value
-    if secret_ref:
+    if secret_ref and on_databricks():  # elsewhere the SDK would go looking for a workspace
         scope, _, key = secret_ref.partition("/")
         try:
             from databricks.sdk.runtime import dbutils  # only on Databricks
 
             return dbutils.secrets.get(scope=scope, key=key)
         except Exception as exc:  # not on Databricks, or no such secret
+            if optional_on_databricks and on_databricks():
+                return None
             raise ConfigError(f"missing credential for {what}: {env_name} is not set and secret {secret_ref!r} "
                               f"could not be read ({type(exc).__name__})") from None
-    raise ConfigError(f"missing credential for {what}: set the environment variable {env_name}")
+    if optional_on_databricks and on_databricks():
+        return None
+    where = f" (secret {secret_ref!r} is read only on Databricks)" if secret_ref else ""
+    raise ConfigError(f"missing credential for {what}: set the environment variable {env_name}{where}")

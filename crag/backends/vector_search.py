@@ -4,27 +4,20 @@ embedded BM25 retriever does. The client is thread-safe, so one index object ser
 
 from __future__ import annotations
 
-import warnings
-
 from crag.backends.base import Document
-from crag.backends.remote import Endpoint, secret
+from crag.backends.remote import Endpoint
 from crag.config import VectorSearchRetrieverConfig
 
 
 class VectorSearchRetriever:
     def __init__(self, cfg: VectorSearchRetrieverConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1):
-        with warnings.catch_warnings():  # databricks-vectorsearch 0.81 is a shim that warns on import
-            warnings.simplefilter("ignore")
-            from databricks.vector_search.client import VectorSearchClient
+        from crag.vector_index import vector_search_client
 
-        what = f"Vector Search index {cfg.index_name!r}"
-        host = secret(cfg.host_env, None, f"{what} (workspace URL)", secrets)
-        token = secret(cfg.token_env, cfg.token_secret, what, secrets)
         self.cfg = cfg
         # The client has no request timeout of its own: the endpoint enforces one around each call.
         self._endpoint = Endpoint(f"vector_search:{cfg.index_name}", cfg.policy, concurrent_tasks, hard_timeout=True)
         self.concurrency = self._endpoint.concurrency
-        client = VectorSearchClient(workspace_url=host, personal_access_token=token, disable_notice=True)
+        client = vector_search_client(cfg, secrets)
         self._index = self._endpoint.call(lambda: client.get_index(endpoint_name=cfg.endpoint, index_name=cfg.index_name))
         c = cfg.columns
         self._columns = list(dict.fromkeys([c.chunk_text, c.parent_id, c.parent_text, c.doc_id, c.title, c.url]))
