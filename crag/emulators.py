@@ -10,6 +10,7 @@ One server answers all of them:
     POST /serving-endpoints/chat/completions, /v1/chat/completions   OpenAI-compatible chat
     GET  /api/2.0/vector-search/endpoints/{ep}/indexes/{idx}          describe an index
     GET|POST /api/2.0/vector-search/indexes/{idx}/query               similarity search
+    GET  /api/2.0/serving-endpoints/{name}                  describe a serving endpoint
     POST /api/2.0/vector-search/endpoints/{ep}/indexes, .../sync      create / sync (recorded)
     POST /search                                            Tavily
 
@@ -177,7 +178,7 @@ class Emulator:
 def _service_of(path: str) -> str | None:
     if path.startswith("/api/2.0/vector-search/"):
         return "vector_search"
-    if path.startswith(("/serving-endpoints/", "/v1/chat/completions")):
+    if path.startswith(("/serving-endpoints/", "/v1/chat/completions", "/api/2.0/serving-endpoints/")):
         return "serving"
     if path == "/search":
         return "tavily"
@@ -323,6 +324,9 @@ def _chat_completion(emulator: Emulator, body: dict, fault: str) -> dict:
 
 
 def _serving(emulator: Emulator, method: str, path: str, body: Any, fault: str):
+    if path.startswith("/api/2.0/serving-endpoints/") and method == "GET":  # describe (the Vector Search client asks)
+        name = path.rsplit("/", 1)[-1]
+        return 200, {"id": f"ep-{name}", "name": name, "route_optimized": False, "state": {"ready": "READY"}}
     if not isinstance(body, dict):
         return 400, {"error_code": "BAD_REQUEST", "message": "expected a JSON object"}
     if "messages" in body:

@@ -1,0 +1,87 @@
+"""Document ingestion for crag index (each file type) and the Vector Search index build against the
+emulator speaking the REST protocol."""
+
+import pytest
+
+from conftest import REPO, SAMPLE
+from crag.config import IndexingConfig, load_config
+from crag.errors import InputError
+from crag.indexing import build_knowledge_base, chunk_documents
+
+
+def write_pdf(path, lines: list[str], title: str = "Hoshi AQ-7 Policy") -> None:
+    """A minimal one-page PDF with Helvetica text, written by hand (no PDF library needed)."""
+    text = " ".join(f"({line}) Tj 0 -16 Td" for line in lines)
+    content = f"BT /F1 12 Tf 72 720 Td {text} ET"
+    objects = [
+        "<< /Type /Catalog /Pages 2 0 R >>",
+        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>",
+        f"<< /Length {len(content)} >>\nstream\n{content}\nendstream",
+        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+        f"<< /Title ({title}) >>",
+    ]
+    out, offsets = b"%PDF-1.4\n", []
+    for i, obj in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += f"{i} 0 obj\n{obj}\nendobj\n".encode()
+    xref = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
+    out += "".join(f"{o:010d} 00000 n \n" for o in offsets).encode()
+    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R /Info 6 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    path.write_bytes(out)
+
+
+def test_each_file_type(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "guide.md").write_text("# Guide\n\n## Filters\n\nReplace the filter every 12 months.\n")
+    (docs / "notes.txt").write_text("Warranty: three years from purchase.\n")
+    (docs / "page.html").write_text(
+        "<html><head><title>Support page</title><script>var x = 'tracking';</script></head><body><nav>Home | About</nav>"
+        "<h1>Support</h1><p>Call us from 9:00 to 18:00.</p><h2>Returns</h2><p>Returns within <b>30 days</b>.</p></body></html>")
+    write_pdf(docs / "policy.pdf", ["Insurance policy for the AQ-7.", "Water damage is not covered."])
+    (docs / "data.jsonl").write_text('{"doc_id": "j1", "title": "J", "text": "from jsonl"}\n')
+    rows = chunk_documents(docs, IndexingConfig()).to_pylist()
+    by_doc = {}
+    for r in rows:
+        by_doc.setdefault(r["doc_id"], []).append(r)
+    assert set(by_doc) == {"guide", "notes", "page", "policy"}  # a folder holds files; .jsonl is read on its own
+    page = by_doc["page"]
+    assert page[0]["title"] == "Support page"
+    assert [r["parent_text"].splitlines()[0] for r in page] == ["# Support", "## Returns"]  # HTML sections as parents
+    assert "tracking" not in " ".join(r["parent_text"] for r in page) and "Home | About" not in page[0]["parent_text"]
+    assert "Returns within 30 days." in page[1]["parent_text"]
+    policy = by_doc["policy"]
+    assert policy[0]["title"] == "Hoshi AQ-7 Policy" and "Water damage is not covered." in policy[0]["parent_text"]
+    assert chunk_documents(docs / "data.jsonl", IndexingConfig()).to_pylist()[0]["doc_id"] == "j1"
+
+
+def test_flat_chunks_of_reference_flow_3(tmp_path):
+    (tmp_path / "long.txt").write_text(" ".join(f"Sentence number {i} of the policy." for i in range(200)))
+    rows = chunk_documents(tmp_path / "long.txt", IndexingConfig(parents="chunk", child_chars=500, child_overlap=50)).to_pylist()
+    assert len(rows) > 5 and all(r["parent_text"] == r["chunk_text"] and len(r["chunk_text"]) <= 500 for r in rows)
+    assert len({r["parent_id"] for r in rows}) == len(rows)  # every chunk its own document
+
+
+def test_unreadable_pdf_is_one_clear_error(tmp_path):
+    (tmp_path / "broken.pdf").write_bytes(b"%PDF-1.4 not really")
+    with pytest.raises(InputError, match="broken.pdf: cannot read as PDF"):
+        chunk_documents(tmp_path / "broken.pdf", IndexingConfig())
+
+
+def test_vector_search_index_is_created_then_synced(emulator, tmp_path):
+    emulator.vector_indexes = {}
+    cfg = load_config(REPO / "conf" / "databricks.yaml", ["retriever.embedding_endpoint=my-bge", "retriever.policy.timeout_s=2"])
+    manifest = build_knowledge_base(SAMPLE / "kb", tmp_path / "kb", cfg)
+    assert manifest["vector_index"] == "created main.crag.chunks_index on endpoint crag-vector-search"
+    create = [r for r in emulator.of("vector_search") if r.method == "POST" and r.path.endswith("/indexes")]
+    assert len(create) == 1 and create[0].path == "/api/2.0/vector-search/endpoints/crag-vector-search/indexes"
+    assert create[0].body == {
+        "name": "main.crag.chunks_index", "index_type": "DELTA_SYNC", "primary_key": "chunk_id",
+        "delta_sync_index_spec": {"source_table": "main.crag.chunks", "pipeline_type": "TRIGGERED",
+                                  "embedding_source_columns": [{"name": "chunk_text", "embedding_model_endpoint_name": "my-bge"}]},
+    }
+    manifest = build_knowledge_base(SAMPLE / "kb", tmp_path / "kb", cfg)
+    assert manifest["vector_index"].startswith("synced") and emulator.syncs == ["main.crag.chunks_index"]
+    emulator.vector_indexes = None
