@@ -219,6 +219,9 @@ class SparkConfig(Section):
     master: str = "local[2]"
     partitions: int | None = Field(None, gt=0)
     batch_questions: int = Field(2000, gt=0)  # questions per committed batch: what a killed run can lose
+    # Sub-pipelines per task, on threads: out of phase with each other, they keep every remote endpoint
+    # busy at once instead of one stage's endpoint at a time. 1 for the in-process embedded backends.
+    pipelines_per_task: int = Field(1, gt=0)
 
 
 class CacheConfig(Section):

@@ -51,7 +51,7 @@ class Recorded:
 @dataclass
 class ServiceBehaviour:
     latency_s: float = 0.0
-    capacity: int | None = None  # concurrent requests served; beyond it: 429 with Retry-After
+    capacity: int | None = None  # concurrent requests each endpoint serves; beyond it: 429 with Retry-After
     fault_rates: dict[str, float] = field(default_factory=dict)  # e.g. {"429": 0.05, "hang": 0.02}
     scripted: list[str] = field(default_factory=list)  # faults for the next requests, in order ("ok" = none)
 
@@ -76,13 +76,14 @@ class Emulator:
         self.faults_injected: dict[str, int] = defaultdict(int)
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        self._in_flight: dict[str, int] = defaultdict(int)
+        self._in_flight: dict[tuple[str, str], int] = defaultdict(int)
         self.peak_in_flight: dict[str, int] = defaultdict(int)  # most requests served at once, per service
         # Vector Search indexes that exist: None = any name (each serves kb_index); a dict = only those
         # created through the API (name -> create request), for index-building tests.
         self.vector_indexes: dict[str, dict] | None = None
         self.syncs: list[str] = []
         self._model = None
+        self._replies: dict[tuple[str, str], str] = {}
         self._server = ThreadingHTTPServer((host, port), _handler(self))
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -157,19 +158,22 @@ class Emulator:
                 self.faults_injected[fault] += 1
             return fault
 
-    def _admit(self, service: str) -> bool:
+    def _admit(self, service: str, endpoint: str) -> bool:
         with self._lock:
             cap = self.behaviour[service].capacity
-            if cap is not None and self._in_flight[service] >= cap:
+            if cap is not None and self._in_flight[("endpoint", endpoint)] >= cap:
                 self.faults_injected["capacity_429"] += 1
                 return False
-            self._in_flight[service] += 1
-            self.peak_in_flight[service] = max(self.peak_in_flight[service], self._in_flight[service])
+            # counted per endpoint and per service apart ("tavily" is both an endpoint and a service)
+            for key, name in ((("endpoint", endpoint), endpoint), (("service", service), service)):
+                self._in_flight[key] += 1
+                self.peak_in_flight[name] = max(self.peak_in_flight[name], self._in_flight[key])
             return True
 
-    def _release(self, service: str) -> None:
+    def _release(self, service: str, endpoint: str) -> None:
         with self._lock:
-            self._in_flight[service] -= 1
+            self._in_flight[("endpoint", endpoint)] -= 1
+            self._in_flight[("service", service)] -= 1
 
 
 # ------------------------------------------------------------------ request handling
@@ -183,6 +187,19 @@ def _service_of(path: str) -> str | None:
     if path == "/search":
         return "tavily"
     return None
+
+
+def endpoint_of(service: str, path: str, body: Any) -> str:
+    """The endpoint a request is for (capacity is per endpoint, as on Databricks): a serving endpoint
+    or model name, a Vector Search index, or Tavily."""
+    if service == "serving":
+        if path.startswith("/serving-endpoints/") and path.endswith("/invocations"):
+            return f"serving:{path.split('/')[2]}"
+        return f"serving:{body.get('model') if isinstance(body, dict) else '?'}"
+    if service == "vector_search":
+        parts = path.strip("/").split("/")
+        return f"vector_search:{parts[4] if len(parts) > 4 else '?'}"
+    return "tavily"
 
 
 def _handler(emulator: Emulator):
@@ -225,25 +242,30 @@ def _handler(emulator: Emulator):
                 key = body.get("api_key") if isinstance(body, dict) else None
                 if auth != f"Bearer {emulator.token}" and key != emulator.token:
                     return self._reply(401, {"error_code": "UNAUTHENTICATED", "message": "invalid token"})
-            if not emulator._admit(service):
+            endpoint = endpoint_of(service, path, body)
+            if not emulator._admit(service, endpoint):
                 return self._reply(429, {"error_code": "REQUEST_LIMIT_EXCEEDED", "message": "capacity"},
                                    {"Retry-After": f"{emulator.retry_after_s:g}"})
+            # The slot is released before the reply is written: once the client has its answer it may
+            # send the next request at once, and that one must find the slot free.
             try:
                 behaviour = emulator.behaviour[service]
                 fault = emulator._fault(service)
                 if behaviour.latency_s:
                     time.sleep(behaviour.latency_s)
                 if fault == "429":
-                    return self._reply(429, {"error_code": "REQUEST_LIMIT_EXCEEDED", "message": "slow down"},
-                                       {"Retry-After": f"{emulator.retry_after_s:g}"})
-                if fault == "500":
-                    return self._reply(500, {"error_code": "INTERNAL_ERROR", "message": "injected failure"})
-                if fault == "hang":
-                    time.sleep(emulator.hang_s)
-                status, payload = ROUTES[service](emulator, self.command, path, body, fault=fault)
-                return self._reply(status, payload)
+                    reply = (429, {"error_code": "REQUEST_LIMIT_EXCEEDED", "message": "slow down"},
+                             {"Retry-After": f"{emulator.retry_after_s:g}"})
+                elif fault == "500":
+                    reply = (500, {"error_code": "INTERNAL_ERROR", "message": "injected failure"}, None)
+                else:
+                    if fault == "hang":
+                        time.sleep(emulator.hang_s)
+                    status, payload = ROUTES[service](emulator, self.command, path, body, fault=fault)
+                    reply = (status, payload, None)
             finally:
-                emulator._release(service)
+                emulator._release(service, endpoint)
+            return self._reply(*reply)
 
         do_GET = do_POST = do_PATCH = _handle
 
@@ -270,7 +292,15 @@ def _tokens(text: str) -> int:
 def _model_reply(emulator: Emulator, system: str, user: str, fault: str) -> str:
     if fault == "malformed":
         return "I am not sure how to answer in the requested format."
-    reply = _lexical_reply(emulator, system, user)
+    # The same prompt always gets the same reply: remembered, so that the emulator's own computing
+    # does not compete for CPU with the client it serves in a benchmark.
+    with emulator._lock:
+        reply = emulator._replies.get((system, user))
+    if reply is None:
+        reply = _lexical_reply(emulator, system, user)
+        with emulator._lock:
+            if len(emulator._replies) < 50_000:
+                emulator._replies[(system, user)] = reply
     return f"Sure! Here is my answer:\n```json\n{reply}\n```\nLet me know if you need more." if fault == "prose" else reply
 
 

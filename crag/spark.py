@@ -48,7 +48,6 @@ def _partition_task(config_json: str, secrets: dict[str, str], concurrent_tasks:
     def process(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         # Imported here: this runs in the worker process.
         from crag.backends import cached_backends
-        from crag.stages import run_pipeline, to_stage_output
 
         from crag.cache import StageCache, question_key, role_slices, with_cache
 
@@ -62,8 +61,8 @@ def _partition_task(config_json: str, secrets: dict[str, str], concurrent_tasks:
             cache = None
             if slices is not None:
                 cache = StageCache({e["key"]: e["value"] for entries in frame["cache"] for e in entries})
-            out = run_pipeline(frame[["question_id", "question"]], with_cache(backends, cache, slices) if cache else backends, cfg)
-            table = to_stage_output(out)
+            serving = with_cache(backends, cache, slices) if cache else backends
+            table = _run_subpipelines(frame[["question_id", "question"]], serving, cfg)
             by_question: dict[str, list] = {}
             for entry in cache.new if cache else []:
                 by_question.setdefault(entry["question_key"], []).append(entry)
@@ -72,6 +71,20 @@ def _partition_task(config_json: str, secrets: dict[str, str], concurrent_tasks:
             yield from table.set_column(table.schema.get_field_index("cache_entries"), "cache_entries", entries).to_batches()
 
     return process
+
+
+def _run_subpipelines(frame: pd.DataFrame, backends, cfg: CragConfig) -> pa.Table:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from crag.stages import run_pipeline, to_stage_output
+
+    n = max(1, min(cfg.spark.pipelines_per_task, len(frame)))
+    if n == 1:
+        return to_stage_output(run_pipeline(frame, backends, cfg))
+    parts = [frame.iloc[i::n] for i in range(n)]
+    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="crag-pipeline") as pool:
+        outs = list(pool.map(lambda part: to_stage_output(run_pipeline(part, backends, cfg)), parts))
+    return pa.concat_tables(outs)
 
 
 def run_stages(spark, questions: pd.DataFrame, cfg: CragConfig, secrets: dict[str, str] | None = None) -> pa.Table:

@@ -54,7 +54,19 @@ def resolve_credentials(cfg: CragConfig) -> dict[str, str]:
     return {env: value for env, value in found.items() if value is not None}
 
 
-def _chat_model(role: LLMConfig, secrets, concurrent_tasks: int):
+def _chat_model(role: LLMConfig, secrets, concurrent_tasks: int, shared: dict | None = None):
+    """One client per endpoint: roles that name the same endpoint share it, and so share its
+    concurrency budget (the first role's policy), since the endpoint's capacity is one."""
+    key = (role.backend, role.endpoint, role.base_url)
+    if shared is not None and key in shared:
+        return shared[key]
+    model = _new_chat_model(role, secrets, concurrent_tasks)
+    if shared is not None:
+        shared[key] = model
+    return model
+
+
+def _new_chat_model(role: LLMConfig, secrets, concurrent_tasks: int):
     if role.backend == "databricks":
         from crag.backends.databricks_serving import DatabricksServing
 
@@ -69,6 +81,7 @@ def build_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concu
     endpoint's max_concurrency is shared out among them."""
     from crag.text import TermWeights
 
+    shared: dict = {}
     weights, tokenizer = TermWeights({}, 1), cfg.indexing.tokenizer
     r = cfg.retriever
     if r.backend == "bm25":
@@ -109,14 +122,14 @@ def build_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concu
     else:
         from crag.backends.llm_roles import LLMGrader
 
-        grader = LLMGrader(_chat_model(cfg.grader, secrets, concurrent_tasks), cfg.grader)
+        grader = LLMGrader(_chat_model(cfg.grader, secrets, concurrent_tasks, shared), cfg.grader)
 
     if cfg.rewriter.backend == "keywords":
         rewriter = KeywordRewriter(cfg.rewriter.policy_keywords)
     else:
         from crag.backends.llm_roles import LLMRewriter
 
-        rewriter = LLMRewriter(_chat_model(cfg.rewriter, secrets, concurrent_tasks), cfg.rewriter)
+        rewriter = LLMRewriter(_chat_model(cfg.rewriter, secrets, concurrent_tasks, shared), cfg.rewriter)
 
     g = cfg.generator
     if g.backend == "extractive":
@@ -126,13 +139,13 @@ def build_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concu
     else:
         from crag.backends.llm_roles import LLMGenerator
 
-        generator = LLMGenerator(_chat_model(g, secrets, concurrent_tasks), g)
+        generator = LLMGenerator(_chat_model(g, secrets, concurrent_tasks, shared), g)
 
     source_check = None
     if w.verify is not None:
         from crag.backends.llm_roles import LLMSourceCheck
 
-        source_check = LLMSourceCheck(_chat_model(w.verify, secrets, concurrent_tasks), w.verify)
+        source_check = LLMSourceCheck(_chat_model(w.verify, secrets, concurrent_tasks, shared), w.verify)
     return Backends(retriever, grader, rewriter, web_search, generator, source_check)
 
 

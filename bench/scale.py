@@ -1,0 +1,124 @@
+"""Embedded scale: 10,000 questions against a knowledge base of at least 50,000 chunks, built from the
+shared corpora (SQuAD 2.0, JSQuAD, JaQuAD paragraphs; children of 100 characters sliding by 50), on
+the machine's cores. The three corpora hold about 1.2 million characters, 23,000 such chunks; to reach
+the size asked for they are indexed `--copies` times (3) as separate document sets. Reports index build time, the job's wall time after Spark start-up, and the peak
+memory of the whole process tree (driver, JVM, Python workers), sampled every 0.2 s.
+
+Run:  python -m bench.scale [--questions 10000] [--child-chars 100] [--child-overlap 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from bench.datasets import read_jsonl, require_dataset
+
+DATASETS = ("squad_v2", "jsquad", "jaquad")
+
+
+class PeakMemory:
+    """Peak RSS of this process and all its descendants."""
+
+    def __init__(self, interval: float = 0.2):
+        self.interval, self.peak, self._stop = interval, 0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self):
+        me = psutil.Process()
+        while not self._stop.is_set():
+            total = 0
+            for p in [me, *me.children(recursive=True)]:
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+            time.sleep(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def prepare(workdir: Path, n_questions: int, copies: int = 3) -> tuple[Path, Path, Path]:
+    kb, web, questions = workdir / "kb.jsonl", workdir / "web.jsonl", workdir / "questions.jsonl"
+    pool = []
+    with kb.open("w", encoding="utf-8") as out:
+        for name in DATASETS:
+            path = require_dataset(name)
+            corpus = read_jsonl(path / "corpus.jsonl")
+            for copy in range(copies):
+                for d in corpus:
+                    out.write(json.dumps({"doc_id": f"{d['doc_id']}#{copy}", "title": d["title"],
+                                          "text": f"{d['title']}\n{d['text']}"}, ensure_ascii=False) + "\n")
+            pool += [q for q in read_jsonl(path / "questions.jsonl")]
+    # The offline web collection: every third paragraph again, as a second, smaller collection.
+    lines = kb.read_text(encoding="utf-8").splitlines()
+    web.write_text("\n".join(lines[: len(lines) // copies : 3]) + "\n", encoding="utf-8")
+    chosen = [pool[i % len(pool)] for i in range(n_questions)]
+    questions.write_text("\n".join(json.dumps({"question_id": f"s{i:06d}", "question": q["question"]}, ensure_ascii=False)
+                                   for i, q in enumerate(chosen)) + "\n", encoding="utf-8")
+    return kb, web, questions
+
+
+def run_scale(n_questions: int, child_chars: int, child_overlap: int, workdir: Path, spark=None, copies: int = 3) -> dict:
+    from bench.datasets import REPO
+    from crag.config import load_config
+    from crag.indexing import build_index
+    from crag.job import run
+    from crag.spark import get_spark
+
+    kb, web, questions = prepare(workdir, n_questions, copies)
+    sets = [f"indexing.child_chars={child_chars}", f"indexing.child_overlap={child_overlap}"]
+    cfg = load_config(REPO / "conf" / "local.yaml", sets)
+    t0 = time.perf_counter()
+    kb_manifest = build_index(kb, workdir / "kb_index", cfg.indexing)
+    build_index(web, workdir / "web_index", cfg.indexing)
+    index_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    spark = spark or get_spark(cfg.spark)
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.range(1).count()
+    startup_s = time.perf_counter() - t0
+    overrides = [*sets, f"retriever.index={workdir / 'kb_index'}", f"web_search.index={workdir / 'web_index'}",
+                 "cache.enabled=false", "mlflow.enabled=false"]
+    with PeakMemory() as memory:
+        t0 = time.perf_counter()
+        result = run(str(REPO / "conf" / "local.yaml"), str(questions), str(workdir / "warehouse"), run_id="scale",
+                     overrides=overrides, spark=spark)
+        wall_s = time.perf_counter() - t0
+    return {
+        "questions": n_questions, "corpus_copies": copies, "kb_chunks": kb_manifest["n_chunks"], "kb_parents": kb_manifest["n_parents"],
+        "index_build_s": round(index_s, 1), "spark_startup_s": round(startup_s, 1), "wall_s_after_startup": round(wall_s, 1),
+        "questions_per_s": round(n_questions / wall_s, 1), "peak_memory_gb": round(memory.peak / 2**30, 2),
+        "answered": int((~result.answers["refused"]).sum()), "errors": int((result.answers["route"] == "error").sum()),
+        "cores": psutil.cpu_count(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--questions", type=int, default=10_000)
+    parser.add_argument("--child-chars", type=int, default=100)
+    parser.add_argument("--child-overlap", type=int, default=50)
+    parser.add_argument("--copies", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        report = run_scale(args.questions, args.child_chars, args.child_overlap, Path(tmp), copies=args.copies)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""Throughput: the batch job next to the endpoints' physical limit and next to a per-question graph.
+
+Starts the loopback emulators of model serving, Vector Search and Tavily with a latency per call and a
+capacity per endpoint (concurrent requests it serves; 429 beyond). Then runs N questions through
+(a) the Spark job with conf/databricks.yaml (budgets = capacities), and
+(b) a re-implementation of reference flow 1: a LangGraph StateGraph retrieve -> grade_documents ->
+    decide -> transform_query -> web_search -> generate, invoked one question at a time, against the
+    same emulators with the same prompts and routing (any irrelevant document -> web search).
+The graph runs on a sample of the questions (it is sequential: a full run would take N x its latency);
+its time for N questions is that sample's time per question times N.
+
+Lower bound: for each endpoint, calls x latency / capacity; the bound is the largest of them (no
+schedule can finish before its busiest endpoint has served its calls).
+
+Run:  python -m bench.throughput [--questions 2000] [--graph-questions 40] [--capacity 32] [--pipelines 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from bench.datasets import REPO
+
+LLM_LATENCY_S = 0.2
+SEARCH_LATENCY_S = 0.08
+
+
+def _questions(n: int, path: Path) -> list[dict]:
+    """n questions cycled from the sample (the stage cache is off, so repeats are real work)."""
+    sample = [json.loads(line) for line in (REPO / "data" / "sample" / "questions.jsonl").read_text().splitlines()]
+    sample = [q for q in sample if isinstance(q["question"], str) and q["question"].strip()]
+    rows = [{"question_id": f"t{i:06d}", "question": sample[i % len(sample)]["question"]} for i in range(n)]
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n", encoding="utf-8")
+    return rows
+
+
+def _endpoint_calls(emulator) -> Counter:
+    """Calls per endpoint, describe requests (client set-up) left out."""
+    from crag.emulators import endpoint_of
+
+    calls: Counter = Counter()
+    for r in emulator.requests:
+        if r.method == "GET" and not r.path.endswith("/query"):
+            continue
+        calls[endpoint_of(r.service, r.path, r.body)] += 1
+    return calls
+
+
+def cpu_times() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine, from /proc/stat."""
+    fields = [float(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def lower_bound(calls: Counter, capacity: int) -> tuple[float, str]:
+    """(seconds, busiest endpoint): calls x latency / capacity, the largest over endpoints."""
+    def latency(endpoint: str) -> float:
+        return LLM_LATENCY_S if endpoint.startswith("serving:") else SEARCH_LATENCY_S
+
+    per_endpoint = {e: n * latency(e) / capacity for e, n in calls.items()}
+    busiest = max(per_endpoint, key=per_endpoint.get)
+    return per_endpoint[busiest], busiest
+
+
+# ------------------------------------------------------------------ reference flow 1 as a graph
+
+
+def build_graph(cfg):
+    """Reference flow 1 as its write-up describes it, with the clients it uses (mlflow deployments,
+    databricks-vectorsearch, tavily-python) and crag's prompt templates."""
+    from typing import TypedDict
+
+    from langgraph.graph import END, START, StateGraph
+    from mlflow.deployments import get_deploy_client
+    from tavily import TavilyClient
+
+    from crag.backends.llm_roles import GRADE_SCHEMA, Prompt, render_context
+    from crag.backends.parsing import clean_query, parse_answer, parse_binary
+    from crag.vector_index import vector_search_client
+
+    serving = get_deploy_client("databricks")
+    index = vector_search_client(cfg.retriever, None).get_index(endpoint_name=cfg.retriever.endpoint,
+                                                                 index_name=cfg.retriever.index_name)
+    tavily = TavilyClient(api_key=os.environ["TAVILY_API_KEY"], api_base_url=cfg.web_search.api_base_url)
+    grade_prompt, rewrite_prompt, answer_prompt = (Prompt(c.prompt_text, "p") for c in (cfg.grader, cfg.rewriter, cfg.generator))
+
+    class State(TypedDict, total=False):
+        question: str
+        documents: list
+        web_search: str
+        query: str
+        generation: str
+
+    def chat(endpoint: str, messages: list, **params) -> str:
+        reply = serving.predict(endpoint=endpoint, inputs={"messages": messages, **params})
+        return reply["choices"][0]["message"]["content"]
+
+    def retrieve(state):
+        reply = index.similarity_search(columns=["parent_id", "parent_text", "url"], query_text=state["question"], num_results=10)
+        seen, docs = set(), []
+        for parent_id, text, url, _score in reply["result"]["data_array"]:
+            if parent_id not in seen:
+                seen.add(parent_id)
+                docs.append({"source": "internal", "text": text, "url": url})
+        return {"documents": docs}
+
+    def grade_documents(state):
+        docs = state["documents"]
+        if not docs:
+            return {"documents": [], "web_search": "Yes"}
+        system = grade_prompt.messages(question=state["question"])[0]["content"]
+        reply = serving.predict(endpoint=cfg.grader.endpoint, inputs={
+            "inputs": [{"prompt": grade_prompt.user.safe_substitute(document=d["text"])} for d in docs],
+            "params": {"system_prompt": system, "json_schema": json.dumps(GRADE_SCHEMA["schema"]),
+                       "temperature": 0.001, "max_tokens": 512}})
+        relevant = [d for d, p in zip(docs, reply["predictions"]) if parse_binary(p["output"]).relevance == 1.0]
+        return {"documents": relevant[:5], "web_search": "Yes" if len(relevant) != len(docs) else "No"}
+
+    def transform_query(state):
+        messages = rewrite_prompt.messages(question=state["question"])
+        return {"query": clean_query(chat(cfg.rewriter.endpoint, messages, max_tokens=100))}
+
+    def web_search(state):
+        results = tavily.search(state["query"], max_results=3)["results"]
+        joined = "\n".join(r["content"] for r in results)
+        return {"documents": state["documents"] + ([{"source": "web", "text": joined}] if joined else [])}
+
+    def generate(state):
+        if not state["documents"]:
+            return {"generation": cfg.generator.refusal_message}
+        messages = answer_prompt.messages(question=state["question"], context=render_context(state["documents"], 6000),
+                                          refusal=cfg.generator.refusal_message, language_line="")
+        text, _ = parse_answer(chat(cfg.generator.endpoint, messages, temperature=0.1, max_tokens=300),
+                               cfg.generator.refusal_message, len(state["documents"]))
+        return {"generation": text or cfg.generator.refusal_message}
+
+    graph = StateGraph(State)
+    for name, node in (("retrieve", retrieve), ("grade_documents", grade_documents), ("transform_query", transform_query),
+                       ("web_search", web_search), ("generate", generate)):
+        graph.add_node(name, node)
+    graph.add_edge(START, "retrieve")
+    graph.add_edge("retrieve", "grade_documents")
+    graph.add_conditional_edges("grade_documents", lambda s: "transform_query" if s["web_search"] == "Yes" else "generate",
+                                {"transform_query": "transform_query", "generate": "generate"})
+    graph.add_edge("transform_query", "web_search")
+    graph.add_edge("web_search", "generate")
+    graph.add_edge("generate", END)
+    return graph.compile()
+
+
+# ------------------------------------------------------------------ the benchmark
+
+
+def run_benchmark(n: int, graph_n: int, capacity: int, workdir: Path, spark=None, pipelines: int = 64,
+                  partitions: int | None = None) -> dict:
+    from crag.config import SparkConfig, load_config
+    from crag.emulators import Emulator
+    from crag.indexing import build_index
+    from crag.job import run
+
+    local = load_config(REPO / "conf" / "local.yaml")
+    build_index(REPO / "data" / "sample" / "kb", workdir / "kb", local.indexing)
+    build_index(REPO / "data" / "sample" / "web.jsonl", workdir / "web", local.indexing)
+    questions = _questions(n, workdir / "questions.jsonl")
+    report: dict = {"questions": n, "capacity_per_endpoint": capacity, "llm_latency_s": LLM_LATENCY_S,
+                    "search_latency_s": SEARCH_LATENCY_S}
+    token = "bench-token"
+    with Emulator(str(workdir / "kb"), str(workdir / "web"), token=token, retry_after_s=0.05) as emulator:
+        emulator.behaviour["serving"].latency_s = LLM_LATENCY_S
+        emulator.behaviour["vector_search"].latency_s = SEARCH_LATENCY_S
+        emulator.behaviour["tavily"].latency_s = SEARCH_LATENCY_S
+        for b in emulator.behaviour.values():
+            b.capacity = capacity
+        os.environ.update(DATABRICKS_HOST=emulator.url, DATABRICKS_TOKEN=token, TAVILY_API_KEY=token,
+                          TAVILY_API_BASE_URL=emulator.url)
+        overrides = ["cache.enabled=false", "mlflow.enabled=false", f"spark.pipelines_per_task={pipelines}",
+                     *([f"spark.partitions={partitions}"] if partitions else []),
+                     *[f"{role}.policy.max_concurrency={capacity}" for role in ("retriever", "grader", "rewriter", "generator", "web_search")],
+                     *[f"{role}.policy.backoff_initial_s=0.05" for role in ("retriever", "grader", "rewriter", "generator", "web_search")]]
+        conf = str(REPO / "conf" / "databricks.yaml")
+        t0 = time.perf_counter()
+        if spark is None:
+            from crag.spark import get_spark
+
+            spark = get_spark(SparkConfig())
+            spark.sparkContext.setLogLevel("ERROR")
+            spark.range(1).count()  # start the JVM and a first task before timing
+        report["spark_startup_s"] = round(time.perf_counter() - t0, 2)
+
+        emulator.reset()
+        busy0, total0 = cpu_times()
+        t0 = time.perf_counter()
+        result = run(conf, str(workdir / "questions.jsonl"), str(workdir / "warehouse"), run_id="throughput",
+                     overrides=overrides, spark=spark)
+        ours = time.perf_counter() - t0
+        busy1, total1 = cpu_times()
+        calls = _endpoint_calls(emulator)
+        bound, busiest = lower_bound(calls, capacity)
+        batch_requests = sum(1 for r in emulator.of("serving") if isinstance(r.body, dict) and "inputs" in r.body)
+        report["ours"] = {
+            "wall_s": round(ours, 2), "questions_per_s": round(n / ours, 1), "calls": dict(calls),
+            "errors": int((result.answers["route"] == "error").sum()), "retries": int(result.answers["retries"].sum()),
+            "capacity_429": emulator.faults_injected.get("capacity_429", 0),
+            "grading_requests_per_question": round(batch_requests / max(1, int((result.answers["n_retrieved"] > 0).sum())), 3),
+            "peak_in_flight": {e: v for e, v in emulator.peak_in_flight.items() if ":" in e or e == "tavily"},
+            # share of the machine's CPU busy during the run (clients, Spark and the emulators together)
+            "machine_cpu_busy": round((busy1 - busy0) / max(total1 - total0, 1), 3),
+        }
+        report["lower_bound_s"] = round(bound, 2)
+        report["busiest_endpoint"] = busiest
+        report["ours_over_bound"] = round(ours / bound, 3)
+
+        if graph_n:
+            cfg = load_config(conf, [])
+            graph = build_graph(cfg)
+            emulator.reset()
+            t0 = time.perf_counter()
+            for q in questions[:graph_n]:
+                graph.invoke({"question": q["question"]})
+            per_question = (time.perf_counter() - t0) / graph_n
+            graph_calls = _endpoint_calls(emulator)
+            report["graph"] = {
+                "questions_run": graph_n, "seconds_per_question": round(per_question, 3),
+                "extrapolated_wall_s": round(per_question * n, 1), "questions_per_s": round(1 / per_question, 2),
+                "calls_per_question": {e: round(c / graph_n, 2) for e, c in graph_calls.items()},
+            }
+            report["graph_over_ours"] = round(per_question * n / ours, 1)
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--questions", type=int, default=2000)
+    parser.add_argument("--graph-questions", type=int, default=40, help="questions the sequential graph runs (0: skip)")
+    parser.add_argument("--capacity", type=int, default=32, help="concurrent requests each endpoint serves")
+    parser.add_argument("--pipelines", type=int, default=64, help="spark.pipelines_per_task")
+    parser.add_argument("--partitions", type=int, default=None, help="spark.partitions (default: Spark's parallelism)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        report = run_benchmark(args.questions, args.graph_questions, args.capacity, Path(tmp), pipelines=args.pipelines,
+                               partitions=args.partitions)
+    print(json.dumps(report, indent=2))
+    print(f"\nours {report['ours']['wall_s']} s ({report['ours']['questions_per_s']} q/s); lower bound {report['lower_bound_s']} s "
+          f"({report['busiest_endpoint']}); ours/bound {report['ours_over_bound']}; Spark start-up {report['spark_startup_s']} s apart")
+    if "graph" in report:
+        print(f"graph {report['graph']['seconds_per_question']} s/question -> {report['graph']['extrapolated_wall_s']} s for "
+              f"{args.questions}; graph/ours {report['graph_over_ours']}x")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The benchmarks' code paths at a tiny size: counts and the bound, not timings."""
+
+import os
+
+import pytest
+
+from bench.throughput import LLM_LATENCY_S, SEARCH_LATENCY_S, lower_bound, run_benchmark
+from conftest import REPO
+
+
+@pytest.fixture
+def restore_env():
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def test_lower_bound_is_the_busiest_endpoint():
+    calls = {"serving:chat": 100, "serving:grader": 40, "vector_search:idx": 50, "tavily": 50}
+    seconds, busiest = lower_bound(calls, capacity=4)
+    assert busiest == "serving:chat" and seconds == pytest.approx(100 * LLM_LATENCY_S / 4)
+    assert lower_bound({"tavily": 10}, 2)[0] == pytest.approx(10 * SEARCH_LATENCY_S / 2)
+
+
+def test_throughput_benchmark_at_a_tiny_size(spark, tmp_path, restore_env):
+    report = run_benchmark(n=24, graph_n=2, capacity=4, workdir=tmp_path, spark=spark, pipelines=4)
+    ours = report["ours"]
+    assert report["questions"] == 24 and ours["errors"] == 0
+    assert ours["grading_requests_per_question"] == 1.0  # the batch endpoint: one request per question
+    assert ours["calls"]["vector_search:main.crag.chunks_index"] == 24 and ours["calls"]["tavily"] <= 24
+    seconds, busiest = lower_bound(ours["calls"], 4)
+    assert report["lower_bound_s"] == round(seconds, 2) and report["busiest_endpoint"] == busiest
+    assert report["ours_over_bound"] == pytest.approx(ours["wall_s"] / seconds, rel=0.01)
+    assert max(ours["peak_in_flight"].values()) <= 4  # the budget kept every endpoint within its capacity
+    graph = report["graph"]["calls_per_question"]
+    assert graph["vector_search:main.crag.chunks_index"] == 1.0 and graph["serving:crag-batch-grader"] == 1.0
+    assert report["graph_over_ours"] > 0
+
+
+def test_scale_benchmark_at_a_tiny_size(spark, tmp_path):
+    from bench.datasets import shared_data_dir
+
+    if not (shared_data_dir() / "squad_v2" / "corpus.jsonl").exists():
+        pytest.skip(f"shared datasets not found at {shared_data_dir()}")
+    from bench.scale import run_scale
+
+    report = run_scale(60, 300, 50, tmp_path, spark=spark, copies=1)
+    assert report["questions"] == 60 and report["errors"] == 0 and report["kb_chunks"] > 3000
+    assert report["peak_memory_gb"] > 0 and report["answered"] > 0
