@@ -104,7 +104,8 @@ def build_graph(cfg):
         return reply["choices"][0]["message"]["content"]
 
     def retrieve(state):
-        reply = index.similarity_search(columns=["parent_id", "parent_text", "url"], query_text=state["question"], num_results=10)
+        reply = index.similarity_search(columns=["parent_id", "parent_text", "url"], query_text=state["question"],
+                                        num_results=10, disable_notice=True)
         seen, docs = set(), []
         for parent_id, text, url, _score in reply["result"]["data_array"]:
             if parent_id not in seen:

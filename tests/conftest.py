@@ -84,3 +84,12 @@ def emulator(emulator_server, monkeypatch):
     }.items():
         monkeypatch.setenv(name, value)
     return emulator_server
+
+
+@pytest.fixture
+def restore_env():
+    """For code that sets credentials in os.environ itself (the benchmark scenarios)."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)

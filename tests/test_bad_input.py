@@ -3,7 +3,6 @@ before any work. Nothing is lost and nothing prints a traceback."""
 
 import json
 
-import pandas as pd
 import pytest
 from deltalake import DeltaTable
 

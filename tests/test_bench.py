@@ -1,19 +1,8 @@
 """The benchmarks' code paths at a tiny size: counts and the bound, not timings."""
 
-import os
-
 import pytest
 
 from bench.throughput import LLM_LATENCY_S, SEARCH_LATENCY_S, lower_bound, run_benchmark
-from conftest import REPO
-
-
-@pytest.fixture
-def restore_env():
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def test_lower_bound_is_the_busiest_endpoint():

@@ -1,21 +1,10 @@
 """Faults on every endpoint lose nothing: every question ends in an answer or in route=error with its
 error text, accepted + rejected = input rows, and retries and errors are counted."""
 
-import os
-
 import pandas as pd
-import pytest
 
 from bench.faults import run_scenario
 from conftest import REPO, SAMPLE
-
-
-@pytest.fixture
-def restore_env():
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def test_twenty_percent_faults_on_every_endpoint(spark, tmp_path, restore_env):

@@ -28,6 +28,7 @@ class VectorSearchRetriever:
             lambda: self._index.similarity_search(
                 columns=self._columns, query_text=question, num_results=k, filters=self.cfg.filters,
                 query_type=self.cfg.query_type, total_retries=0,  # crag's policy retries instead
+                disable_notice=True,
             ),
             usage,
         )
