@@ -232,13 +232,10 @@ def compare(warehouse: str, base_id: str, candidate_id: str, report: str | None,
     runs = {}
     for run_id in (base_id, candidate_id):
         tables.check_run_id(run_id)
-        answers = tables.read_table(warehouse, "answers", backend, spark, run_id=run_id)
-        if answers.empty:
+        parts = {name: tables.read_run_rows(warehouse, name, run_id, backend, spark)
+                 for name in ("answers", "grades", "gold", "metrics")}
+        if parts["answers"].empty:
             raise InputError(f"run {run_id!r} has no answers in {warehouse}")
-        parts = {"answers": answers, "grades": tables.read_table(warehouse, "grades", backend, spark, run_id=run_id)}
-        for name in ("gold", "metrics"):
-            exists = tables.table_exists(warehouse, name, backend, spark)
-            parts[name] = tables.read_table(warehouse, name, backend, spark, run_id=run_id) if exists else pd.DataFrame()
         runs[run_id] = parts
     base, candidate = runs[base_id], runs[candidate_id]
     scores = None

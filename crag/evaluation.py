@@ -206,13 +206,9 @@ def read_run(warehouse: str, run_id: str, backend: str = "delta_rs", spark=None)
     from crag import tables
     from crag.errors import InputError
 
-    parts = {name: tables.read_table(warehouse, name, backend, spark, run_id=run_id) for name in ("answers", "grades")}
+    parts = {name: tables.read_run_rows(warehouse, name, run_id, backend, spark) for name in ("answers", "grades", "gold")}
     if parts["answers"].empty:
         raise InputError(f"run {run_id!r} has no answers in {warehouse}")
-    try:
-        parts["gold"] = tables.read_table(warehouse, "gold", backend, spark, run_id=run_id)
-    except InputError:
-        parts["gold"] = pd.DataFrame()
     if parts["gold"].empty:
         raise InputError(f"run {run_id!r} has no gold columns (answers, is_impossible, expected_route, gold_doc_ids) to evaluate against")
     return parts

@@ -198,12 +198,6 @@ def _stored_results(warehouse: str, questions: pd.Series, backend: str, spark) -
     return [by_question.get(k, []) for k in keys]
 
 
-def _read_run_table(warehouse: str, name: str, run_id: str, backend: str, spark) -> pd.DataFrame:
-    if not tables.table_exists(warehouse, name, backend, spark):
-        return schema.TABLES[name].empty_table().to_pandas()
-    return tables.read_table(warehouse, name, backend, spark, run_id=run_id)
-
-
 def run(
     conf: str | None,
     questions: str,
@@ -280,8 +274,8 @@ def run(
             for name in ("grades", "decisions", "answers"):  # answers last: they mark the batch done
                 append(name, parts[name])
 
-        answers = _read_run_table(warehouse, "answers", run_id, backend, spark)
-        grades = _read_run_table(warehouse, "grades", run_id, backend, spark)
+        answers = tables.read_run_rows(warehouse, "answers", run_id, backend, spark)
+        grades = tables.read_run_rows(warehouse, "grades", run_id, backend, spark)
         _check_invariant(answers, accepted, rejects, len(raw))
         counts = run_counts(answers, grades, rejects, len(raw))
         write("runs", _runs_row(run_id, variant_name, cfg, started, datetime.now(timezone.utc), "succeeded", counts))

@@ -203,6 +203,13 @@ def table_exists(warehouse: str, name: str, backend: str = "delta_rs", spark=Non
     return DeltaTable.is_deltatable(location)
 
 
+def read_run_rows(warehouse: str, name: str, run_id: str, backend: str = "delta_rs", spark=None) -> pd.DataFrame:
+    """One run's rows of table `name`; no rows (with the table's columns) when the table does not exist yet."""
+    if not table_exists(warehouse, name, backend, spark):
+        return schema.TABLES[name].empty_table().to_pandas()
+    return read_table(warehouse, name, backend, spark, run_id=run_id)
+
+
 def read_table(warehouse: str, name: str, backend: str = "delta_rs", spark=None, run_id: str | None = None) -> pd.DataFrame:
     location = table_location(warehouse, name, backend)
     if backend == "unity_catalog":
