@@ -214,17 +214,21 @@ def read_run(warehouse: str, run_id: str, backend: str = "delta_rs", spark=None)
     return parts
 
 
-def evaluate_run(warehouse: str, run_id: str, backend: str = "delta_rs", spark=None) -> pd.DataFrame:
-    """`crag eval`: compute the run's metrics and store them in the metrics table (replacing the run's
-    earlier ones)."""
+def store_metrics(warehouse: str, run_id: str, variant: str, metrics: pd.DataFrame, backend: str = "delta_rs",
+                  spark=None) -> None:
+    """Replace the run's rows of the metrics table."""
     import pyarrow as pa
 
     from crag import schema, tables
 
-    parts = read_run(warehouse, run_id, backend, spark)
-    metrics = evaluate(parts["answers"], parts["grades"], parts["gold"])
-    variant = parts["answers"]["variant"].iloc[0]
     rows = metrics.assign(run_id=run_id, variant=variant)
     tables.write_run_rows(warehouse, "metrics", pa.Table.from_pandas(rows, schema=schema.METRICS, preserve_index=False),
                           run_id, backend, spark)
+
+
+def evaluate_run(warehouse: str, run_id: str, backend: str = "delta_rs", spark=None) -> pd.DataFrame:
+    """`crag eval`: compute the run's metrics from its stored tables and store them."""
+    parts = read_run(warehouse, run_id, backend, spark)
+    metrics = evaluate(parts["answers"], parts["grades"], parts["gold"])
+    store_metrics(warehouse, run_id, parts["answers"]["variant"].iloc[0], metrics, backend, spark)
     return metrics

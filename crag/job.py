@@ -22,7 +22,7 @@ from crag import schema, tables
 from crag.backends import build_backends, resolve_credentials
 from crag.config import CragConfig, load_config, redacted
 from crag.errors import CragError
-from crag.evaluation import metrics_table
+from crag.evaluation import evaluate, metrics_table, store_metrics
 from crag.questions import GOLD_COLUMNS, validate_questions
 
 
@@ -254,6 +254,7 @@ def run(
         reject_rows = rejects.assign(run_id=run_id, variant=variant_name, created_at=created_at)
         write("rejects", pa.Table.from_pandas(reject_rows, schema=schema.REJECTS, preserve_index=False))
         gold_columns = [c for c in GOLD_COLUMNS if c in accepted.columns]
+        gold = None
         if gold_columns:
             gold = accepted[["question_id", *gold_columns]].assign(run_id=run_id, variant=variant_name)
             for column in set(GOLD_COLUMNS) - set(gold_columns):
@@ -279,10 +280,9 @@ def run(
         _check_invariant(answers, accepted, rejects, len(raw))
         counts = run_counts(answers, grades, rejects, len(raw))
         write("runs", _runs_row(run_id, variant_name, cfg, started, datetime.now(timezone.utc), "succeeded", counts))
-        if gold_columns:
-            from crag.evaluation import evaluate_run
-
-            metrics = evaluate_run(warehouse, run_id, backend, spark)
+        if gold is not None:  # evaluated from what the run holds, without reading its tables back again
+            metrics = evaluate(answers, grades, gold)
+            store_metrics(warehouse, run_id, variant_name, metrics, backend, spark)
         from crag.tracking import log_run
 
         mlflow_run = log_run(cfg, warehouse, run_id, variant_name, counts, metrics, time.perf_counter() - t0,
