@@ -219,9 +219,11 @@ class SparkConfig(Section):
     master: str = "local[2]"
     partitions: int | None = Field(None, gt=0)
     batch_questions: int = Field(2000, gt=0)  # questions per committed batch: what a killed run can lose
-    # Sub-pipelines per task, on threads: out of phase with each other, they keep every remote endpoint
-    # busy at once instead of one stage's endpoint at a time. 1 for the in-process embedded backends.
+    # Pipelines per task, on threads, each taking `questions_per_pipeline` questions at a time through
+    # all the stages: out of phase with each other, they keep every remote endpoint busy at once
+    # instead of one stage's endpoint at a time. 1 for the in-process embedded backends.
     pipelines_per_task: int = Field(1, gt=0)
+    questions_per_pipeline: int | None = Field(None, gt=0)  # None: the task's questions shared out equally
 
 
 class CacheConfig(Section):

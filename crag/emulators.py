@@ -46,6 +46,7 @@ class Recorded:
     path: str
     headers: CaseInsensitiveDict
     body: Any
+    at: float = field(default_factory=time.perf_counter)  # when it arrived
 
 
 @dataclass
@@ -78,6 +79,7 @@ class Emulator:
         self._lock = threading.Lock()
         self._in_flight: dict[tuple[str, str], int] = defaultdict(int)
         self.peak_in_flight: dict[str, int] = defaultdict(int)  # most requests served at once, per service
+        self.spans: list[tuple[str, float, float]] = []  # (endpoint, admitted, released) of each admitted request
         # Vector Search indexes that exist: None = any name (each serves kb_index); a dict = only those
         # created through the API (name -> create request), for index-building tests.
         self.vector_indexes: dict[str, dict] | None = None
@@ -118,6 +120,7 @@ class Emulator:
             self.requests.clear()
             self.faults_injected.clear()
             self.peak_in_flight.clear()
+            self.spans.clear()
             for b in self.behaviour.values():
                 b.scripted.clear()
 
@@ -158,20 +161,22 @@ class Emulator:
                 self.faults_injected[fault] += 1
             return fault
 
-    def _admit(self, service: str, endpoint: str) -> bool:
+    def _admit(self, service: str, endpoint: str) -> float | None:
+        """The admission time, or None when the endpoint is at capacity."""
         with self._lock:
             cap = self.behaviour[service].capacity
             if cap is not None and self._in_flight[("endpoint", endpoint)] >= cap:
                 self.faults_injected["capacity_429"] += 1
-                return False
+                return None
             # counted per endpoint and per service apart ("tavily" is both an endpoint and a service)
             for key, name in ((("endpoint", endpoint), endpoint), (("service", service), service)):
                 self._in_flight[key] += 1
                 self.peak_in_flight[name] = max(self.peak_in_flight[name], self._in_flight[key])
-            return True
+            return time.perf_counter()
 
-    def _release(self, service: str, endpoint: str) -> None:
+    def _release(self, service: str, endpoint: str, admitted: float) -> None:
         with self._lock:
+            self.spans.append((endpoint, admitted, time.perf_counter()))
             self._in_flight[("endpoint", endpoint)] -= 1
             self._in_flight[("service", service)] -= 1
 
@@ -205,6 +210,7 @@ def endpoint_of(service: str, path: str, body: Any) -> str:
 def _handler(emulator: Emulator):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True
 
         def log_message(self, *args):  # quiet: the tests read emulator.requests instead
             pass
@@ -243,7 +249,8 @@ def _handler(emulator: Emulator):
                 if auth != f"Bearer {emulator.token}" and key != emulator.token:
                     return self._reply(401, {"error_code": "UNAUTHENTICATED", "message": "invalid token"})
             endpoint = endpoint_of(service, path, body)
-            if not emulator._admit(service, endpoint):
+            admitted = emulator._admit(service, endpoint)
+            if admitted is None:
                 return self._reply(429, {"error_code": "REQUEST_LIMIT_EXCEEDED", "message": "capacity"},
                                    {"Retry-After": f"{emulator.retry_after_s:g}"})
             # The slot is released before the reply is written: once the client has its answer it may
@@ -264,7 +271,7 @@ def _handler(emulator: Emulator):
                     status, payload = ROUTES[service](emulator, self.command, path, body, fault=fault)
                     reply = (status, payload, None)
             finally:
-                emulator._release(service, endpoint)
+                emulator._release(service, endpoint, admitted)
             return self._reply(*reply)
 
         do_GET = do_POST = do_PATCH = _handle

@@ -83,27 +83,33 @@ def _fmt(counter: Counter) -> str:
 
 
 def split_stage_output(result: pa.Table, run_id: str, variant: str, created_at: datetime) -> dict[str, pa.Table]:
-    """The nested per-question rows -> answers, grades and decisions tables."""
-    frame = result.to_pandas()
-    answers = frame.drop(columns=["grades", "decisions", "cache_entries"])
-    answers.insert(0, "variant", variant)
-    answers.insert(0, "run_id", run_id)
-    answers["created_at"] = pd.Timestamp(created_at)
+    """The nested per-question rows -> answers, grades and decisions tables (in Arrow: a row of Python
+    objects per grade would cost seconds on large batches)."""
+    nested = ("grades", "decisions", "cache_entries")
+
+    def table(columns: dict, rows: int, target: pa.Schema) -> pa.Table:
+        driver_side = {"run_id": run_id, "variant": variant, "created_at": created_at}
+        for name, value in driver_side.items():
+            if name in target.names:
+                columns[name] = pa.array([value] * rows, target.field(name).type)
+        return pa.table(columns).select(target.names).cast(target)
+
+    answers = table({name: result.column(name) for name in result.column_names if name not in nested},
+                    result.num_rows, schema.ANSWERS)
 
     def explode(column: str, target: pa.Schema) -> pa.Table:
-        rows = [
-            {"run_id": run_id, "variant": variant, "question_id": qid, **item}
-            for qid, items in zip(frame["question_id"], frame[column])
-            for item in (items if items is not None else [])
-        ]
-        return pa.Table.from_pylist(rows, schema=target)
+        lists = result.column(column).combine_chunks()
+        items = lists.flatten()
+        columns = {"question_id": result.column("question_id").combine_chunks().take(lists.value_parent_indices())}
+        columns.update({field.name: items.field(field.name) for field in items.type})
+        return table(columns, len(items), target)
 
     cache_rows = {}
-    for items in frame["cache_entries"]:
-        for item in items if items is not None else []:
+    for items in result.column("cache_entries").to_pylist():
+        for item in items or []:
             cache_rows.setdefault(item["key"], {**item, "run_id": run_id, "created_at": created_at})
     return {
-        "answers": pa.Table.from_pandas(answers, schema=schema.ANSWERS, preserve_index=False),
+        "answers": answers,
         "grades": explode("grades", schema.GRADES),
         "decisions": explode("decisions", schema.DECISIONS),
         "stage_cache": pa.Table.from_pylist(list(cache_rows.values()), schema=schema.STAGE_CACHE),

@@ -7,6 +7,7 @@ built once per Python worker process (see crag.backends.cached_backends) and reu
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Iterator
@@ -74,17 +75,25 @@ def _partition_task(config_json: str, secrets: dict[str, str], concurrent_tasks:
 
 
 def _run_subpipelines(frame: pd.DataFrame, backends, cfg: CragConfig) -> pa.Table:
+    """The task's questions through `run_pipeline` on `spark.pipelines_per_task` threads, each taking
+    the next `spark.questions_per_pipeline` questions (default: an equal share of the task) through all
+    the stages, then the next. Small shares keep a question's stages in flight while others are in other
+    stages, so every endpoint stays busy instead of one stage's endpoint at a time."""
     from concurrent.futures import ThreadPoolExecutor
 
     from crag.stages import run_pipeline, to_stage_output
 
-    n = max(1, min(cfg.spark.pipelines_per_task, len(frame)))
-    if n == 1:
-        return to_stage_output(run_pipeline(frame, backends, cfg))
-    parts = [frame.iloc[i::n] for i in range(n)]
-    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="crag-pipeline") as pool:
-        outs = list(pool.map(lambda part: to_stage_output(run_pipeline(part, backends, cfg)), parts))
-    return pa.concat_tables(outs)
+    threads = max(1, min(cfg.spark.pipelines_per_task, len(frame)))
+    size = cfg.spark.questions_per_pipeline or math.ceil(len(frame) / threads)
+    parts = [frame.iloc[i:i + size] for i in range(0, len(frame), size)]
+
+    def through_stages(part: pd.DataFrame) -> pa.Table:
+        return to_stage_output(run_pipeline(part, backends, cfg))
+
+    if threads == 1 or len(parts) == 1:
+        return pa.concat_tables([through_stages(part) for part in parts])
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="crag-pipeline") as pool:
+        return pa.concat_tables(list(pool.map(through_stages, parts)))  # map keeps the parts' order
 
 
 def run_stages(spark, questions: pd.DataFrame, cfg: CragConfig, secrets: dict[str, str] | None = None) -> pa.Table:

@@ -11,9 +11,11 @@ the rest of the batch goes on and the question still ends in exactly one answer 
 from __future__ import annotations
 
 import time
+from collections import namedtuple
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import lru_cache
 
 import pandas as pd
 import pyarrow as pa
@@ -71,11 +73,31 @@ def _log(df: pd.DataFrame, entries: list) -> list[list[dict]]:
     return out
 
 
+@lru_cache(maxsize=64)
+def _row_type(columns: tuple[str, ...]) -> type:
+    return namedtuple("Row", columns)
+
+
+def _rows(df: pd.DataFrame) -> list:
+    """The rows as named tuples. Cheaper than df.itertuples(), which builds its tuple type and reads
+    every column through .iloc on each call: on the few-row frames of streamed pipelines
+    (spark.questions_per_pipeline) that cost more CPU than the backend calls."""
+    row = _row_type(tuple(df.columns))
+    return [row._make(values) for values in df.to_numpy(dtype=object).tolist()]
+
+
+def _with(df: pd.DataFrame, **columns) -> pd.DataFrame:
+    """A new frame: df with these columns replaced or added (one construction, not a copy and an
+    insert per column)."""
+    data = {c: columns.pop(c) if c in columns else df[c] for c in df.columns}
+    return pd.DataFrame({**data, **columns}, index=df.index)
+
+
 def _per_row(df: pd.DataFrame, stage: str, fn: Callable[[object], object], when=None, workers: int = 1):
     """Call fn on every row without an error (and where `when(row)` holds), from a pool of `workers`
     threads; return results, per-row milliseconds and the updated error column. An exception fails
     that row only."""
-    rows = list(df.itertuples(index=False))
+    rows = _rows(df)
     errors = list(df["error"])
     todo = [i for i, row in enumerate(rows) if errors[i] is None and (when is None or when(row))]
     results: list = [None] * len(rows)
@@ -110,7 +132,6 @@ def retrieve(df: pd.DataFrame, backends: Backends, k: int) -> pd.DataFrame:
     tried alone so one bad question cannot fail its neighbours); a remote one gets one call per
     question from a thread pool."""
     _check_inputs(df, "retrieve")
-    out = df.copy()
     retriever = backends.retriever
     one_by_one = lambda r: retriever.search([r.question], k, [r.usage])[0]  # noqa: E731
     if retriever.concurrency > 1:
@@ -123,18 +144,18 @@ def retrieve(df: pd.DataFrame, backends: Backends, k: int) -> pd.DataFrame:
             millis = [(time.perf_counter() - t0) * 1000 / max(len(df), 1)] * len(df)
         except Exception:
             found, millis, errors = _per_row(df, "retrieve", one_by_one)
-    out["retrieved"] = [docs or [] for docs in found]
-    out["n_retrieved"] = [len(d) for d in out["retrieved"]]
-    out["error"] = errors
-    out["ms_retrieve"] = millis
-    out["decisions"] = _log(
-        out,
-        [
+    retrieved = [docs or [] for docs in found]
+    return _with(
+        df,
+        retrieved=retrieved,
+        n_retrieved=[len(d) for d in retrieved],
+        error=errors,
+        ms_retrieve=millis,
+        decisions=_log(df, [
             None if e else ("retrieve", f"{len(d)} documents", f"{retriever.name}: top {k} child chunks -> {len(d)} parent documents")
-            for d, e in zip(out["retrieved"], errors)
-        ],
+            for d, e in zip(retrieved, errors)
+        ]),
     )
-    return out
 
 
 # ---------------------------------------------------------------- grade
@@ -162,23 +183,24 @@ def grade(df: pd.DataFrame, backends: Backends) -> pd.DataFrame:
     """A relevance score and yes/no for every retrieved document (web results are graded in the web
     search stage)."""
     _check_inputs(df, "grade")
-    out = df.copy()
     grader = backends.grader
 
     def grade_row(row):
         return _apply_grades(row.retrieved, grader.grade(row.question, row.retrieved, row.usage), grader)
 
-    graded, millis, errors = _per_row(out, "grade", grade_row, when=lambda r: bool(r.retrieved), workers=grader.concurrency)
-    out["graded"] = [g if g is not None else list(d) for g, d in zip(graded, out["retrieved"])]
-    out["n_relevant"] = [sum(d.get("grade") == "yes" for d in docs) for docs in out["graded"]]
-    out["error"] = errors
-    out["ms_grade"] = millis
-    out["decisions"] = _log(
-        out,
-        [("grade", f"{sum(d['grade'] == 'yes' for d in g)} of {len(g)} relevant", f"grader {grader.name}") if g else None
-         for g in graded],
+    graded, millis, errors = _per_row(df, "grade", grade_row, when=lambda r: bool(r.retrieved), workers=grader.concurrency)
+    all_graded = [g if g is not None else list(d) for g, d in zip(graded, df["retrieved"])]
+    return _with(
+        df,
+        graded=all_graded,
+        n_relevant=[sum(d.get("grade") == "yes" for d in docs) for docs in all_graded],
+        error=errors,
+        ms_grade=millis,
+        decisions=_log(df, [
+            ("grade", f"{sum(d['grade'] == 'yes' for d in g)} of {len(g)} relevant", f"grader {grader.name}") if g else None
+            for g in graded
+        ]),
     )
-    return out
 
 
 # ---------------------------------------------------------------- decide
@@ -218,16 +240,17 @@ def route_question(graded: list[Document], routing: RoutingConfig) -> tuple[str,
 
 def decide(df: pd.DataFrame, routing: RoutingConfig) -> pd.DataFrame:
     _check_inputs(df, "decide")
-    out = df.copy()
     t0 = time.perf_counter()
-    routed = [route_question(g, routing) if e is None else (None, False, False, [], None) for g, e in zip(out["graded"], out["error"])]
-    out["action"] = [r[0] for r in routed]
-    out["needs_web"] = [r[1] for r in routed]
-    out["use_internal"] = [r[2] for r in routed]
-    out["relevant"] = [r[3] for r in routed]
-    out["ms_decide"] = (time.perf_counter() - t0) * 1000 / max(len(out), 1)
-    out["decisions"] = _log(out, [("route", r[0], r[4]) if r[0] else None for r in routed])
-    return out
+    routed = [route_question(g, routing) if e is None else (None, False, False, [], None) for g, e in zip(df["graded"], df["error"])]
+    return _with(
+        df,
+        action=[r[0] for r in routed],
+        needs_web=[r[1] for r in routed],
+        use_internal=[r[2] for r in routed],
+        relevant=[r[3] for r in routed],
+        ms_decide=(time.perf_counter() - t0) * 1000 / max(len(df), 1),
+        decisions=_log(df, [("route", r[0], r[4]) if r[0] else None for r in routed]),
+    )
 
 
 # ---------------------------------------------------------------- rewrite + web search
@@ -243,30 +266,28 @@ def rewrite(df: pd.DataFrame, backends: Backends, fallback: str = "single") -> p
     generation. With the two-stage fallback (reference flow 3) the first query is the question itself
     (plus policy keywords) and the rewriter is called only if that search leaves the context short."""
     _check_inputs(df, "rewrite")
-    out = df.copy()
     enabled = backends.web_search is not None
     rewriter = backends.rewriter
     if fallback == "two_stage":
         make = lambda r: _direct_query(r.question, rewriter.policy_keywords)  # noqa: E731
     else:
         make = lambda r: rewriter.rewrite(r.question, r.usage)  # noqa: E731
-    queries, millis, errors = _per_row(out, "rewrite", make, when=lambda r: r.needs_web and enabled, workers=rewriter.concurrency)
-    out["web_query"] = queries
-    out["error"] = errors
-    out["ms_rewrite"] = millis
+    queries, millis, errors = _per_row(df, "rewrite", make, when=lambda r: r.needs_web and enabled, workers=rewriter.concurrency)
     why = "two-stage fallback: the question itself first" if fallback == "two_stage" else f"rewriter {rewriter.name}"
-    out["decisions"] = _log(
-        out,
-        [
+    return _with(
+        df,
+        web_query=queries,
+        error=errors,
+        ms_rewrite=millis,
+        decisions=_log(df, [
             ("rewrite", q, why)
             if q is not None
             else ("rewrite", "skipped", "web search is switched off (web_search.backend: none)")
             if nw and not enabled and e is None
             else None
-            for q, nw, e in zip(queries, out["needs_web"], errors)
-        ],
+            for q, nw, e in zip(queries, df["needs_web"], errors)
+        ]),
     )
-    return out
 
 
 def _usable_web(results: list[Document]) -> list[Document]:
@@ -279,7 +300,6 @@ def web_search(df: pd.DataFrame, backends: Backends, cfg: CragConfig) -> pd.Data
     (reference flow 3), grade the results, and with the two-stage fallback search again with a
     rewritten query when the usable context is still shorter than routing.min_context_chars."""
     _check_inputs(df, "web_search")
-    out = df.copy()
     ws, grader, check = backends.web_search, backends.grader, backends.source_check
     w = cfg.web_search
 
@@ -311,14 +331,17 @@ def web_search(df: pd.DataFrame, backends: Backends, cfg: CragConfig) -> pd.Data
         return query, results, log
 
     concurrency = max(ws.concurrency if ws else 1, grader.concurrency, check.concurrency if check else 1)
-    found, millis, errors = _per_row(out, "web_search", search_row, when=lambda r: r.web_query is not None, workers=concurrency)
-    out["web_query"] = [f[0] if f else q for f, q in zip(found, out["web_query"])]
-    out["web_results"] = [f[1] if f else [] for f in found]
-    out["n_web"] = [len(r) for r in out["web_results"]]
-    out["error"] = errors
-    out["ms_web_search"] = millis
-    out["decisions"] = _log(out, [f[2] if f else None for f in found])
-    return out
+    found, millis, errors = _per_row(df, "web_search", search_row, when=lambda r: r.web_query is not None, workers=concurrency)
+    results = [f[1] if f else [] for f in found]
+    return _with(
+        df,
+        web_query=[f[0] if f else q for f, q in zip(found, df["web_query"])],
+        web_results=results,
+        n_web=[len(r) for r in results],
+        error=errors,
+        ms_web_search=millis,
+        decisions=_log(df, [f[2] if f else None for f in found]),
+    )
 
 
 # ---------------------------------------------------------------- context (+ optional refinement)
@@ -349,7 +372,6 @@ def refine(df: pd.DataFrame, backends: Backends, cfg: RefinementConfig) -> pd.Da
     """The context the generator will read: relevant internal documents (unless the action says web
     only) plus usable web results; refined into strips when refinement is on."""
     _check_inputs(df, "refine")
-    out = df.copy()
 
     def compose(row):
         context = (row.relevant if row.use_internal else []) + _usable_web(row.web_results)
@@ -357,15 +379,15 @@ def refine(df: pd.DataFrame, backends: Backends, cfg: RefinementConfig) -> pd.Da
             context = refine_context(row.question, context, backends.grader, cfg, row.usage)
         return context
 
-    contexts, millis, errors = _per_row(out, "refine", compose, workers=backends.grader.concurrency if cfg.enabled else 1)
-    out["context"] = [c or [] for c in contexts]
-    out["error"] = errors
-    out["ms_refine"] = millis
-    if cfg.enabled:
-        out["decisions"] = _log(
-            out, [("refine", f"{len(c)} documents", "knowledge refinement: best strips kept") if c is not None else None for c in contexts]
-        )
-    return out
+    contexts, millis, errors = _per_row(df, "refine", compose, workers=backends.grader.concurrency if cfg.enabled else 1)
+    logged = [("refine", f"{len(c)} documents", "knowledge refinement: best strips kept") if c is not None else None for c in contexts]
+    return _with(
+        df,
+        context=[c or [] for c in contexts],
+        error=errors,
+        ms_refine=millis,
+        decisions=_log(df, logged if cfg.enabled else [None] * len(df)),
+    )
 
 
 # ---------------------------------------------------------------- generate
@@ -379,13 +401,12 @@ def _route(context: list[Document]) -> str:
 def generate(df: pd.DataFrame, backends: Backends, refusal_message: str) -> pd.DataFrame:
     """Answer the ORIGINAL question from the context. No context: the refusal message, and no call."""
     _check_inputs(df, "generate")
-    out = df.copy()
     answers, millis, errors = _per_row(
-        out, "generate", lambda r: backends.generator.generate(r.question, r.context, r.usage),
+        df, "generate", lambda r: backends.generator.generate(r.question, r.context, r.usage),
         when=lambda r: bool(r.context), workers=backends.generator.concurrency,
     )
     texts, refused, sources, routes, log = [], [], [], [], []
-    for answer, context, error in zip(answers, out["context"], errors):
+    for answer, context, error in zip(answers, df["context"], errors):
         if error is not None:
             texts.append(None), refused.append(False), sources.append([]), routes.append("error")
             log.append(("generate", "error", error))
@@ -398,11 +419,8 @@ def generate(df: pd.DataFrame, backends: Backends, refusal_message: str) -> pd.D
             texts.append(answer.text), refused.append(False), routes.append(_route(context))
             sources.append([{k: d.get(k) for k in ("source", "doc_id", "title", "url")} for d in cited])
             log.append(("generate", "answered", f"generator {backends.generator.name} from {len(context)} documents ({_route(context)}), {len(cited)} cited"))
-    out["answer"], out["refused"], out["sources"], out["route"] = texts, refused, sources, routes
-    out["error"] = errors
-    out["ms_generate"] = millis
-    out["decisions"] = _log(out, log)
-    return out
+    return _with(df, answer=texts, refused=refused, sources=sources, route=routes, error=errors, ms_generate=millis,
+                 decisions=_log(df, log))
 
 
 # ---------------------------------------------------------------- the whole flow
@@ -460,7 +478,7 @@ def to_stage_output(df: pd.DataFrame) -> pa.Table:
     """The pipeline's result as Arrow in schema.STAGE_OUTPUT: one row per question, its grades and
     decisions nested (the driver splits them into their own tables)."""
     rows = []
-    for r in df.itertuples(index=False):
+    for r in _rows(df):
         usage: Usage = r.usage
         rows.append(
             {

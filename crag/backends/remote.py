@@ -1,10 +1,10 @@
 """What every call to a remote service goes through: a concurrency budget, one retry policy, a timeout,
 and credentials from the environment or a Databricks secret scope.
 
-The client libraries' own retries are switched off where they allow it (openai max_retries=0, Vector
-Search total_retries=0, mlflow MLFLOW_HTTP_REQUEST_MAX_RETRIES=0), so that one policy applies everywhere
-and every retry is counted. The Databricks SDK under mlflow still retries a 429 itself (honouring
-Retry-After) within the per-call timeout; those retries are invisible here.
+The client libraries' own retries are switched off (openai max_retries=0, Vector Search
+total_retries=0, mlflow MLFLOW_HTTP_REQUEST_MAX_RETRIES=0 on its plain HTTP path), so that one policy
+applies everywhere and every retry is counted. Only when mlflow goes through the Databricks SDK (on a
+Databricks cluster with the runtime's own auth) does the SDK retry a 429 itself, out of sight.
 """
 
 from __future__ import annotations
@@ -45,11 +45,17 @@ def http_status(exc: BaseException) -> int | None:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Worth another try: rate limits, server errors, timeouts and dropped connections."""
-    if http_status(exc) in RETRYABLE_STATUS:
-        return True
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    return isinstance(exc, (TimeoutError, ConnectionError)) or any("Timeout" in n or "ConnectionError" in n for n in names)
+    """Worth another try: rate limits, server errors, timeouts and dropped connections, also when a
+    client library wraps them in an error of its own (mlflow: MlflowException from a requests error)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if http_status(exc) in RETRYABLE_STATUS:
+            return True
+        names = {cls.__name__ for cls in type(exc).__mro__}
+        if isinstance(exc, (TimeoutError, ConnectionError)) or any("Timeout" in n or "ConnectionError" in n for n in names):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def retry_after_s(exc: BaseException) -> float | None:
