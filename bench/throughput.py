@@ -12,7 +12,12 @@ its time for N questions is that sample's time per question times N.
 Lower bound: for each endpoint, calls x latency / capacity; the bound is the largest of them (no
 schedule can finish before its busiest endpoint has served its calls).
 
-Run:  python -m bench.throughput [--questions 2000] [--graph-questions 40] [--capacity 32] [--pipelines 64]
+Besides the wall times it reports, from the emulator's record of every request: when each endpoint got
+its first request, when the last reply went out, and how busy the busiest endpoint was, overall and
+second by second (requests in flight on average): where a run falls short of the bound shows there.
+
+Run:  python -m bench.throughput [--questions 2000] [--graph-questions 40] [--capacity 32]
+                                 [--pipelines N] [--per-pipeline N] [--partitions N]
 """
 
 from __future__ import annotations
@@ -58,6 +63,21 @@ def cpu_times() -> tuple[float, float]:
     fields = [float(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     idle = fields[3] + fields[4]
     return sum(fields) - idle, sum(fields)
+
+
+def busy_profile(spans: list[tuple[str, float, float]], endpoint: str, start: float, seconds: float) -> tuple[float, list[float]]:
+    """(seconds of requests served, requests in flight on average in each second from `start`) for
+    one endpoint, from (endpoint, admitted, released) spans."""
+    timeline = [0.0] * (int(seconds) + 1)
+    busy = 0.0
+    for name, admitted, released in spans:
+        if name != endpoint:
+            continue
+        busy += released - admitted
+        a, b = admitted - start, released - start
+        for second in range(max(0, int(a)), min(len(timeline), int(b) + 1)):
+            timeline[second] += max(0.0, min(b, second + 1) - max(a, second))
+    return busy, timeline
 
 
 def lower_bound(calls: Counter, capacity: int) -> tuple[float, str]:
@@ -181,8 +201,10 @@ def build_graph(cfg):
 # ------------------------------------------------------------------ the benchmark
 
 
-def run_benchmark(n: int, graph_n: int, capacity: int, workdir: Path, spark=None, pipelines: int = 64,
-                  per_pipeline: int | None = 1, partitions: int | None = None) -> dict:
+def run_benchmark(n: int, graph_n: int, capacity: int, workdir: Path, spark=None, pipelines: int | None = None,
+                  per_pipeline: int | None = None, partitions: int | None = None) -> dict:
+    """`pipelines`, `per_pipeline`, `partitions`: spark.pipelines_per_task, spark.questions_per_pipeline
+    and spark.partitions (None: conf/databricks.yaml's)."""
     from crag.config import SparkConfig, load_config
     from crag.emulators import Emulator
     from crag.indexing import build_index
@@ -203,8 +225,9 @@ def run_benchmark(n: int, graph_n: int, capacity: int, workdir: Path, spark=None
             b.capacity = capacity
         os.environ.update(DATABRICKS_HOST=emulator.url, DATABRICKS_TOKEN=token, TAVILY_API_KEY=token,
                           TAVILY_API_BASE_URL=emulator.url)
-        overrides = ["cache.enabled=false", "mlflow.enabled=false", f"spark.pipelines_per_task={pipelines}",
-                     f"spark.questions_per_pipeline={per_pipeline if per_pipeline else 'null'}",
+        overrides = ["cache.enabled=false", "mlflow.enabled=false",
+                     *([f"spark.pipelines_per_task={pipelines}"] if pipelines else []),
+                     *([f"spark.questions_per_pipeline={per_pipeline}"] if per_pipeline else []),
                      *([f"spark.partitions={partitions}"] if partitions else []),
                      *[f"{role}.policy.max_concurrency={capacity}" for role in ("retriever", "grader", "rewriter", "generator", "web_search")],
                      *[f"{role}.policy.backoff_initial_s=0.05" for role in ("retriever", "grader", "rewriter", "generator", "web_search")]]
@@ -221,7 +244,6 @@ def run_benchmark(n: int, graph_n: int, capacity: int, workdir: Path, spark=None
         emulator.reset()
         busy0, total0 = cpu_times()
         t0 = time.perf_counter()
-        report["t0"] = t0
         result = run(conf, str(workdir / "questions.jsonl"), str(workdir / "warehouse"), run_id="throughput",
                      overrides=overrides, spark=spark)
         ours = time.perf_counter() - t0
@@ -245,16 +267,8 @@ def run_benchmark(n: int, graph_n: int, capacity: int, workdir: Path, spark=None
         report["ours"]["last_reply_s"] = round(max(b for _, _, b in emulator.spans) - t0, 2)
         report["lower_bound_s"] = round(bound, 2)
         report["busiest_endpoint"] = busiest
-        # how much of the busiest endpoint's capacity the run kept busy
-        spans = [(a, b) for e, a, b in emulator.spans if e == busiest]
-        report["busiest_endpoint_utilisation"] = round(sum(b - a for a, b in spans) / (capacity * ours), 3)
-        report["busiest_endpoint_mean_service_s"] = round(sum(b - a for a, b in spans) / len(spans), 3)
-        timeline = [0.0] * (int(ours) + 1)
-        for a, b in spans:
-            for sec in range(int(a - t0), int(b - t0) + 1):
-                lo, hi = max(a - t0, sec), min(b - t0, sec + 1)
-                if hi > lo and sec < len(timeline):
-                    timeline[sec] += hi - lo
+        busy, timeline = busy_profile(emulator.spans, busiest, t0, ours)
+        report["busiest_endpoint_utilisation"] = round(busy / (capacity * ours), 3)  # of its capacity, over the run
         report["busiest_in_flight_per_second"] = [round(x, 1) for x in timeline]
         report["ours_over_bound"] = round(ours / bound, 3)
 
@@ -281,13 +295,13 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=2000)
     parser.add_argument("--graph-questions", type=int, default=40, help="questions the sequential graph runs (0: skip)")
     parser.add_argument("--capacity", type=int, default=32, help="concurrent requests each endpoint serves")
-    parser.add_argument("--pipelines", type=int, default=64, help="spark.pipelines_per_task")
-    parser.add_argument("--per-pipeline", type=int, default=1, help="spark.questions_per_pipeline (0: an equal share)")
+    parser.add_argument("--pipelines", type=int, default=None, help="spark.pipelines_per_task (default: the config's)")
+    parser.add_argument("--per-pipeline", type=int, default=None, help="spark.questions_per_pipeline (default: the config's)")
     parser.add_argument("--partitions", type=int, default=None, help="spark.partitions (default: Spark's parallelism)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         report = run_benchmark(args.questions, args.graph_questions, args.capacity, Path(tmp), pipelines=args.pipelines,
-                               per_pipeline=args.per_pipeline or None,
+                               per_pipeline=args.per_pipeline,
                                partitions=args.partitions)
     print(json.dumps(report, indent=2))
     print(f"\nours {report['ours']['wall_s']} s ({report['ours']['questions_per_s']} q/s); lower bound {report['lower_bound_s']} s "

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.throughput import LLM_LATENCY_S, SEARCH_LATENCY_S, lower_bound, run_benchmark
+from bench.throughput import LLM_LATENCY_S, SEARCH_LATENCY_S, busy_profile, lower_bound, run_benchmark
 
 
 def test_lower_bound_is_the_busiest_endpoint():
@@ -10,6 +10,13 @@ def test_lower_bound_is_the_busiest_endpoint():
     seconds, busiest = lower_bound(calls, capacity=4)
     assert busiest == "serving:chat" and seconds == pytest.approx(100 * LLM_LATENCY_S / 4)
     assert lower_bound({"tavily": 10}, 2)[0] == pytest.approx(10 * SEARCH_LATENCY_S / 2)
+
+
+def test_busy_profile_spreads_each_request_over_the_seconds_it_spans():
+    spans = [("chat", 10.5, 11.5), ("chat", 10.0, 12.0), ("search", 10.0, 12.0), ("chat", 12.25, 12.75)]
+    busy, timeline = busy_profile(spans, "chat", start=10.0, seconds=3)
+    assert busy == pytest.approx(3.5)
+    assert timeline == pytest.approx([1.5, 1.5, 0.5, 0.0])
 
 
 def test_throughput_benchmark_at_a_tiny_size(spark, tmp_path, restore_env):
@@ -22,6 +29,10 @@ def test_throughput_benchmark_at_a_tiny_size(spark, tmp_path, restore_env):
     assert report["lower_bound_s"] == round(seconds, 2) and report["busiest_endpoint"] == busiest
     assert report["ours_over_bound"] == pytest.approx(ours["wall_s"] / seconds, rel=0.01)
     assert max(ours["peak_in_flight"].values()) <= 4  # the budget kept every endpoint within its capacity
+    assert 0 < report["busiest_endpoint_utilisation"] <= 1
+    assert max(report["busiest_in_flight_per_second"]) <= 4
+    assert sum(report["busiest_in_flight_per_second"]) == pytest.approx(
+        report["busiest_endpoint_utilisation"] * 4 * ours["wall_s"], rel=0.02, abs=0.05)
     graph = report["graph"]["calls_per_question"]
     assert graph["vector_search:main.crag.chunks_index"] == 1.0 and graph["serving:crag-batch-grader"] == 1.0
     assert report["graph_over_ours"] > 0

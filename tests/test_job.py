@@ -128,3 +128,17 @@ def test_missing_index_fails_before_spark_work(spark, tmp_path):
 def test_bad_run_id(spark, index_overrides, tmp_path):
     with pytest.raises(CragError, match="invalid run id"):
         run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="x'; drop", overrides=index_overrides, spark=spark)
+
+
+@pytest.mark.parametrize("rows,partitions", [(2000, None), (7, None), (2000, 3), (2000, 1)])
+def test_questions_are_split_into_the_partitions_asked_for(spark, rows, partitions):
+    """The default count (the session's parallelism) is made without a shuffle; any count keeps every row once."""
+    import pyarrow as pa
+
+    from crag.spark import _question_frame
+
+    partitions = partitions or spark.sparkContext.defaultParallelism
+    frame = _question_frame(spark, pa.table({"question_id": [f"q{i}" for i in range(rows)]}), partitions)
+    sizes = frame.rdd.glom().map(len).collect()
+    assert len(sizes) == partitions and sum(sizes) == rows and max(sizes) - min(sizes) <= -(-rows // partitions)
+    assert sorted(r.question_id for r in frame.collect()) == sorted(f"q{i}" for i in range(rows))

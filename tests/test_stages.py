@@ -5,6 +5,7 @@ Spark end-to-end test)."""
 import pandas as pd
 import pytest
 
+from conftest import SAMPLE
 from crag import schema, stages
 from crag.backends import Backends
 from crag.backends.base import Answer, Grade, Usage
@@ -230,3 +231,21 @@ def test_embedded_backends_on_the_sample(sample_backends, sample_config):
     assert "every 12 months" in out.loc[0, "answer"]
     assert "3,776 metres" in out.loc[1, "answer"]
     assert out.loc[0, "sources"][0]["doc_id"] == "aq7-filters"
+
+
+@pytest.mark.parametrize("threads,per_pipeline", [(3, 2), (4, 1), (2, None)])
+def test_streamed_pipelines_give_the_same_rows_in_order(sample_backends, sample_config, threads, per_pipeline):
+    """Questions taken a few at a time by several pipeline threads (spark.questions_per_pipeline)
+    come out exactly as one pipeline over the whole partition makes them, in the input's order."""
+    from crag.spark import _run_subpipelines
+
+    questions = pd.read_json(f"{SAMPLE}/questions.jsonl", lines=True)
+    questions = questions[questions["question"].str.strip().astype(bool)].drop_duplicates("question_id").head(11)
+    frame = questions[["question_id", "question"]].reset_index(drop=True)
+    one = _run_subpipelines(frame, sample_backends, sample_config).to_pandas()
+    cfg = sample_config.model_copy(update={"spark": sample_config.spark.model_copy(
+        update={"pipelines_per_task": threads, "questions_per_pipeline": per_pipeline})})
+    streamed = _run_subpipelines(frame, sample_backends, cfg).to_pandas()
+    assert list(streamed["question_id"]) == list(frame["question_id"])
+    compared = ["question_id", "answer", "action", "route", "n_retrieved", "n_relevant", "n_web"]
+    pd.testing.assert_frame_equal(streamed[compared], one[compared])
