@@ -48,3 +48,11 @@ def test_scale_benchmark_at_a_tiny_size(spark, tmp_path):
     report = run_scale(60, 300, 50, tmp_path, spark=spark, copies=1)
     assert report["questions"] == 60 and report["errors"] == 0 and report["kb_chunks"] > 3000
     assert report["peak_memory_gb"] > 0 and report["answered"] > 0
+
+
+def test_stage_overhead_benchmark_runs_the_whole_chain():
+    from bench.stage_overhead import _Instant, cpu_ms_per_question
+
+    instant = _Instant()
+    assert len(instant.search(["q1", "q2"], 10)) == 2 and len(instant.search("web query", 3)) == 3
+    assert cpu_ms_per_question(size=2, questions=4) > 0
