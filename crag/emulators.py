@@ -46,7 +46,6 @@ class Recorded:
     path: str
     headers: CaseInsensitiveDict
     body: Any
-    at: float = field(default_factory=time.perf_counter)  # when it arrived
 
 
 @dataclass

@@ -7,7 +7,6 @@ built once per Python worker process (see crag.backends.cached_backends) and reu
 
 from __future__ import annotations
 
-import gc
 import math
 import os
 import sys
@@ -53,10 +52,6 @@ def _partition_task(config_json: str, secrets: dict[str, str], concurrent_tasks:
 
         from crag.cache import StageCache, question_key, role_slices, with_cache
 
-        # Everything loaded so far (modules, clients, indexes) lives as long as the worker: out of the
-        # collector's sight, full collections stop pausing every pipeline thread (dips of ~10% in the
-        # busiest endpoint's use were measured without this).
-        gc.freeze()
         cfg = CragConfig.model_validate_json(config_json)
         backends = cached_backends(cfg, secrets, concurrent_tasks)
         slices = role_slices(cfg) if cfg.cache.enabled else None
@@ -107,7 +102,7 @@ def _question_frame(spark, table: pa.Table, partitions: int):
     partitions, so when that is the number wanted, a table of that many batches needs no shuffle (a
     shuffle cost about 0.5 s a batch here). Other counts, larger slices and Spark Connect (one local
     relation) are repartitioned."""
-    size = -(-table.num_rows // partitions)
+    size = math.ceil(table.num_rows / partitions)
     largest = int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000"))
     classic = not type(spark).__module__.startswith("pyspark.sql.connect")
     if classic and partitions == spark.sparkContext.defaultParallelism and 0 < size <= largest:

@@ -4,6 +4,7 @@ configured, so the embedded default never loads a cloud client."""
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 from crag.backends.base import Generator, Grader, Retriever, Rewriter, WebSearch
@@ -158,4 +159,10 @@ def cached_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, conc
     key = (cfg.hash(), concurrent_tasks)
     if key not in _CACHE:
         _CACHE[key] = build_backends(cfg, secrets, concurrent_tasks)
+        # The backends, and the modules and indexes loaded for them, live as long as the process: out
+        # of the collector's sight, full collections stop pausing every pipeline thread (dips of ~10%
+        # in the busiest endpoint's use were measured without this). Garbage is collected first, so
+        # none of it is kept for good.
+        gc.collect()
+        gc.freeze()
     return _CACHE[key]
