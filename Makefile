@@ -1,29 +1,45 @@
 # Two entry points, each bootstrapping its own environment on a fresh machine:
 #   make sample   build the sample indexes and run the whole job on the bundled sample
 #   make test     run the test suite
+# Set-up (`make install`, run by both): uv, then .venv from uv.lock, then the Delta Lake jars for
+# local Spark from Maven Central into .crag/jars.
 PYTHON ?= python3
+UV_VERSION := 0.13.9
 VENV := .venv
 BIN := $(VENV)/bin
+TOOLS := .crag/tools
+UV := $(TOOLS)/bin/uv
+JARS := .crag/jars
 STAMP := $(VENV)/.installed-stamp
 CONF := conf/local.yaml
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+$(UV):
+	@echo "crag: installing uv $(UV_VERSION) into $(TOOLS)"
+	@$(PYTHON) -m venv $(TOOLS)
+	@$(TOOLS)/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
-.crag/indexes/sample_kb/manifest.json: $(STAMP) $(wildcard data/sample/kb/* data/sample/kb/*/*)
+$(STAMP): $(UV) pyproject.toml uv.lock
+	@echo "crag: installing the locked dependencies into $(VENV) (the first time downloads about 1 GB: a minute or two)"
+	@$(UV) sync --quiet --frozen --extra local --group dev
+	@touch $(STAMP)
+
+$(JARS)/.fetched: conf/spark/pom.xml
+	@echo "crag: fetching the Delta Lake jars for Spark from Maven Central into $(JARS)"
+	@mvn --quiet --batch-mode -f conf/spark/pom.xml dependency:copy-dependencies -DexcludeTransitive=true \
+		-DoutputDirectory=$(CURDIR)/$(JARS)
+	@touch $@
+
+.crag/indexes/sample_kb/manifest.json: $(STAMP) $(JARS)/.fetched $(wildcard data/sample/kb/* data/sample/kb/*/*)
 	$(BIN)/crag index --conf $(CONF) --docs data/sample/kb --out .crag/indexes/sample_kb
 
-.crag/indexes/sample_web/manifest.json: $(STAMP) data/sample/web.jsonl
+.crag/indexes/sample_web/manifest.json: $(STAMP) $(JARS)/.fetched data/sample/web.jsonl
 	$(BIN)/crag index --conf $(CONF) --docs data/sample/web.jsonl --out .crag/indexes/sample_web
 
 .PHONY: sample test install
-install: $(STAMP)
+install: $(STAMP) $(JARS)/.fetched
 
 sample: .crag/indexes/sample_kb/manifest.json .crag/indexes/sample_web/manifest.json
 	$(BIN)/crag run --conf $(CONF) --questions data/sample/questions.jsonl --warehouse .crag/warehouse
 
-test: $(STAMP)
+test: install
 	$(BIN)/python -m pytest -q

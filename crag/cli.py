@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 from crag.errors import CragError
+from crag.ids import check_run_id
 
 
 def _conf_args(p: argparse.ArgumentParser) -> None:
@@ -48,10 +49,12 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="score a run against its gold columns; writes the metrics table")
     p.add_argument("--warehouse", required=True, help="folder of Delta tables (catalog.schema on Databricks)")
     p.add_argument("--run", required=True, dest="run_id", help="the run_id to evaluate")
+    _session_args(p)
 
     p = sub.add_parser("calibrate", help="propose routing and grading thresholds from a run's stored scores")
     p.add_argument("--warehouse", required=True, help="folder of Delta tables (catalog.schema on Databricks)")
     p.add_argument("--run", required=True, dest="run_id", help="a run whose questions have gold columns")
+    _session_args(p)
 
     p = sub.add_parser("compare", help="compare two runs question by question; writes the comparisons table and an HTML report")
     p.add_argument("--warehouse", required=True, help="folder of Delta tables (catalog.schema on Databricks)")
@@ -59,6 +62,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--candidate", required=True, help="run_id of the variant under test")
     p.add_argument("--report", help="HTML report path (default: compare_BASE_vs_CANDIDATE.html here)")
     p.add_argument("--no-mlflow", action="store_true", help="do not attach the report to the candidate's MLflow run")
+    p.add_argument("--allow-unfinished", action="store_true",
+                   help="compare runs that have not succeeded (still running or failed) with the rows they have")
+    _session_args(p)
 
     p = sub.add_parser("sql", help="query a local warehouse's tables with SQL")
     p.add_argument("--warehouse", required=True, help="folder of Delta tables written by crag run")
@@ -108,14 +114,37 @@ def _print_stage(name: str, df) -> None:
             print(f"    source: {s['source']} {s['doc_id']} {s['title']} {s['url'] or ''}".rstrip())
 
 
-def _active_spark():
-    """Databricks' session when there is one (Unity Catalog tables); locally none is needed."""
-    try:
-        from pyspark.sql import SparkSession
+def _warehouse(args):
+    """The Warehouse of --warehouse, on the session of --conf's spark section (Spark Connect with
+    spark.remote), or the defaults."""
+    from crag.config import CragConfig, load_config
+    from crag.spark import get_spark
+    from crag.warehouse import Warehouse
 
-        return SparkSession.getActiveSession()
-    except ImportError:
-        return None
+    cfg = load_config(args.conf, _overrides(args)) if args.conf else CragConfig()
+    return Warehouse(get_spark(cfg.spark), args.warehouse, cfg.tables)
+
+
+def _session_args(p: argparse.ArgumentParser) -> None:
+    """For commands that only read and write tables: which Spark session (e.g. --set spark.remote=...)."""
+    p.add_argument("--conf", help="YAML config file whose spark and tables sections to use (default: built-in)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config key, e.g. --set spark.remote=sc://localhost:15002 (repeatable)")
+    p.add_argument("--overrides", dest="override_list", default="", metavar="'K=V;K=V'", help=argparse.SUPPRESS)
+
+
+def _setup_logging() -> None:
+    """crag's progress on stderr as `crag: ...` lines; other libraries' notices stay quiet."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("crag: %(message)s"))
+    logger = logging.getLogger("crag")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    for noisy in ("py4j", "pyspark", "mlflow", "alembic", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
 
 
 def _emulate(args) -> None:
@@ -144,13 +173,14 @@ def _emulate(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    _setup_logging()
     try:
         if args.command == "index":
             from crag.config import load_config
             from crag.indexing import build_knowledge_base
 
             cfg = load_config(args.conf, _overrides(args), args.variant)
-            manifest = build_knowledge_base(args.docs, args.out, cfg, _active_spark())
+            manifest = build_knowledge_base(args.docs, args.out, cfg)
             print(f"indexed {manifest['n_documents']} documents -> {manifest['n_parents']} parents, "
                   f"{manifest['n_chunks']} child chunks at {args.out}"
                   + (f"; Vector Search index {manifest['vector_index']}" if "vector_index" in manifest else ""))
@@ -164,10 +194,9 @@ def main(argv: list[str] | None = None) -> int:
                          overrides, resume=bool(args.resume))
             print(result.summary())
         elif args.command == "eval":
-            from crag.config import TablesConfig
             from crag.evaluation import evaluate_run, metrics_table
 
-            metrics = evaluate_run(args.warehouse, args.run_id, TablesConfig().resolved(), _active_spark())
+            metrics = evaluate_run(_warehouse(args), check_run_id(args.run_id))
             slices = ["all"] + sorted(x for x in metrics["slice"].unique() if x != "all")
             print(f"run {args.run_id}: {len(metrics)} metric values written to the metrics table")
             print(metrics_table(metrics, slices))
@@ -175,22 +204,21 @@ def main(argv: list[str] | None = None) -> int:
             import json
 
             from crag.calibration import calibrate, report
-            from crag.config import TablesConfig
             from crag.evaluation import read_run
-            from crag.tables import read_table
 
-            backend, spark = TablesConfig().resolved(), _active_spark()
-            parts = read_run(args.warehouse, args.run_id, backend, spark)
-            runs = read_table(args.warehouse, "runs", backend, spark, run_id=args.run_id)
-            routing = json.loads(runs["config"].iloc[0])["routing"]
+            wh = _warehouse(args)
+            parts = read_run(wh, check_run_id(args.run_id), ("grades", "gold"))
+            if parts["gold"].empty:
+                raise CragError(f"run {args.run_id!r} has no gold columns to calibrate against")
+            routing = json.loads(wh.load_run("runs", args.run_id).select("config").collect()[0]["config"])["routing"]
             print(report(calibrate(parts["grades"], parts["gold"], routing["lower"], routing["upper"])))
         elif args.command == "compare":
             from crag.compare import compare
-            from crag.config import TablesConfig, TrackingConfig
+            from crag.config import TrackingConfig
 
             tracking = TrackingConfig(enabled=not args.no_mlflow)
-            _, lines, path = compare(args.warehouse, args.base, args.candidate, args.report, TablesConfig().resolved(),
-                                     _active_spark(), tracking)
+            _, lines, path = compare(_warehouse(args), args.base, args.candidate, args.report, tracking,
+                                     args.allow_unfinished)
             print("\n".join(lines))
             print(f"report: {path}")
         elif args.command == "sql":
@@ -209,16 +237,13 @@ def main(argv: list[str] | None = None) -> int:
             from crag.backends import build_backends, resolve_credentials
             from crag.config import load_config
             from crag.job import resolve_paths
-            from crag.questions import validate_questions
+            from crag.questions import check_one
             from crag.stages import run_pipeline
 
             cfg = resolve_paths(load_config(args.conf, _overrides(args), args.variant))
-            accepted, rejects = validate_questions(
-                pd.DataFrame({"question_id": ["ask"], "question": [args.question]}), cfg.input.max_question_chars
-            )
-            if len(rejects):
-                raise CragError(rejects.iloc[0]["reason"])
-            run_pipeline(accepted, build_backends(cfg, resolve_credentials(cfg)), cfg, on_stage=_print_stage)
+            check_one("ask", args.question, cfg.input.max_question_chars)
+            question = pd.DataFrame({"question_id": ["ask"], "question": [args.question]})
+            run_pipeline(question, build_backends(cfg, resolve_credentials(cfg)), cfg, on_stage=_print_stage)
     except CragError as exc:
         print(f"crag: error: {exc}", file=sys.stderr)
         return 2

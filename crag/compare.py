@@ -216,27 +216,35 @@ def render_report(rows: pd.DataFrame, deltas: pd.DataFrame, base: dict[str, pd.D
             f'{html.escape(cand_id)}</title><style>{_CSS}</style></head><body>{"".join(sections)}</body></html>')
 
 
-def compare(warehouse: str, base_id: str, candidate_id: str, report: str | None, backend: str = "delta_rs",
-            spark=None, tracking=None) -> tuple[pd.DataFrame, list[str], str]:
-    """Read both runs, write their comparison rows (replacing an earlier comparison of the same pair)
-    and the HTML report; return the rows, the summary lines and the report's path."""
+def compare(warehouse, base_id: str, candidate_id: str, report: str | None, tracking=None,
+            allow_unfinished: bool = False) -> tuple[pd.DataFrame, list[str], str]:
+    """Read both runs from the Warehouse, write their comparison rows (replacing an earlier comparison
+    of the same pair) and the HTML report; return the rows, the summary lines and the report's path.
+    A run that has not succeeded (still running, or failed) is refused unless `allow_unfinished`."""
     from datetime import datetime, timezone
     from pathlib import Path
 
     import pyarrow as pa
+    from pyspark.sql import functions as F
 
-    from crag import schema, tables
+    from crag import schema
     from crag.errors import InputError
-    from crag.evaluation import question_scores
+    from crag.evaluation import question_scores, read_run
+    from crag.ids import check_run_id
 
+    path = Path(report or f"compare_{base_id}_vs_{candidate_id}.html")
+    if path.is_dir():
+        raise InputError(f"--report {path} is a folder: give the path of the HTML file to write")
     runs = {}
     for run_id in (base_id, candidate_id):
-        tables.check_run_id(run_id)
-        parts = {name: tables.read_run_rows(warehouse, name, run_id, backend, spark)
-                 for name in ("answers", "grades", "gold", "metrics")}
-        if parts["answers"].empty:
-            raise InputError(f"run {run_id!r} has no answers in {warehouse}")
-        runs[run_id] = parts
+        check_run_id(run_id)
+        status = warehouse.load_run("runs", run_id).select("status").collect()
+        if not status:
+            raise InputError(f"no run {run_id!r} in {warehouse.location}")
+        if status[0]["status"] != "succeeded" and not allow_unfinished:
+            raise InputError(f"run {run_id!r} has not finished (status {status[0]['status']}): compare it when it "
+                             f"has succeeded, or pass --allow-unfinished to compare the rows it has")
+        runs[run_id] = read_run(warehouse, run_id, ("answers", "grades", "gold", "metrics"))
     base, candidate = runs[base_id], runs[candidate_id]
     scores = None
     if not base["gold"].empty and not candidate["gold"].empty:
@@ -244,14 +252,13 @@ def compare(warehouse: str, base_id: str, candidate_id: str, report: str | None,
     rows = compare_runs(base, candidate, base_id, candidate_id, scores)
     deltas = metric_deltas(base["metrics"], candidate["metrics"])
     stored = rows.assign(created_at=pd.Timestamp(datetime.now(timezone.utc)))
-    predicate = f"base_run = '{base_id}' AND candidate_run = '{candidate_id}'"
-    tables.replace_where(warehouse, "comparisons", pa.Table.from_pandas(stored, schema=schema.COMPARISONS, preserve_index=False),
-                         predicate, backend, spark)
-    path = Path(report or f"compare_{base_id}_vs_{candidate_id}.html")
+    pair = (F.col("base_run") == F.lit(base_id)) & (F.col("candidate_run") == F.lit(candidate_id))
+    warehouse.replace("comparisons", warehouse.frame(
+        "comparisons", pa.Table.from_pandas(stored, schema=schema.COMPARISONS, preserve_index=False)), pair)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_report(rows, deltas, base, candidate), encoding="utf-8")
     if tracking is not None:
         from crag.tracking import log_report
 
-        log_report(tracking, warehouse, candidate_id, str(path))
+        log_report(tracking, warehouse.location, candidate_id, str(path))
     return rows, summary_lines(rows, deltas), str(path)

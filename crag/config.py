@@ -216,8 +216,12 @@ class IndexingConfig(Section):
 
 
 class SparkConfig(Section):
-    master: str = "local[2]"
-    partitions: int | None = Field(None, gt=0)
+    master: str = "local[2]"  # classic Spark when no session is active and `remote` is not set
+    # Spark Connect: a server URL (sc://host:15002) or local[N] for a local server started in-process,
+    # as Databricks serverless runs every job
+    remote: str | None = None
+    jars_dir: str | None = None  # Delta Lake jars for local Spark (None: .crag/jars, fetched by make)
+    partitions: int | None = Field(None, gt=0)  # None: spark.default.parallelism (local[N]: N)
     batch_questions: int = Field(2000, gt=0)  # questions per committed batch: what a killed run can lose
     # Pipelines per task, on threads, each taking `questions_per_pipeline` questions at a time through
     # all the stages: out of phase with each other, they keep every remote endpoint busy at once
@@ -237,13 +241,13 @@ class TrackingConfig(Section):
 
 
 class TablesConfig(Section):
-    # auto: unity_catalog on a Databricks cluster (DATABRICKS_RUNTIME_VERSION is set), else delta_rs
-    backend: Literal["auto", "delta_rs", "unity_catalog"] = "auto"
+    """Where a local warehouse folder's tables are registered in the session's catalog (a warehouse
+    given as catalog.schema, as on Databricks, names its own)."""
 
-    def resolved(self) -> str:
-        if self.backend != "auto":
-            return self.backend
-        return "unity_catalog" if os.environ.get("DATABRICKS_RUNTIME_VERSION") else "delta_rs"
+    local_catalog: str = "spark_catalog"
+    local_schema: str = "crag"
+    # a run id held by a process that stopped sending heartbeats this long ago may be taken over
+    stale_run_after_s: float = Field(900, gt=0)
 
 
 class CragConfig(Section):

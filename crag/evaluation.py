@@ -26,8 +26,11 @@ from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
-from crag.questions import EXPECTED_ROUTES
+from crag.questions import EXPECTED_ROUTES, GOLD_COLUMNS
+
+
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f]")
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -201,34 +204,53 @@ def metrics_table(metrics: pd.DataFrame, slices: Iterable[str] = ("all",)) -> st
     return pivot.loc[order].to_string(float_format=lambda v: f"{v:.3f}", na_rep="-")
 
 
-def read_run(warehouse: str, run_id: str, backend: str = "delta_rs", spark=None) -> dict[str, pd.DataFrame]:
-    """The answers, grades and gold tables of one run."""
-    from crag import tables
+def read_run(warehouse, run_id: str, names=("answers", "grades", "gold")) -> dict[str, pd.DataFrame]:
+    """Tables of one run as pandas frames (a comparison or a calibration reads one run's rows)."""
     from crag.errors import InputError
 
-    parts = {name: tables.read_run_rows(warehouse, name, run_id, backend, spark) for name in ("answers", "grades", "gold")}
-    if parts["answers"].empty:
-        raise InputError(f"run {run_id!r} has no answers in {warehouse}")
-    if parts["gold"].empty:
-        raise InputError(f"run {run_id!r} has no gold columns (answers, is_impossible, expected_route, gold_doc_ids) to evaluate against")
+    parts = {name: warehouse.load_run(name, run_id).toPandas() for name in names}
+    if "answers" in parts and parts["answers"].empty:
+        raise InputError(f"run {run_id!r} has no answers in {warehouse.location}")
     return parts
 
 
-def store_metrics(warehouse: str, run_id: str, variant: str, metrics: pd.DataFrame, backend: str = "delta_rs",
-                  spark=None) -> None:
-    """Replace the run's rows of the metrics table."""
-    import pyarrow as pa
+# What question_scores reads of an answer row.
+_ANSWER_COLUMNS = ("question_id", "question", "answer", "action", "route", "refused", "web_query", "sources")
 
-    from crag import schema, tables
 
+def evaluate_run(warehouse, run_id: str, variant: str | None = None) -> pd.DataFrame:
+    """`crag eval`: the run's metrics from its stored tables, computed in Spark, and stored. Each
+    partition of questions (with their grades and gold) is evaluated by `evaluate`; every metric is a
+    mean, so the partitions' values weighted by their n combine into exactly the run's."""
+    from pyspark.sql import functions as F
+
+    from crag import schema
+    from crag.errors import InputError
+
+    answers = warehouse.load_run("answers", run_id)
+    first = answers.select("variant").limit(1).collect()
+    if not first:
+        raise InputError(f"run {run_id!r} has no answers in {warehouse.location}")
+    gold = warehouse.load_run("gold", run_id).drop("run_id", "variant")
+    if not gold.limit(1).count():
+        raise InputError(f"run {run_id!r} has no gold columns (answers, is_impossible, expected_route, gold_doc_ids) to evaluate against")
+    grades = (warehouse.load_run("grades", run_id)
+              .groupBy("question_id").agg(F.collect_list(F.struct("source", "doc_id", "grade")).alias("graded")))
+    joined = answers.select(*_ANSWER_COLUMNS).join(gold, "question_id").join(grades, "question_id", "left")
+
+    def per_partition(frames):
+        for frame in frames:
+            graded = [{"question_id": q, **g} for q, docs in zip(frame["question_id"], frame["graded"])
+                      for g in (docs if docs is not None else [])]
+            doc_frame = pd.DataFrame(graded, columns=["question_id", "source", "doc_id", "grade"])
+            m = evaluate(frame[list(_ANSWER_COLUMNS)], doc_frame, frame[["question_id", *GOLD_COLUMNS]])
+            yield pd.DataFrame({"metric": m["metric"], "slice": m["slice"], "total": m["value"] * m["n"], "n": m["n"]})
+
+    totals = (joined.mapInPandas(per_partition, "metric string, slice string, total double, n long")
+              .groupBy("metric", "slice").agg((F.sum("total") / F.sum("n")).alias("value"), F.sum("n").alias("n")))
+    metrics = totals.toPandas()  # metrics x slices: a few hundred rows at most
+    variant = variant or first[0]["variant"]
     rows = metrics.assign(run_id=run_id, variant=variant)
-    tables.write_run_rows(warehouse, "metrics", pa.Table.from_pandas(rows, schema=schema.METRICS, preserve_index=False),
-                          run_id, backend, spark)
-
-
-def evaluate_run(warehouse: str, run_id: str, backend: str = "delta_rs", spark=None) -> pd.DataFrame:
-    """`crag eval`: compute the run's metrics from its stored tables and store them."""
-    parts = read_run(warehouse, run_id, backend, spark)
-    metrics = evaluate(parts["answers"], parts["grades"], parts["gold"])
-    store_metrics(warehouse, run_id, parts["answers"]["variant"].iloc[0], metrics, backend, spark)
-    return metrics
+    warehouse.replace("metrics", warehouse.frame("metrics", pa.Table.from_pandas(rows, schema=schema.METRICS, preserve_index=False)),
+                      F.col("run_id") == F.lit(run_id))
+    return metrics[["metric", "slice", "value", "n"]]

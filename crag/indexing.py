@@ -194,7 +194,7 @@ def build_index(docs: str | Path, out: str | Path, cfg: IndexingConfig) -> dict:
     return write_index(chunks, Path(out), cfg.tokenizer)
 
 
-def build_knowledge_base(docs: str | Path, out: str | Path, cfg: CragConfig, spark=None) -> dict:
+def build_knowledge_base(docs: str | Path, out: str | Path, cfg: CragConfig) -> dict:
     """`crag index`: the local index under `out`, and with the Vector Search retriever configured also
     the Unity Catalog chunk table (on Databricks) and its Delta Sync index (created, or synced)."""
     manifest = build_index(docs, out, cfg.indexing)
@@ -205,12 +205,13 @@ def build_knowledge_base(docs: str | Path, out: str | Path, cfg: CragConfig, spa
     from crag.backends import resolve_credentials
     from crag.vector_index import sync_vector_index
 
-    if cfg.tables.resolved() == "unity_catalog":
+    from crag.backends.remote import on_databricks
+    from crag.spark import get_spark
+
+    if on_databricks():  # the Vector Search index syncs from a Unity Catalog table
         if not r.source_table:
             raise InputError("config key 'retriever.source_table' is required: the Unity Catalog chunk table to write")
-        from crag.spark import get_spark
-
-        tables.write_uc_chunk_table(r.source_table, tables.read_whole_table(Path(out) / "chunks"), spark or get_spark(cfg.spark))
+        tables.write_uc_chunk_table(r.source_table, tables.read_whole_table(Path(out) / "chunks"), get_spark(cfg.spark))
         manifest["source_table"] = r.source_table
         print(f"crag index: chunk table written to {r.source_table}", file=sys.stderr)
     manifest["vector_index"] = f"{sync_vector_index(r, resolve_credentials(cfg))} {r.index_name} on endpoint {r.endpoint}"

@@ -1,16 +1,25 @@
-"""`crag run`: questions in, five Delta tables out.
+"""`crag run`: a table of questions in, the run's Delta tables out, every step in Spark.
 
-read + validate questions (driver) -> stages on Spark -> split the nested stage output into answers,
-grades and decisions -> write every table for this run_id -> check that accepted + rejected = input rows.
+prepare   config, credentials and backends checked; the run id claimed (one writer at a time); the
+          questions read, validated and de-duplicated by Spark into `run_inputs`
+answer    the accepted questions not yet answered go through the stages in batches; each batch's
+          stage output is committed to `run_staging` once (a killed run resumes after the last one)
+finalise  answers, grades, decisions, rejects, gold and cache rows derived from the staged output,
+          each table's rows of the run replaced in one commit; the row invariant and the counts
+          checked with Spark aggregates; metrics, MLflow; the staging rows dropped
+
+The driver plans, commits and prints aggregates: it never holds the questions, answers or grades.
 """
 
 from __future__ import annotations
 
 import json
-import sys
+import logging
+import math
+import os
+import socket
 import time
 import uuid
-from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,16 +27,16 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from crag import schema, tables
+from crag import schema
 from crag.backends import build_backends, resolve_credentials
 from crag.config import CragConfig, load_config, redacted
-from crag.errors import CragError
-from crag.evaluation import evaluate, metrics_table, store_metrics
-from crag.questions import GOLD_COLUMNS, validate_questions
+from crag.errors import CragError, InputError
+from crag.ids import check_run_id
+from crag.questions import read_questions, validate
+from crag.spark import get_spark, parallelism, run_stages
+from crag.warehouse import Warehouse, quote
 
-
-def log(message: str) -> None:
-    print(f"crag: {message}", file=sys.stderr, flush=True)
+log = logging.getLogger("crag")
 
 
 def new_run_id() -> str:
@@ -44,164 +53,376 @@ def resolve_paths(cfg: CragConfig) -> CragConfig:
     return cfg
 
 
+# ------------------------------------------------------------------ the run's record
+
+
+@dataclass
+class RunPlan:
+    """What `prepare` settled: the run, its session and tables, and its input's size."""
+
+    cfg: CragConfig
+    run_id: str
+    variant: str
+    warehouse: Warehouse
+    secrets: dict[str, str]
+    attempt: str
+    started: datetime
+    input_hash: str = ""
+    input_rows: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    t0: float = field(default_factory=time.perf_counter)
+
+    def runs_row(self, status: str, counts: dict[str, int] | None = None, finished: datetime | None = None) -> pa.Table:
+        return pa.Table.from_pylist([{
+            "run_id": self.run_id, "variant": self.variant,
+            "config": json.dumps(redacted(self.cfg.model_dump(mode="json")), sort_keys=True, ensure_ascii=False),
+            "config_hash": self.cfg.hash(), "started_at": self.started, "finished_at": finished, "status": status,
+            "counts": list((counts or {}).items()), "attempt": self.attempt, "owner": _owner(),
+            "heartbeat_at": datetime.now(timezone.utc), "input_hash": self.input_hash,
+        }], schema=schema.RUNS)
+
+    def record(self, status: str, counts: dict[str, int] | None = None, finished: datetime | None = None) -> None:
+        from pyspark.sql import functions as F
+
+        self.warehouse.replace("runs", self.warehouse.frame("runs", self.runs_row(status, counts, finished)),
+                               F.col("run_id") == F.lit(self.run_id))
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 @dataclass
 class RunResult:
     run_id: str
     variant: str
     warehouse: str
-    input_rows: int
-    answers: pd.DataFrame
-    rejects: pd.DataFrame
     seconds: float
-    counts: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, int]
     metrics: pd.DataFrame | None = None  # when the questions carry gold columns
 
     def summary(self) -> str:
-        a = self.answers
+        c = self.counts
+
+        def group(prefix: str) -> str:
+            return ", ".join(f"{k[len(prefix):]} {v}" for k, v in sorted(c.items()) if k.startswith(prefix)) or "-"
+
         lines = [
             f"run {self.run_id} (variant {self.variant}) -> {self.warehouse}",
-            f"  questions   {self.input_rows}: {len(a)} accepted, {len(self.rejects)} rejected",
-            f"  actions     {_fmt(Counter(a['action'].dropna()))}",
-            f"  routes      {_fmt(Counter(a['route']))}",
-            f"  refusals    {int(a['refused'].sum())}",
-            f"  errors      {int(a['error'].notna().sum())}",
-            f"  calls       {int(a['search_calls'].sum())} search, {int(a['llm_calls'].sum())} LLM, "
-            f"{int(a['retries'].sum())} retries, {int(a['cache_hits'].sum())} answered from the stage cache",
-            f"  tokens      {int(a['prompt_tokens'].sum())} prompt, {int(a['completion_tokens'].sum())} completion",
-            f"  grader      {self.counts.get('grade_parse_failed', 0)} unreadable outputs, "
-            f"{self.counts.get('grade_parse_repaired', 0)} repaired",
+            f"  questions   {c['input_rows']}: {c['accepted']} accepted, {c['rejected']} rejected",
+            f"  actions     {group('action_')}",
+            f"  routes      {group('route_')}",
+            f"  refusals    {c['refused']}",
+            f"  errors      {c['errors']}",
+            f"  calls       {c['search_calls']} search, {c['llm_calls']} LLM, {c['retries']} retries, "
+            f"{c['cache_hits']} answered from the stage cache",
+            f"  tokens      {c['prompt_tokens']} prompt, {c['completion_tokens']} completion",
+            f"  grader      {c.get('grade_parse_failed', 0)} unreadable outputs, {c.get('grade_parse_repaired', 0)} repaired",
             f"  wall time   {self.seconds:.1f} s",
         ]
         if self.metrics is not None and not self.metrics.empty:
+            from crag.evaluation import metrics_table
+
             slices = ["all"] + sorted(s for s in self.metrics["slice"].unique() if s.startswith("language="))
             lines += ["", "quality against the gold columns (crag eval):", metrics_table(self.metrics, slices)]
         return "\n".join(lines)
 
 
-def _fmt(counter: Counter) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(counter.items())) or "-"
+# ------------------------------------------------------------------ prepare
 
 
-def split_stage_output(result: pa.Table, run_id: str, variant: str, created_at: datetime) -> dict[str, pa.Table]:
-    """The nested per-question rows -> answers, grades and decisions tables (in Arrow: a row of Python
-    objects per grade would cost seconds on large batches)."""
-    nested = ("grades", "decisions", "cache_entries")
+def prepare(conf: str | None, questions: str, warehouse: str, variant: str | None, run_id: str | None,
+            overrides: list[str], spark, resume: bool) -> RunPlan:
+    cfg = resolve_paths(load_config(conf, overrides, variant))
+    if resume and not run_id:
+        raise CragError("--resume needs the id of the run to continue")
+    run_id = check_run_id(run_id) if run_id else new_run_id()
+    # Credentials, indexes and clients first: a missing one fails in seconds with one clear line,
+    # before any input is read or any Spark work starts.
+    secrets = resolve_credentials(cfg)
+    build_backends(cfg, secrets)
+    wh = Warehouse(spark or get_spark(cfg.spark), warehouse, cfg.tables)
+    plan = RunPlan(cfg, run_id, variant or "base", wh, secrets, uuid.uuid4().hex, datetime.now(timezone.utc))
+    previous = _previous_run(plan, resume)
+    raw = read_questions(wh.spark, questions)
+    checked = validate(wh.spark, raw, cfg.input.max_question_chars)
+    if previous is not None and resume:
+        plan.started = previous["started_at"]
+        stored = wh.load_run("run_inputs", run_id)
+        _check_same_input(checked, stored, run_id)
+        plan.input_hash = previous["input_hash"]
+    claim_run(plan, previous)
+    if not resume:
+        from pyspark.sql import functions as F
 
-    def table(columns: dict, rows: int, target: pa.Schema) -> pa.Table:
-        driver_side = {"run_id": run_id, "variant": variant, "created_at": created_at}
-        for name, value in driver_side.items():
-            if name in target.names:
-                columns[name] = pa.array([value] * rows, target.field(name).type)
-        return pa.table(columns).select(target.names).cast(target)
-
-    answers = table({name: result.column(name) for name in result.column_names if name not in nested},
-                    result.num_rows, schema.ANSWERS)
-
-    def explode(column: str, target: pa.Schema) -> pa.Table:
-        lists = result.column(column).combine_chunks()
-        items = lists.flatten()
-        columns = {"question_id": result.column("question_id").combine_chunks().take(lists.value_parent_indices())}
-        columns.update({field.name: items.field(field.name) for field in items.type})
-        return table(columns, len(items), target)
-
-    cache_rows = {}
-    for items in result.column("cache_entries").to_pylist():
-        for item in items or []:
-            cache_rows.setdefault(item["key"], {**item, "run_id": run_id, "created_at": created_at})
-    return {
-        "answers": answers,
-        "grades": explode("grades", schema.GRADES),
-        "decisions": explode("decisions", schema.DECISIONS),
-        "stage_cache": pa.Table.from_pylist(list(cache_rows.values()), schema=schema.STAGE_CACHE),
-    }
-
-
-def _runs_row(run_id, variant, cfg: CragConfig, started, finished, status, counts) -> pa.Table:
-    return pa.Table.from_pylist(
-        [
-            {
-                "run_id": run_id,
-                "variant": variant,
-                "config": json.dumps(redacted(cfg.model_dump(mode="json")), sort_keys=True, ensure_ascii=False),
-                "config_hash": cfg.hash(),
-                "started_at": started,
-                "finished_at": finished,
-                "status": status,
-                "counts": list(counts.items()),
-            }
-        ],
-        schema=schema.RUNS,
-    )
+        wh.replace("run_inputs", checked.withColumn("run_id", F.lit(run_id)), F.col("run_id") == F.lit(run_id))
+        wh.delete("run_staging", F.col("run_id") == F.lit(run_id))  # what an earlier attempt left
+    inputs = wh.load_run("run_inputs", run_id)
+    totals = inputs.selectExpr("count(*) AS rows", "count_if(reason IS NULL) AS accepted",
+                               f"{_HASH} AS input_hash").collect()[0]
+    plan.input_rows, plan.accepted = int(totals["rows"]), int(totals["accepted"])
+    plan.rejected = plan.input_rows - plan.accepted
+    plan.input_hash = str(totals["input_hash"])
+    plan.record("running")
+    log.info("run %s: %d input rows, %d accepted, %d rejected", run_id, plan.input_rows, plan.accepted, plan.rejected)
+    return plan
 
 
-def run_counts(answers: pd.DataFrame, grades: pd.DataFrame, rejects: pd.DataFrame, input_rows: int) -> dict[str, int]:
-    counts = {
-        "input_rows": input_rows,
-        "accepted": len(answers),
-        "rejected": len(rejects),
-        "refused": int(answers["refused"].sum()),
-        "errors": int(answers["error"].notna().sum()),
-        "search_calls": int(answers["search_calls"].sum()),
-        "llm_calls": int(answers["llm_calls"].sum()),
-        "prompt_tokens": int(answers["prompt_tokens"].sum()),
-        "completion_tokens": int(answers["completion_tokens"].sum()),
-        "retries": int(answers["retries"].sum()),
-        "cache_hits": int(answers["cache_hits"].sum()),
-        "relevant_docs": int(answers["n_relevant"].sum()),
-    }
-    counts.update({f"grade_parse_{k}": v for k, v in Counter(grades["parse_status"].dropna()).items()})
-    counts.update({f"action_{k}": v for k, v in Counter(answers["action"].dropna()).items()})
-    counts.update({f"route_{k}": v for k, v in Counter(answers["route"]).items()})
-    return counts
+# An order-free fingerprint of a table of questions: what `--resume` checks the input against.
+_HASH = "coalesce(bit_xor(xxhash64(question_id, question, reason, input_row)), 0)"
 
 
-# Tables that hold one run's rows; a fresh run with an existing id clears them first.
-RUN_TABLES = ("answers", "grades", "decisions", "rejects", "gold", "metrics")
-
-
-def _batches(frame: pd.DataFrame, size: int):
-    for start in range(0, len(frame), size):
-        yield frame.iloc[start : start + size]
-
-
-def _previous_run(warehouse: str, run_id: str, backend: str, spark, cfg: CragConfig, variant: str) -> pd.Series:
-    if not tables.table_exists(warehouse, "runs", backend, spark):
-        raise CragError(f"no run {run_id!r} to resume in {warehouse}")
-    runs = tables.read_table(warehouse, "runs", backend, spark, run_id=run_id)
-    if runs.empty:
-        raise CragError(f"no run {run_id!r} to resume in {warehouse}")
-    previous = runs.iloc[0]
-    if previous["config_hash"] != cfg.hash() or previous["variant"] != variant:
+def _previous_run(plan: RunPlan, resume: bool):
+    """The run's row in `runs`, if any; with --resume it must exist, match the config and be unfinished."""
+    rows = plan.warehouse.load_run("runs", plan.run_id).collect()
+    previous = rows[0] if rows else None
+    if not resume:
+        return previous
+    if previous is None:
+        raise CragError(f"no run {plan.run_id!r} to resume in {plan.warehouse.location}")
+    if previous["config_hash"] != plan.cfg.hash() or previous["variant"] != plan.variant:
         raise CragError(
-            f"run {run_id!r} was started with config {previous['config_hash']} (variant {previous['variant']}); "
-            f"this one is {cfg.hash()} (variant {variant}): resume with the same --conf, --variant and --set"
+            f"run {plan.run_id!r} was started with config {previous['config_hash']} (variant {previous['variant']}); "
+            f"this one is {plan.cfg.hash()} (variant {plan.variant}): resume with the same --conf, --variant and --set"
         )
+    if previous["status"] == "succeeded":
+        raise CragError(f"run {plan.run_id!r} has already succeeded: nothing to resume")
+    if not plan.warehouse.load_run("run_inputs", plan.run_id).limit(1).count():
+        raise CragError(f"run {plan.run_id!r} left no record of its input to resume from: start it again without --resume")
     return previous
 
 
-def _completed(warehouse: str, run_id: str, backend: str, spark) -> set[str]:
-    """Question ids whose answers were committed; grades and decisions of an interrupted batch (written
-    before its answers) are deleted, so that batch runs again cleanly."""
-    if not tables.table_exists(warehouse, "answers", backend, spark):
-        return set()
-    done = set(tables.read_table(warehouse, "answers", backend, spark, run_id=run_id)["question_id"])
-    for name in ("grades", "decisions"):
-        if tables.table_exists(warehouse, name, backend, spark):
-            stored = set(tables.read_table(warehouse, name, backend, spark, run_id=run_id)["question_id"])
-            tables.delete_rows(warehouse, name, run_id, sorted(stored - done), backend, spark)
-    return done
+def _check_same_input(checked, stored, run_id: str) -> None:
+    """Refuse to resume over questions that differ from the ones the run started with."""
+    key = ["question_id", "question", "input_row"]
+    now, before = checked.select(*key), stored.select(*key)
+    added = now.exceptAll(before).count()
+    removed = before.exceptAll(now).count()
+    if added or removed:
+        raise CragError(f"run {run_id!r} was started on other questions: {added} row(s) here are not in its input and "
+                        f"{removed} of its rows are not here (changed text counts in both): resume with the same "
+                        f"--questions, or start a new run")
 
 
-def _stored_results(warehouse: str, questions: pd.Series, backend: str, spark) -> list[list[dict]]:
-    """The stage-cache entries filed under each question (crag.cache)."""
-    from crag.cache import question_key
+def claim_run(plan: RunPlan, previous) -> None:
+    """Make this process the run's only writer: a MERGE into `runs` that inserts the run, or takes over
+    one that is not running (or whose writer is gone). Delta lets only one of two concurrent MERGEs
+    commit, so two processes cannot both hold a run id."""
+    wh = plan.warehouse
+    takeover = None
+    for _ in range(10):
+        if previous is not None and previous["status"] == "running" and previous["attempt"] != plan.attempt:
+            if not _writer_gone(previous, plan.cfg.tables.stale_run_after_s):
+                raise CragError(
+                    f"run {plan.run_id!r} is being written by another crag process ({previous['owner']}, last "
+                    f"heartbeat {previous['heartbeat_at']:%Y-%m-%d %H:%M:%S} UTC): wait for it to end, or resume it "
+                    f"after it stops (crag run --resume {plan.run_id})")
+            takeover = previous["attempt"]
+        try:
+            _merge_claim(plan, takeover)
+        except Exception as exc:
+            from crag.warehouse import _is_conflict
 
-    keys = [question_key(q) for q in questions]
-    stored = tables.read_cache(warehouse, sorted(set(keys)), backend, spark)
-    by_question: dict[str, list[dict]] = {}
-    for row in stored.drop_duplicates("key").itertuples(index=False):
-        by_question.setdefault(row.question_key, []).append({"key": row.key, "value": row.value})
-    return [by_question.get(k, []) for k in keys]
+            if not _is_conflict(exc):
+                raise
+        rows = wh.load_run("runs", plan.run_id).collect()
+        previous = rows[0] if rows else None
+        if previous is not None and previous["attempt"] == plan.attempt:
+            return
+        time.sleep(0.2)
+    raise CragError(f"could not claim run {plan.run_id!r}: the runs table kept changing under this process")
+
+
+def _writer_gone(row, stale_after_s: float) -> bool:
+    host, _, pid = (row["owner"] or "").rpartition(":")
+    if host == socket.gethostname() and pid.isdigit():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+    beat = row["heartbeat_at"]
+    return beat is None or (datetime.now(timezone.utc) - beat.replace(tzinfo=timezone.utc)).total_seconds() > stale_after_s
+
+
+def _merge_claim(plan: RunPlan, takeover: str | None) -> None:
+    wh = plan.warehouse
+    if not wh.exists("runs"):
+        wh.ensure("runs")
+    row = plan.runs_row("running").append_column("takeover", pa.array([takeover], pa.string()))
+    view = f"crag_claim_{plan.attempt}"
+    wh.spark.createDataFrame(row).createOrReplaceTempView(view)
+    columns = schema.RUNS.names
+    assign = ", ".join(f"t.{quote(c)} = s.{quote(c)}" for c in columns)
+    names = ", ".join(quote(c) for c in columns)
+    values = ", ".join(f"s.{quote(c)}" for c in columns)
+    wh.spark.sql(
+        f"MERGE INTO {wh.name('runs')} AS t USING {quote(view)} AS s ON t.run_id = s.run_id "
+        f"WHEN MATCHED AND (t.status <> 'running' OR t.attempt <=> s.takeover) THEN UPDATE SET {assign} "
+        f"WHEN NOT MATCHED THEN INSERT ({names}) VALUES ({values})"
+    )
+
+
+# ------------------------------------------------------------------ answer
+
+
+def answer_batches(plan: RunPlan) -> None:
+    """The accepted questions without a staged answer, in committed batches of spark.batch_questions."""
+    from pyspark.sql import functions as F
+
+    wh, cfg = plan.warehouse, plan.cfg
+    inputs = wh.load_run("run_inputs", plan.run_id).where(F.col("reason").isNull()).select("question_id", "question")
+    done = wh.load_run("run_staging", plan.run_id).select("question_id")
+    todo = inputs.join(done, "question_id", "left_anti")
+    remaining = todo.count()
+    if remaining < plan.accepted:
+        log.info("resuming: %d questions already answered, %d to go", plan.accepted - remaining, remaining)
+    if not remaining:
+        return
+    batches = math.ceil(remaining / cfg.spark.batch_questions)
+    slots = parallelism(wh.spark, cfg.spark)
+    bucket = F.pmod(F.xxhash64("question_id"), F.lit(batches))
+    finished, t0 = 0, time.perf_counter()
+    for i in range(batches):
+        batch = todo.where(bucket == i)
+        if cfg.cache.enabled:
+            batch = _with_stored_results(wh, batch)
+        else:
+            batch = batch.withColumn("cache", F.expr("array()").cast("array<struct<key:string,value:string>>"))
+        size = math.ceil(remaining / batches)
+        partitions = max(1, min(cfg.spark.partitions or slots, size))
+        output = run_stages(batch, cfg, plan.secrets, partitions, slots)
+        staged = output.select(F.lit(plan.run_id).alias("run_id"), F.lit(i).cast("int").alias("batch"), "*",
+                               F.current_timestamp().alias("created_at"))
+        wh.append("run_staging", staged)
+        finished = wh.load_run("run_staging", plan.run_id).count()
+        plan.record("running")  # heartbeat
+        rate = (finished - (plan.accepted - remaining)) / max(time.perf_counter() - t0, 1e-9)
+        left = (plan.accepted - finished) / rate if rate > 0 else float("nan")
+        log.info("batch %d/%d: %d of %d questions answered (%.1f/s, about %.0f s left)",
+                 i + 1, batches, finished, plan.accepted, rate, left)
+
+
+def _with_stored_results(wh: Warehouse, batch):
+    """The batch's questions with the stage-cache rows filed under them (crag.cache), joined in Spark."""
+    from pyspark.sql import functions as F
+
+    keyed = batch.withColumn("question_key", F.substring(F.sha2("question", 256), 1, 24))
+    stored = (wh.load("stage_cache").join(keyed.select("question_key").distinct(), "question_key")
+              .dropDuplicates(["key"])
+              .groupBy("question_key").agg(F.collect_list(F.struct("key", "value")).alias("cache")))
+    empty = F.expr("array()").cast("array<struct<key:string,value:string>>")
+    return (keyed.join(stored, "question_key", "left")
+            .select("question_id", "question", F.coalesce("cache", empty).alias("cache")))
+
+
+# ------------------------------------------------------------------ finalise
+
+
+def _derived_tables(plan: RunPlan) -> dict:
+    """Each run table's rows, derived from the staged stage output (one row per question)."""
+    from pyspark.sql import functions as F
+
+    wh = plan.warehouse
+    staged = wh.load_run("run_staging", plan.run_id).dropDuplicates(["question_id"])
+    run_cols = [F.lit(plan.run_id).alias("run_id"), F.lit(plan.variant).alias("variant")]
+    created = F.col("created_at")
+
+    def exploded(column: str, target: pa.Schema):
+        items = staged.select("question_id", created, F.explode(column).alias("item"))
+        fields = [f for f in target.names if f not in ("run_id", "variant", "question_id", "created_at")]
+        return items.select(*run_cols, "question_id", *[F.col(f"item.{f}").alias(f) for f in fields])
+
+    inputs = wh.load_run("run_inputs", plan.run_id)
+    gold_fields = [f for f in schema.GOLD.names if f not in ("run_id", "variant")]
+    return {
+        "answers": staged.select(*run_cols, *[c for c in schema.ANSWERS.names if c not in ("run_id", "variant")]),
+        "grades": exploded("grades", schema.GRADES),
+        "decisions": exploded("decisions", schema.DECISIONS),
+        "rejects": inputs.where(F.col("reason").isNotNull()).select(
+            *run_cols, "question_id", "question", "input_row", "reason", F.current_timestamp().alias("created_at")),
+        "gold": inputs.where(F.col("reason").isNull() & F.col("has_gold")).select(*run_cols, *gold_fields),
+    }
+
+
+def finalise(plan: RunPlan) -> RunResult:
+    from pyspark.sql import functions as F
+
+    wh, run_id = plan.warehouse, plan.run_id
+    derived = _derived_tables(plan)
+    is_run = F.col("run_id") == F.lit(run_id)
+    for name in ("grades", "decisions", "rejects", "gold", "answers"):
+        wh.replace(name, derived[name], is_run)
+    _store_cache_rows(plan)
+    counts = run_counts(wh, run_id, plan.input_rows)
+    check_invariant(counts, plan)
+    metrics = None
+    if counts["gold_rows"]:
+        from crag.evaluation import evaluate_run
+
+        metrics = evaluate_run(wh, run_id, plan.variant)
+    seconds = time.perf_counter() - plan.t0
+    plan.record("succeeded", counts, datetime.now(timezone.utc))
+    for name in ("run_staging", "run_inputs"):
+        wh.delete(name, is_run)
+    from crag.tracking import log_run
+
+    mlflow_run = log_run(plan.cfg, wh.location, run_id, plan.variant, counts, metrics, seconds,
+                         redacted(plan.cfg.model_dump(mode="json")))
+    if mlflow_run:
+        log.info("logged to MLflow run %s", mlflow_run)
+    return RunResult(run_id, plan.variant, wh.location, seconds, counts, metrics)
+
+
+def _store_cache_rows(plan: RunPlan) -> None:
+    """New stage-cache rows of the run, once each (the cache is shared by every run)."""
+    from pyspark.sql import functions as F
+
+    if not plan.cfg.cache.enabled:
+        return
+    wh = plan.warehouse
+    staged = wh.load_run("run_staging", plan.run_id)
+    rows = (staged.select(F.explode("cache_entries").alias("e"), "created_at")
+            .select("e.key", "e.question_key", "e.role", "e.value", F.lit(plan.run_id).alias("run_id"), "created_at")
+            .dropDuplicates(["key"]))
+    wh.append("stage_cache", rows.join(wh.load("stage_cache").select("key"), "key", "left_anti"))
+
+
+def run_counts(wh: Warehouse, run_id: str, input_rows: int) -> dict[str, int]:
+    """The run's totals, from Spark aggregates over its tables."""
+    from pyspark.sql import functions as F
+
+    answers = wh.load_run("answers", run_id)
+    sums = answers.agg(
+        F.count("*").alias("accepted"), F.countDistinct("question_id").alias("distinct_ids"),
+        F.count_if(F.col("refused")).alias("refused"), F.count("error").alias("errors"),
+        *[F.coalesce(F.sum(c), F.lit(0)).alias(c) for c in
+          ("search_calls", "llm_calls", "prompt_tokens", "completion_tokens", "retries", "cache_hits")],
+        F.coalesce(F.sum("n_relevant"), F.lit(0)).alias("relevant_docs"),
+    ).collect()[0].asDict()
+    counts = {"input_rows": input_rows, **{k: int(v) for k, v in sums.items()}}
+    counts["rejected"] = wh.load_run("rejects", run_id).count()
+    counts["gold_rows"] = wh.load_run("gold", run_id).count()
+    for column, prefix in (("action", "action_"), ("route", "route_")):
+        for row in answers.where(F.col(column).isNotNull()).groupBy(column).count().collect():
+            counts[prefix + row[column]] = int(row["count"])
+    for row in wh.load_run("grades", run_id).where(F.col("parse_status").isNotNull()).groupBy("parse_status").count().collect():
+        counts["grade_parse_" + row["parse_status"]] = int(row["count"])
+    return counts
+
+
+def check_invariant(counts: dict[str, int], plan: RunPlan) -> None:
+    """accepted + rejected = input rows, and every accepted question exactly once in answers."""
+    if counts["accepted"] + counts["rejected"] != plan.input_rows or counts["accepted"] != plan.accepted:
+        raise CragError(f"row accounting failed: {counts['accepted']} answers + {counts['rejected']} rejects != "
+                        f"{plan.input_rows} input rows ({plan.accepted} accepted)")
+    if counts["distinct_ids"] != counts["accepted"]:
+        raise CragError("row accounting failed: duplicate question_id in answers")
+
+
+# ------------------------------------------------------------------ the whole run
 
 
 def run(
@@ -214,97 +435,20 @@ def run(
     spark=None,
     resume: bool = False,
 ) -> RunResult:
-    """Answer the questions and write every table of the run.
-
-    Accepted questions go through Spark in batches of spark.batch_questions; each batch's grades and
-    decisions are committed, then its answers, which mark the batch done. With `resume`, a run that
-    was killed or failed continues: committed questions are kept and not sent to any backend again.
-    Without it, an existing run id is started over (its rows replaced).
-    """
-    t0 = time.perf_counter()
-    metrics = None
-    cfg = resolve_paths(load_config(conf, overrides, variant))
-    variant_name = variant or "base"
-    if resume and not run_id:
-        raise CragError("--resume needs the id of the run to continue")
-    run_id = tables.check_run_id(run_id) if run_id else new_run_id()
-    backend = cfg.tables.resolved()
-
-    # Credentials, indexes and clients first: a missing one fails in seconds with one clear line,
-    # before any input is read or any Spark work starts.
-    secrets = resolve_credentials(cfg)
-    build_backends(cfg, secrets)
-
-    from crag.spark import get_spark, run_stages
-
-    if spark is None and backend == "unity_catalog":
-        spark = get_spark(cfg.spark)  # Unity Catalog tables are read through Spark
-    raw = tables.read_questions(questions, spark=spark)
-    accepted, rejects = validate_questions(raw, cfg.input.max_question_chars)
-    spark = spark or get_spark(cfg.spark)
-    write = lambda name, rows: tables.write_run_rows(warehouse, name, rows, run_id, backend, spark)  # noqa: E731
-    append = lambda name, rows: tables.append_rows(warehouse, name, rows, backend, spark)  # noqa: E731
-    started = datetime.now(timezone.utc)
-    if resume:
-        started = _previous_run(warehouse, run_id, backend, spark, cfg, variant_name)["started_at"]
-    log(f"run {run_id}: {len(raw)} input rows, {len(accepted)} accepted, {len(rejects)} rejected")
-    if resume:
-        done = _completed(warehouse, run_id, backend, spark)
-    else:
-        for name in RUN_TABLES:
-            tables.delete_rows(warehouse, name, run_id, None, backend, spark)
-        done = set()
-    write("runs", _runs_row(run_id, variant_name, cfg, started, None, "running", {}))
+    """Answer the questions and write every table of the run. With `resume`, a run that was killed or
+    failed continues: committed batches are kept and not sent to any backend again. Without it, an
+    existing run id is answered again, and its previous rows stay until the new ones replace them."""
+    plan = prepare(conf, questions, warehouse, variant, run_id, list(overrides), spark, resume)
     try:
-        created_at = pd.Timestamp(datetime.now(timezone.utc))
-        reject_rows = rejects.assign(run_id=run_id, variant=variant_name, created_at=created_at)
-        write("rejects", pa.Table.from_pandas(reject_rows, schema=schema.REJECTS, preserve_index=False))
-        gold_columns = [c for c in GOLD_COLUMNS if c in accepted.columns]
-        gold = None
-        if gold_columns:
-            gold = accepted[["question_id", *gold_columns]].assign(run_id=run_id, variant=variant_name)
-            for column in set(GOLD_COLUMNS) - set(gold_columns):
-                gold[column] = None
-            write("gold", pa.Table.from_pandas(gold, schema=schema.GOLD, preserve_index=False))
-
-        todo = accepted[~accepted["question_id"].isin(done)]
-        if resume:
-            log(f"resuming: {len(done)} questions already answered, {len(todo)} to go")
-        n_batches = -(-len(todo) // cfg.spark.batch_questions)
-        for i, batch in enumerate(_batches(todo, cfg.spark.batch_questions), 1):
-            log(f"batch {i}/{n_batches}: {len(batch)} questions on Spark ({spark.sparkContext.master})")
-            if cfg.cache.enabled:
-                batch = batch.assign(cache=_stored_results(warehouse, batch["question"], backend, spark))
-            parts = split_stage_output(run_stages(spark, batch, cfg, secrets), run_id, variant_name, datetime.now(timezone.utc))
-            if parts["stage_cache"].num_rows:
-                append("stage_cache", parts["stage_cache"])
-            for name in ("grades", "decisions", "answers"):  # answers last: they mark the batch done
-                append(name, parts[name])
-
-        answers = tables.read_run_rows(warehouse, "answers", run_id, backend, spark)
-        grades = tables.read_run_rows(warehouse, "grades", run_id, backend, spark)
-        _check_invariant(answers, accepted, rejects, len(raw))
-        counts = run_counts(answers, grades, rejects, len(raw))
-        write("runs", _runs_row(run_id, variant_name, cfg, started, datetime.now(timezone.utc), "succeeded", counts))
-        if gold is not None:  # evaluated from what the run holds, without reading its tables back again
-            metrics = evaluate(answers, grades, gold)
-            store_metrics(warehouse, run_id, variant_name, metrics, backend, spark)
-        from crag.tracking import log_run
-
-        mlflow_run = log_run(cfg, warehouse, run_id, variant_name, counts, metrics, time.perf_counter() - t0,
-                             redacted(cfg.model_dump(mode="json")))
-        if mlflow_run:
-            log(f"logged to MLflow run {mlflow_run}")
+        if plan.accepted == 0:
+            finalise(plan)
+            raise InputError(f"no question was accepted: all {plan.input_rows} input rows were rejected "
+                             f"(see the rejects table of run {plan.run_id})")
+        answer_batches(plan)
+        return finalise(plan)
     except BaseException:
-        write("runs", _runs_row(run_id, variant_name, cfg, started, datetime.now(timezone.utc), "failed", {}))
+        try:
+            plan.record("failed", finished=datetime.now(timezone.utc))
+        except Exception:  # the original failure is the one to report
+            log.debug("could not record the failed run", exc_info=True)
         raise
-    return RunResult(run_id, variant_name, warehouse, len(raw), answers, rejects, time.perf_counter() - t0, counts, metrics)
-
-
-def _check_invariant(answers: pd.DataFrame, accepted: pd.DataFrame, rejects: pd.DataFrame, input_rows: int) -> None:
-    if len(answers) + len(rejects) != input_rows or set(answers["question_id"]) != set(accepted["question_id"]):
-        raise CragError(
-            f"row accounting failed: {len(answers)} answers + {len(rejects)} rejects != {input_rows} input rows"
-        )
-    if answers["question_id"].duplicated().any():
-        raise CragError("row accounting failed: duplicate question_id in answers")

@@ -1,41 +1,140 @@
-"""The first stage: validate the question table. Every input row ends up either accepted or as a reject
-row with a readable reason, never dropped."""
+"""The first stage: read and validate the question table. Every input row ends up either accepted or
+as a reject row with a readable reason, never dropped.
+
+`read_questions` reads with Spark (a catalog table, a Delta folder, or JSONL / Parquet / CSV files), so
+the driver never holds the questions. `validate` numbers the rows, checks each one in the Python
+workers (`check_rows`, a pure function over a pandas frame) and marks repeated ids in Spark.
+"""
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
+from crag import schema
 from crag.errors import InputError
 
 REQUIRED = ("question_id", "question")
 # Optional columns that say what the right outcome is, for `crag eval`.
 GOLD_COLUMNS = ("answers", "is_impossible", "expected_route", "gold_doc_ids")
+EXPECTED_ROUTES = ("internal", "web", "none")
+QUESTION_FILE_SUFFIXES = (".jsonl", ".parquet", ".csv")
 # C0/C1 control characters except tab, newline and carriage return, which are ordinary whitespace.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_TRUE, _FALSE = {"true", "1", "yes"}, {"false", "0", "no", ""}
+# What a JSONL line becomes before it is checked: its text, parsed in the workers (Spark's own JSON
+# reader would turn a number in a text column into text, and one bad line into nulls).
+JSONL_LINE = "value"
+# The checked rows, before repeated ids are marked (RUN_INPUTS without run_id).
+CHECKED = pa.schema([f for f in schema.RUN_INPUTS if f.name != "run_id"] + [pa.field("id_problem", pa.bool_())])
+
+
+# ------------------------------------------------------------------ reading (Spark)
+
+
+def _catalog_name(source: str) -> bool:
+    return bool(re.fullmatch(r"[\w`]+(\.[\w`]+){1,2}", source)) and not Path(source).exists()
+
+
+def read_questions(spark, source: str):
+    """A Spark DataFrame of the raw rows: a catalog table name, a Delta folder, or a .jsonl / .parquet /
+    .csv file (CSV columns are read as text: ids such as 007 stay as they are)."""
+    from pyspark.errors import PySparkException
+
+    try:
+        if _catalog_name(source):
+            if not spark.catalog.tableExists(source):
+                raise InputError(f"questions table {source} not found")
+            return _require_columns(spark.table(source), source)
+        path = Path(source)
+        if not path.exists():
+            raise InputError(f"questions not found: {path}")
+        if path.is_dir():
+            log = path / "_delta_log"
+            if not log.is_dir():
+                raise InputError(f"{path} is a folder but not a Delta table (no _delta_log)")
+            if not any(log.glob("*.json")) and not any(log.glob("*.checkpoint*.parquet")):
+                raise InputError(f"{path} is not a readable Delta table: its _delta_log holds no commit")
+            return _require_columns(spark.read.format("delta").load(str(path.resolve())), source)
+        suffix = path.suffix.lower()
+        if suffix == ".jsonl":
+            return spark.read.text(str(path.resolve())).where(f"trim({JSONL_LINE}) != ''")
+        if suffix == ".parquet":
+            if path.stat().st_size == 0:
+                raise InputError(f"{path} is empty: not a Parquet file")
+            return _require_columns(spark.read.parquet(str(path.resolve())), source)
+        if suffix == ".csv":
+            frame = spark.read.options(header=True, inferSchema=False, multiLine=True, escape='"').csv(str(path.resolve()))
+            return _require_columns(frame, source)
+    except PySparkException as exc:
+        raise InputError(f"cannot read questions from {source}: {_first_line(exc)}") from None
+    raise InputError(f"unsupported questions file {source}: expected a Delta folder or {', '.join(QUESTION_FILE_SUFFIXES)}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _require_columns(frame, source: str):
+    missing = [c for c in REQUIRED if c not in frame.columns]
+    if missing:
+        raise InputError(f"questions lack column(s) {', '.join(missing)} (found: {', '.join(frame.columns) or 'none'}) in {source}")
+    return frame.select(*[c for c in (*REQUIRED, *GOLD_COLUMNS) if c in frame.columns])
+
+
+# ------------------------------------------------------------------ checking one row (pure)
 
 
 def _is_missing(value) -> bool:
     return value is None or (isinstance(value, float) and value != value) or value is pd.NA
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800" is valid JSON, not valid text)
+        return False
+
+
+def _storable(value):
+    """Text that cannot be encoded is kept, escaped, for the reject row."""
+    return value.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(value, str) else None
+
+
 def _id_text(value) -> str | None:
-    """Ids may arrive as strings or integers (CSV, Parquet); both become strings. Floats that hold an
-    integer (a CSV column with gaps) lose their ".0"."""
+    """Ids may arrive as strings or integers (Parquet, Delta); both become strings. Floats that hold an
+    integer lose their ".0"."""
     if _is_missing(value):
         return None
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
         value = int(value)
-    if isinstance(value, (str, int)) and not isinstance(value, bool):
+    if isinstance(value, (str, int, np.integer)) and not isinstance(value, (bool, np.bool_)):
         text = str(value).strip()
         return text or None
     return None
 
 
-def _problem(question, max_chars: int) -> str | None:
+def _id_problem(raw, qid: str | None) -> str | None:
+    if qid is None:
+        if _is_missing(raw) or str(raw).strip() == "":
+            return "question_id is missing"
+        return f"question_id is not text or an integer (got {type(raw).__name__})"
+    if not _encodable(qid):
+        return "question_id is not valid text (it holds a lone surrogate)"
+    if _CONTROL.search(qid):
+        return "question_id contains a control character"
+    return None
+
+
+def question_problem(question, max_chars: int) -> str | None:
     if _is_missing(question):
         return "question is missing (null)"
     if not isinstance(question, str):
@@ -44,6 +143,10 @@ def _problem(question, max_chars: int) -> str | None:
         return "question is empty"
     if not question.strip():
         return "question is only whitespace"
+    if not _encodable(question):
+        return "question is not valid text: it holds a lone surrogate (an unpaired \\ud800-\\udfff escape)"
+    if "\ufffd" in question:
+        return "question holds U+FFFD: the input was not valid UTF-8"
     if len(question) > max_chars:
         return f"question is {len(question)} characters; the limit is {max_chars} (input.max_question_chars)"
     control = _CONTROL.search(question)
@@ -53,32 +156,28 @@ def _problem(question, max_chars: int) -> str | None:
     return None
 
 
-EXPECTED_ROUTES = ("internal", "web", "none")
-_TRUE, _FALSE = {"true", "1", "yes"}, {"false", "0", "no", ""}
-
-
 def _string_list(value, column: str):
     """Gold lists: a list of strings, one string, or null (= empty)."""
     if isinstance(value, str):
-        return [value]
+        value = [value]
     if not isinstance(value, (list, tuple, np.ndarray)):
         if _is_missing(value):
             return []
         shown = value.item() if isinstance(value, np.generic) else value
         raise ValueError(f"{column} must be a list of strings (got {shown!r})")
-    if not all(isinstance(v, str) for v in value):
-        raise ValueError(f"{column} must be a list of strings")
+    if not all(isinstance(v, str) and _encodable(v) for v in value):
+        raise ValueError(f"{column} must be a list of valid strings")
     return list(value)
 
 
-def _gold(row: dict, columns) -> dict:
-    """The gold columns of one row, normalised; ValueError names the bad one."""
-    gold = {}
-    if "answers" in columns:
+def gold_of(row: dict) -> dict:
+    """The gold columns of one row, normalised (absent ones None); ValueError names the bad one."""
+    gold: dict = {c: None for c in GOLD_COLUMNS}
+    if "answers" in row:
         gold["answers"] = _string_list(row["answers"], "answers")
-    if "gold_doc_ids" in columns:
+    if "gold_doc_ids" in row:
         gold["gold_doc_ids"] = _string_list(row["gold_doc_ids"], "gold_doc_ids")
-    if "is_impossible" in columns:
+    if "is_impossible" in row:
         value = row["is_impossible"]
         if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
             value = value.strip().lower() in _TRUE
@@ -87,7 +186,7 @@ def _gold(row: dict, columns) -> dict:
         elif not isinstance(value, (bool, np.bool_)):
             raise ValueError(f"is_impossible must be true or false (got {value!r})")
         gold["is_impossible"] = None if value is None else bool(value)
-    if "expected_route" in columns:
+    if "expected_route" in row:
         value = row["expected_route"]
         if _is_missing(value):
             value = None
@@ -97,45 +196,101 @@ def _gold(row: dict, columns) -> dict:
     return gold
 
 
-def validate_questions(raw: pd.DataFrame, max_chars: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(accepted, rejects). accepted has question_id (str) and question plus every other input column;
-    rejects has question_id, question, input_row (0-based) and reason. Of rows sharing a question_id
-    the first is kept and the later ones are rejected."""
-    missing = [c for c in REQUIRED if c not in raw.columns]
-    if missing:
-        found = ", ".join(map(str, raw.columns)) or "none"
-        raise InputError(f"questions lack column(s) {', '.join(missing)} (found: {found})")
-    if raw.empty:
+def _parse_line(line: str) -> tuple[dict | None, str | None]:
+    if "\ufffd" in line:
+        return None, "line is not valid UTF-8"
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return None, f"line is not valid JSON ({exc.msg} at column {exc.colno})"
+    if not isinstance(row, dict):
+        return None, f"line is not a JSON object (got {type(row).__name__})"
+    return row, None
+
+
+def check_rows(frame: pd.DataFrame, max_chars: int) -> pd.DataFrame:
+    """Check each raw row on its own (repeated ids are a question for the whole table: see
+    `validate`). `frame` has either a JSONL line column or the question columns, and `input_row`.
+    Returns CHECKED columns: reason is null for a good row; id_problem says the id itself is bad."""
+    out = []
+    for record in frame.to_dict("records"):
+        row, reason = (_parse_line(record[JSONL_LINE]) if JSONL_LINE in record else
+                       ({k: v for k, v in record.items() if k != "input_row"}, None))
+        row = row or {}
+        qid = _id_text(row.get("question_id"))
+        id_reason = reason or _id_problem(row.get("question_id"), qid)
+        gold = {c: None for c in GOLD_COLUMNS}
+        reason = id_reason or question_problem(row.get("question"), max_chars)
+        if reason is None:
+            try:
+                gold = gold_of(row)
+            except ValueError as exc:
+                reason = str(exc)
+        question = row.get("question")
+        out.append({
+            "question_id": _storable(qid),
+            "question": _storable(question) if reason else question,
+            "input_row": int(record["input_row"]),
+            "reason": reason,
+            "has_gold": any(c in row for c in GOLD_COLUMNS),
+            **gold,
+            "id_problem": id_reason is not None,
+        })
+    return pd.DataFrame(out, columns=CHECKED.names)
+
+
+# ------------------------------------------------------------------ the whole table (Spark)
+
+
+def validate(spark, raw, max_chars: int):
+    """The checked rows of the whole table (RUN_INPUTS without run_id), in Spark: each row numbered by
+    its position in the input (0-based; blank JSONL lines not counted), checked on its own, and of rows
+    sharing a question_id the first kept and the later ones rejected."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    numbered = _numbered(spark, raw)
+
+    def check(frames):
+        for frame in frames:
+            yield check_rows(frame, max_chars)
+
+    checked = numbered.mapInPandas(check, from_arrow_schema(CHECKED))
+    first = F.min("input_row").over(Window.partitionBy("question_id"))
+    duplicate = F.concat(F.lit("duplicate question_id '"), F.col("question_id"),
+                         F.lit("': first seen at input row "), F.col("first_row").cast("string"))
+    return (
+        checked.withColumn("first_row", F.when(~F.col("id_problem"), first))
+        .withColumn("reason", F.when(~F.col("id_problem") & (F.col("input_row") > F.col("first_row")), duplicate)
+                    .otherwise(F.col("reason")))
+        .drop("first_row", "id_problem")
+    )
+
+
+def _numbered(spark, raw):
+    """raw with `input_row`: a row's position in the input, from each partition's row count (one small
+    aggregate) and the row's offset in its partition, without moving the rows."""
+    from pyspark.sql import functions as F
+
+    tagged = raw.withColumn("_id", F.monotonically_increasing_id()).withColumn("_part", F.spark_partition_id())
+    counts = sorted((r["_part"], r["count"]) for r in tagged.groupBy("_part").count().collect())
+    offsets, total = [], 0
+    for part, count in counts:
+        offsets.append((part, total))
+        total += count
+    if total == 0:
         raise InputError("the questions table has no rows")
-    first_row: dict[str, int] = {}
-    accepted_rows, rejects = [], []
-    gold_columns = [c for c in GOLD_COLUMNS if c in raw.columns]
-    gold_rows: dict[int, dict] = {}
-    for i, (qid_raw, question) in enumerate(zip(raw["question_id"], raw["question"])):
-        qid = _id_text(qid_raw)
-        reason = None
-        if qid is None:
-            reason = "question_id is missing" if _is_missing(qid_raw) or str(qid_raw).strip() == "" else f"question_id is not text or an integer (got {type(qid_raw).__name__})"
-        elif qid in first_row:
-            reason = f"duplicate question_id {qid!r}: first seen at input row {first_row[qid]}"
-        else:
-            first_row[qid] = i
-            reason = _problem(question, max_chars)
-            if reason is None and gold_columns:
-                try:
-                    gold_rows[i] = _gold(raw.iloc[i], gold_columns)
-                except ValueError as exc:
-                    reason = str(exc)
-        if reason:
-            rejects.append(
-                {"question_id": qid, "question": question if isinstance(question, str) else None, "input_row": i, "reason": reason}
-            )
-        else:
-            accepted_rows.append(i)
-    accepted = raw.iloc[accepted_rows].copy()
-    accepted["question_id"] = [_id_text(v) for v in accepted["question_id"]]
-    for column in gold_columns:
-        accepted[column] = [gold_rows[i][column] for i in accepted_rows]
-    accepted = accepted.reset_index(drop=True)
-    rejected = pd.DataFrame(rejects, columns=["question_id", "question", "input_row", "reason"])
-    return accepted, rejected
+    starts = spark.createDataFrame(offsets, "_part int, _start long")
+    # monotonically_increasing_id: the partition index in the upper 31 bits, the row's offset below
+    position = F.col("_id") - F.shiftleft(F.col("_part").cast("long"), 33)
+    return (tagged.join(F.broadcast(starts), "_part")
+            .withColumn("input_row", F.col("_start") + position)
+            .drop("_id", "_part", "_start"))
+
+
+def check_one(question_id: str, question: str, max_chars: int) -> None:
+    """`crag ask`: the same checks for one question, as an InputError."""
+    checked = check_rows(pd.DataFrame({"question_id": [question_id], "question": [question], "input_row": [0]}), max_chars)
+    if checked["reason"].iloc[0]:
+        raise InputError(checked["reason"].iloc[0])

@@ -87,6 +87,11 @@ RUNS = pa.schema(
         ("finished_at", UTC_TIMESTAMP),
         ("status", pa.string()),
         ("counts", pa.map_(pa.string(), pa.int64())),
+        # who is running it: one writer per run id at a time (crag.job claims the run)
+        ("attempt", pa.string()),
+        ("owner", pa.string()),  # host:pid
+        ("heartbeat_at", UTC_TIMESTAMP),
+        ("input_hash", pa.string()),  # what `--resume` checks the questions against
     ]
 )
 
@@ -187,6 +192,25 @@ STAGE_OUTPUT = pa.schema(
 # serve it (empty with the cache off).
 STAGE_INPUT = pa.schema([("question_id", pa.string()), ("question", pa.string()),
                          ("cache", pa.list_(pa.struct([("key", pa.string()), ("value", pa.string())])))])
+
+# Work in progress of a run, kept until the run is finalised (crag.job): the validated input rows,
+# and each committed batch's stage output, from which answers, grades, decisions and cache rows are
+# derived once every batch is done. A killed run resumes from them; a re-run of a finished run id
+# leaves that run's rows in place until the new one replaces them in one commit per table.
+RUN_INPUTS = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("question_id", pa.string()),
+        ("question", pa.string()),
+        ("input_row", pa.int64()),
+        ("reason", pa.string()),  # why the row is rejected; null for accepted rows
+        ("has_gold", pa.bool_()),
+        *[f for f in GOLD if f.name not in ("run_id", "variant", "question_id")],
+    ]
+)
+RUN_STAGING = pa.schema([("run_id", pa.string()), ("batch", pa.int32()), *STAGE_OUTPUT, ("created_at", UTC_TIMESTAMP)])
+STAGING_TABLES = {"run_inputs": RUN_INPUTS, "run_staging": RUN_STAGING}
+ALL_TABLES = {**TABLES, **STAGING_TABLES}
 
 # The chunk table an index directory holds (and, on Databricks, the source of the Vector Search index).
 CHUNKS = pa.schema(

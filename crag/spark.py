@@ -1,8 +1,12 @@
-"""Runs the stage pipeline on Spark: one mapInArrow task per partition of questions.
+"""Spark wiring: the one `get_spark()`, and the stage pipeline over partitions of questions.
 
-mapInArrow rather than mapInPandas because each output row nests its grades and decisions (lists of
-structs), which Arrow carries natively; inside the task the stages still work on pandas. Backends are
-built once per Python worker process (see crag.backends.cached_backends) and reused by every batch.
+The stages run in one mapInArrow task per partition. mapInArrow rather than mapInPandas because each
+output row nests its grades and decisions (lists of structs), which Arrow carries natively; inside
+the task the stages still work on pandas. Backends are built once per Python worker process (see
+crag.backends.cached_backends) and reused by every batch.
+
+Only the DataFrame API is used (no SparkContext, RDD or JVM handle), so every command runs the same
+on classic Spark and on Spark Connect (Databricks serverless).
 """
 
 from __future__ import annotations
@@ -10,37 +14,90 @@ from __future__ import annotations
 import math
 import os
 import sys
+import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 
 from crag import schema
 from crag.config import CragConfig, SparkConfig
+from crag.errors import ConfigError
+
+# Spark settings for a local session: quiet, UTC, Arrow, small shuffles, and Delta Lake.
+LOCAL_SETTINGS = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",  # the stage bar leaves no newline before crag's own lines
+    "spark.sql.shuffle.partitions": "4",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    # a Delta snapshot of crag's small tables needs no 50-partition state reconstruction
+    "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.driver.extraJavaOptions": "-Dlog4j2.level=ERROR",
+}
+
+
+def _jars(cfg: SparkConfig) -> list[str]:
+    folder = Path(cfg.jars_dir) if cfg.jars_dir else Path(__file__).resolve().parents[1] / ".crag" / "jars"
+    jars = sorted(str(p) for p in folder.glob("*.jar"))
+    if not any("delta-spark" in Path(j).name for j in jars):
+        raise ConfigError(f"the Delta Lake jars for Spark are not in {folder}: run `make install` (it fetches them "
+                          f"from Maven Central), or set spark.jars_dir")
+    return jars
+
+
+def is_connect(spark) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def get_spark(cfg: SparkConfig):
-    """The active session (Databricks, or a test's shared one), else a local one."""
+    """The active session (Databricks, a notebook, a test's shared one), else a new one: Spark Connect
+    when `spark.remote` is set, classic local Spark otherwise; Delta Lake configured either way."""
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
-    if active is not None:
+    if active is not None and (cfg.remote is None or is_connect(active)):
         return active
     # Workers must run this same interpreter (and so see the same packages).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    if cfg.master.startswith("local"):
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode needs no other interface
-    return (
-        SparkSession.builder.master(cfg.master)
-        .appName("crag")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN")
-        .getOrCreate()
-    )
+    remote = cfg.remote
+    builder = SparkSession.builder.appName("crag")
+    if remote and remote.startswith("sc://"):  # a running server: only session settings can be passed
+        builder = builder.remote(remote)
+        settings = {"spark.sql.session.timeZone": "UTC"}
+    else:
+        master = remote or cfg.master
+        if master.startswith("local"):
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode needs no other interface
+            slots = master[master.find("[") + 1:-1] if "[" in master else "1"
+            if slots.isdigit():
+                if int(slots) < 1:
+                    raise ConfigError(f"config key 'spark.{'remote' if remote else 'master'}': {master!r} has no cores")
+                builder = builder.config("spark.default.parallelism", slots)
+        builder = builder.remote(master) if remote else builder.master(master)
+        settings = {**LOCAL_SETTINGS, "spark.jars": ",".join(_jars(cfg))}
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    with warnings.catch_warnings():
+        # A local Connect server is started with these settings; the client then tries to set the static
+        # ones again on the session and warns that it cannot.
+        warnings.simplefilter("ignore", UserWarning)
+        return builder.getOrCreate()
+
+
+def parallelism(spark, cfg: SparkConfig) -> int:
+    """Tasks that run at once: spark.partitions, else spark.default.parallelism, else 8."""
+    if cfg.partitions:
+        return cfg.partitions
+    try:
+        value = spark.conf.get("spark.default.parallelism", None)
+    except Exception:  # Spark Connect may refuse to read a static setting
+        value = None
+    return int(value) if value and str(value).isdigit() else 8
 
 
 def _partition_task(config_json: str, secrets: dict[str, str], concurrent_tasks: int):
@@ -49,7 +106,6 @@ def _partition_task(config_json: str, secrets: dict[str, str], concurrent_tasks:
     def process(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         # Imported here: this runs in the worker process.
         from crag.backends import cached_backends
-
         from crag.cache import StageCache, question_key, role_slices, with_cache
 
         cfg = CragConfig.model_validate_json(config_json)
@@ -96,34 +152,14 @@ def _run_subpipelines(frame: pd.DataFrame, backends, cfg: CragConfig) -> pa.Tabl
         return pa.concat_tables(list(pool.map(through_stages, parts)))  # map keeps the parts' order
 
 
-def _question_frame(spark, table: pa.Table, partitions: int):
-    """The questions as a DataFrame of `partitions` partitions. Classic PySpark spreads the Arrow
-    record batches it is given (up to arrow.maxRecordsPerBatch rows each) over defaultParallelism
-    partitions, so when that is the number wanted, a table of that many batches needs no shuffle (a
-    shuffle cost about 0.5 s a batch here). Other counts, larger slices and Spark Connect (one local
-    relation) are repartitioned."""
-    size = math.ceil(table.num_rows / partitions)
-    largest = int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000"))
-    classic = not type(spark).__module__.startswith("pyspark.sql.connect")
-    if classic and partitions == spark.sparkContext.defaultParallelism and 0 < size <= largest:
-        slices = [batch for start in range(0, table.num_rows, size) for batch in table.slice(start, size).to_batches()]
-        return spark.createDataFrame(pa.Table.from_batches(slices, schema=table.schema))
-    return spark.createDataFrame(table).repartition(partitions)
-
-
-def run_stages(spark, questions: pd.DataFrame, cfg: CragConfig, secrets: dict[str, str] | None = None) -> pa.Table:
-    """All stages over the accepted questions on Spark; returns schema.STAGE_OUTPUT rows. `questions`
-    may carry a `cache` column of stored backend results (schema.STAGE_INPUT)."""
+def run_stages(questions, cfg: CragConfig, secrets: dict[str, str] | None, partitions: int, slots: int):
+    """All stages over a DataFrame of questions (schema.STAGE_INPUT: question_id, question, and the
+    stored backend results that may serve them); a DataFrame of schema.STAGE_OUTPUT rows, evaluated
+    when it is written."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    slots = spark.sparkContext.defaultParallelism
-    partitions = max(1, min(cfg.spark.partitions or slots, len(questions)))
     # Partitions running at the same time share each endpoint's max_concurrency budget.
-    concurrent_tasks = min(partitions, slots)
-    if "cache" not in questions:
-        questions = questions.assign(cache=[[] for _ in range(len(questions))])
-    table = pa.Table.from_pandas(questions[["question_id", "question", "cache"]], schema=schema.STAGE_INPUT, preserve_index=False)
-    result = _question_frame(spark, table, partitions).mapInArrow(
+    concurrent_tasks = max(1, min(partitions, slots))
+    return questions.repartition(partitions).mapInArrow(
         _partition_task(cfg.model_dump_json(), secrets or {}, concurrent_tasks), from_arrow_schema(schema.STAGE_OUTPUT)
     )
-    return result.toArrow()

@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from crag.backends.remote import on_databricks
 from crag.config import CragConfig, TrackingConfig
 
 
 def tracking_uri(cfg: TrackingConfig, warehouse: str) -> str:
     if cfg.tracking_uri:
         return cfg.tracking_uri
-    if os.environ.get("DATABRICKS_RUNTIME_VERSION"):
+    if on_databricks():
         return "databricks"
     return f"sqlite:///{(Path(warehouse) / 'mlflow' / 'mlflow.db').resolve()}"
 

@@ -4,8 +4,6 @@ the first `crag index`, synced on later ones."""
 
 from __future__ import annotations
 
-import warnings
-
 from crag.backends.remote import Endpoint, secret
 from crag.config import VectorSearchRetrieverConfig
 from crag.errors import ConfigError
@@ -13,16 +11,14 @@ from crag.errors import ConfigError
 
 def vector_search_client(cfg: VectorSearchRetrieverConfig, secrets: dict[str, str] | None):
     """A client with the configured host and token, or the runtime's own auth on Databricks."""
-    with warnings.catch_warnings():  # databricks-vectorsearch 0.81 is a shim that warns on import
-        warnings.simplefilter("ignore")
-        from databricks.vector_search.client import VectorSearchClient
+    from databricks.ai_search.client import AISearchClient  # databricks-ai-search: the renamed databricks-vectorsearch
 
     what = f"Vector Search index {cfg.index_name!r}"
     host = secret(cfg.host_env, None, f"{what} (workspace URL)", secrets, optional_on_databricks=True)
     token = secret(cfg.token_env, cfg.token_secret, what, secrets, optional_on_databricks=True)
     if host and token:
-        return VectorSearchClient(workspace_url=host, personal_access_token=token, disable_notice=True)
-    return VectorSearchClient(disable_notice=True)
+        return AISearchClient(workspace_url=host, personal_access_token=token, disable_notice=True)
+    return AISearchClient(disable_notice=True)
 
 
 def sync_vector_index(cfg: VectorSearchRetrieverConfig, secrets: dict[str, str] | None = None) -> str:

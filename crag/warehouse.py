@@ -1,0 +1,169 @@
+"""The Warehouse: one object that names crag's tables and owns the Spark session that reads and
+writes them (Kedro's DataCatalog is the model: `warehouse.load("answers")`, `warehouse.append(...)`).
+
+Every table is written by Spark's own Delta writer, through the catalog, on classic Spark and on
+Spark Connect alike:
+- a Unity Catalog (or any catalog) schema, given as `catalog.schema`: tables are
+  `catalog.schema.<name>`, managed by the catalog;
+- a local folder: tables are registered as `<tables.local_catalog>.<tables.local_schema>.<name>`
+  (default `spark_catalog.crag`) with their data at `<folder>/<name>`, the same code path as three-part
+  Unity Catalog names. The folder layout is plain Delta, so `crag sql` reads it without a JVM.
+
+Values never enter SQL text: writes and deletes take Column conditions (DataFrameWriterV2
+`overwrite(condition)`), and identifiers are validated and quoted.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+from crag import schema
+from crag.config import TablesConfig
+from crag.errors import InputError
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_CATALOG_SCHEMA = re.compile(r"`?[A-Za-z_][A-Za-z0-9_-]*`?\.`?[A-Za-z_][A-Za-z0-9_-]*`?")
+
+
+def quote(identifier: str) -> str:
+    """A backquoted SQL identifier (a backquote inside is doubled)."""
+    return "`" + identifier.replace("`", "``") + "`"
+
+
+def is_catalog_schema(location: str) -> bool:
+    """`catalog.schema` (Unity Catalog), as opposed to a local folder."""
+    return bool(_CATALOG_SCHEMA.fullmatch(location)) and not Path(location).exists()
+
+
+def _is_conflict(exc: Exception) -> bool:
+    """Delta's optimistic concurrency: another writer committed first; writing again on top of the new
+    version is the cure (on Spark Connect the Java class arrives only as text)."""
+    text = f"{type(exc).__name__} {exc}"
+    return any(word in text for word in ("ConcurrentAppend", "ConcurrentDeleteRead", "ConcurrentDeleteDelete",
+                                         "ConcurrentTransaction", "ProtocolChanged", "MetadataChanged",
+                                         "DELTA_CONCURRENT", "already exists", "TABLE_OR_VIEW_ALREADY_EXISTS"))
+
+
+class Warehouse:
+    """crag's tables in one catalog schema, read and written through one Spark session."""
+
+    def __init__(self, spark, location: str, tables: TablesConfig | None = None):
+        tables = tables or TablesConfig()
+        self.spark = spark
+        self.location = location
+        if is_catalog_schema(location):
+            self.folder = None
+            self.catalog, self.schema = (part.strip("`") for part in location.split("."))
+        else:
+            path = Path(location)
+            if path.exists() and not path.is_dir():
+                raise InputError(f"warehouse {location} is a file, not a folder")
+            self.folder = path.resolve()
+            self.catalog, self.schema = tables.local_catalog, tables.local_schema
+            for name in (self.catalog, self.schema):
+                if not _IDENTIFIER.fullmatch(name):
+                    raise InputError(f"tables.local_catalog / local_schema must be plain identifiers, got {name!r}")
+            self._attach_folder()
+
+    def __repr__(self) -> str:
+        return f"Warehouse({self.location!r} as {self.catalog}.{self.schema})"
+
+    # ------------------------------------------------------------------ names
+
+    def name(self, table: str) -> str:
+        """The table's quoted three-part name."""
+        return ".".join(quote(part) for part in (self.catalog, self.schema, table))
+
+    def path(self, table: str) -> Path | None:
+        """Where a local warehouse keeps the table's files (None for catalog-managed tables)."""
+        return None if self.folder is None else self.folder / table
+
+    def _attach_folder(self) -> None:
+        """A local catalog lives only as long as its session: register the folder's tables in it,
+        replacing what another folder registered under the same names in this session."""
+        self.spark.sql(f"CREATE SCHEMA IF NOT EXISTS {quote(self.catalog)}.{quote(self.schema)}")
+        for table in (*schema.TABLES, *schema.STAGING_TABLES):
+            name, path = self.name(table), self.path(table)
+            if self.spark.catalog.tableExists(name):
+                registered = self._registered_location(name)
+                if registered == path.as_uri() or registered == str(path):
+                    continue
+                self.spark.sql(f"DROP TABLE {name}")  # an external table: its files stay where they are
+            if (path / "_delta_log").is_dir() and any((path / "_delta_log").glob("*.json")):
+                self.spark.catalog.createTable(name, path=str(path), source="delta")
+
+    def _registered_location(self, name: str) -> str | None:
+        rows = self.spark.sql(f"DESCRIBE TABLE EXTENDED {name}").where("col_name = 'Location'").collect()
+        return rows[0]["data_type"].rstrip("/") if rows else None
+
+    # ------------------------------------------------------------------ reading
+
+    def exists(self, table: str) -> bool:
+        return self.spark.catalog.tableExists(self.name(table))
+
+    def load(self, table: str):
+        """The whole table as a Spark DataFrame; an empty one with the table's columns if it does not
+        exist yet."""
+        if not self.exists(table):
+            return self.empty(table)
+        return self.spark.table(self.name(table))
+
+    def load_run(self, table: str, run_id: str):
+        from pyspark.sql import functions as F
+
+        return self.load(table).where(F.col("run_id") == F.lit(run_id))
+
+    def empty(self, table: str):
+        return self.spark.createDataFrame(schema.ALL_TABLES[table].empty_table())
+
+    def frame(self, table: str, rows: pa.Table):
+        """Driver-side rows (small: a run's row, metrics, a comparison) as a DataFrame of the table."""
+        target = schema.ALL_TABLES[table]
+        return self.spark.createDataFrame(rows.select(target.names).cast(target))
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, table: str, df) -> None:
+        """Add rows (the table is created on first write)."""
+        self._write(table, df, lambda writer: writer.append())
+
+    def replace(self, table: str, df, condition) -> None:
+        """Atomically replace the rows matching `condition` (a Column) with `df`'s rows."""
+        self._write(table, df, lambda writer: writer.overwrite(condition))
+
+    def delete(self, table: str, condition) -> None:
+        """Delete the rows matching `condition` (a Column); nothing if the table does not exist."""
+        if self.exists(table):
+            self._write(table, self.empty(table), lambda writer: writer.overwrite(condition))
+
+    def _write(self, table: str, df, action, attempts: int = 8) -> None:
+        target = schema.ALL_TABLES[table]
+        df = df.select(*target.names)
+        for attempt in range(attempts):
+            try:
+                self.ensure(table)
+                action(df.writeTo(self.name(table)))
+                return
+            except Exception as exc:
+                if not _is_conflict(exc) or attempt == attempts - 1:
+                    raise
+                time.sleep(0.05 * 2**attempt * (1 + random.random()))  # jitter: colliding writers drift apart
+
+    def ensure(self, table: str) -> None:
+        """Create the table if it does not exist (in a local folder: register it if another process has
+        created it since this session attached the folder)."""
+        if self.exists(table):
+            return
+        path = self.path(table)
+        if path is not None and any((path / "_delta_log").glob("*.json")):
+            self.spark.catalog.createTable(self.name(table), path=str(path), source="delta")
+            return
+        writer = self.empty(table).writeTo(self.name(table)).using("delta")
+        if path is not None:
+            writer = writer.tableProperty("location", str(path))
+        writer.create()
