@@ -249,6 +249,7 @@ def evaluate_run(warehouse, run_id: str, variant: str | None = None) -> pd.DataF
     totals = (joined.mapInPandas(per_partition, "metric string, slice string, total double, n long")
               .groupBy("metric", "slice").agg((F.sum("total") / F.sum("n")).alias("value"), F.sum("n").alias("n")))
     metrics = totals.toPandas()  # metrics x slices: a few hundred rows at most
+    metrics.attrs.clear()  # Spark Connect leaves its plan metrics there, which Arrow cannot carry
     variant = variant or first[0]["variant"]
     rows = metrics.assign(run_id=run_id, variant=variant)
     warehouse.replace("metrics", warehouse.frame("metrics", pa.Table.from_pandas(rows, schema=schema.METRICS, preserve_index=False)),

@@ -71,6 +71,7 @@ class RunPlan:
     input_rows: int = 0
     accepted: int = 0
     rejected: int = 0
+    gold_rows: int = 0
     t0: float = field(default_factory=time.perf_counter)
 
     def runs_row(self, status: str, counts: dict[str, int] | None = None, finished: datetime | None = None) -> pa.Table:
@@ -160,8 +161,8 @@ def prepare(conf: str | None, questions: str, warehouse: str, variant: str | Non
         wh.delete("run_staging", F.col("run_id") == F.lit(run_id))  # what an earlier attempt left
     inputs = wh.load_run("run_inputs", run_id)
     totals = inputs.selectExpr("count(*) AS rows", "count_if(reason IS NULL) AS accepted",
-                               f"{_HASH} AS input_hash").collect()[0]
-    plan.input_rows, plan.accepted = int(totals["rows"]), int(totals["accepted"])
+                               "count_if(reason IS NULL AND has_gold) AS gold_rows", f"{_HASH} AS input_hash").collect()[0]
+    plan.input_rows, plan.accepted, plan.gold_rows = int(totals["rows"]), int(totals["accepted"]), int(totals["gold_rows"])
     plan.rejected = plan.input_rows - plan.accepted
     plan.input_hash = str(totals["input_hash"])
     plan.record("running")
@@ -284,7 +285,7 @@ def answer_batches(plan: RunPlan) -> None:
     batches = math.ceil(remaining / cfg.spark.batch_questions)
     slots = parallelism(wh.spark, cfg.spark)
     bucket = F.pmod(F.xxhash64("question_id"), F.lit(batches))
-    finished, t0 = 0, time.perf_counter()
+    t0 = time.perf_counter()
     for i in range(batches):
         batch = todo.where(bucket == i)
         if cfg.cache.enabled:
@@ -297,12 +298,12 @@ def answer_batches(plan: RunPlan) -> None:
         staged = output.select(F.lit(plan.run_id).alias("run_id"), F.lit(i).cast("int").alias("batch"), "*",
                                F.current_timestamp().alias("created_at"))
         wh.append("run_staging", staged)
-        finished = wh.load_run("run_staging", plan.run_id).count()
         plan.record("running")  # heartbeat
-        rate = (finished - (plan.accepted - remaining)) / max(time.perf_counter() - t0, 1e-9)
-        left = (plan.accepted - finished) / rate if rate > 0 else float("nan")
-        log.info("batch %d/%d: %d of %d questions answered (%.1f/s, about %.0f s left)",
-                 i + 1, batches, finished, plan.accepted, rate, left)
+        # Batches are hash buckets of about equal size: progress is estimated, not counted again.
+        done_now = round(remaining * (i + 1) / batches)
+        rate = done_now / max(time.perf_counter() - t0, 1e-9)
+        log.info("batch %d/%d committed: about %d of %d questions answered (%.1f/s, about %.0f s left)",
+                 i + 1, batches, plan.accepted - remaining + done_now, plan.accepted, rate, (remaining - done_now) / rate)
 
 
 def _with_stored_results(wh: Warehouse, batch):
@@ -348,25 +349,30 @@ def _derived_tables(plan: RunPlan) -> dict:
 
 
 def finalise(plan: RunPlan) -> RunResult:
+    from concurrent.futures import ThreadPoolExecutor
+
     from pyspark.sql import functions as F
 
     wh, run_id = plan.warehouse, plan.run_id
+    counts = run_counts(wh.load_run("run_staging", run_id), plan)
+    check_invariant(counts, plan)
     derived = _derived_tables(plan)
     is_run = F.col("run_id") == F.lit(run_id)
-    for name in ("grades", "decisions", "rejects", "gold", "answers"):
-        wh.replace(name, derived[name], is_run)
-    _store_cache_rows(plan)
-    counts = run_counts(wh, run_id, plan.input_rows)
-    check_invariant(counts, plan)
+    # Independent tables: their commits overlap (each is one atomic replace of the run's rows).
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="crag-commit") as pool:
+        writes = [pool.submit(wh.replace, name, frame, is_run) for name, frame in derived.items()]
+        writes.append(pool.submit(_store_cache_rows, plan))
+        for write in writes:
+            write.result()
     metrics = None
-    if counts["gold_rows"]:
+    if plan.gold_rows:
         from crag.evaluation import evaluate_run
 
         metrics = evaluate_run(wh, run_id, plan.variant)
     seconds = time.perf_counter() - plan.t0
     plan.record("succeeded", counts, datetime.now(timezone.utc))
-    for name in ("run_staging", "run_inputs"):
-        wh.delete(name, is_run)
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="crag-cleanup") as pool:
+        list(pool.map(lambda name: wh.delete(name, is_run), ("run_staging", "run_inputs")))
     from crag.tracking import log_run
 
     mlflow_run = log_run(plan.cfg, wh.location, run_id, plan.variant, counts, metrics, seconds,
@@ -390,26 +396,31 @@ def _store_cache_rows(plan: RunPlan) -> None:
     wh.append("stage_cache", rows.join(wh.load("stage_cache").select("key"), "key", "left_anti"))
 
 
-def run_counts(wh: Warehouse, run_id: str, input_rows: int) -> dict[str, int]:
-    """The run's totals, from Spark aggregates over its tables."""
+ACTIONS = ("correct", "ambiguous", "incorrect")
+ROUTES = ("internal", "web", "mixed", "refused", "error")
+PARSE_STATUSES = ("repaired", "failed")
+
+
+def run_counts(staged, plan: RunPlan) -> dict[str, int]:
+    """The run's totals, in one Spark aggregate over its staged stage output."""
     from pyspark.sql import functions as F
 
-    answers = wh.load_run("answers", run_id)
-    sums = answers.agg(
+    def graded(status: str):
+        return F.coalesce(F.sum(F.size(F.filter("grades", lambda g: g["parse_status"] == status))), F.lit(0))
+
+    aggregates = [
         F.count("*").alias("accepted"), F.countDistinct("question_id").alias("distinct_ids"),
         F.count_if(F.col("refused")).alias("refused"), F.count("error").alias("errors"),
         *[F.coalesce(F.sum(c), F.lit(0)).alias(c) for c in
           ("search_calls", "llm_calls", "prompt_tokens", "completion_tokens", "retries", "cache_hits")],
         F.coalesce(F.sum("n_relevant"), F.lit(0)).alias("relevant_docs"),
-    ).collect()[0].asDict()
-    counts = {"input_rows": input_rows, **{k: int(v) for k, v in sums.items()}}
-    counts["rejected"] = wh.load_run("rejects", run_id).count()
-    counts["gold_rows"] = wh.load_run("gold", run_id).count()
-    for column, prefix in (("action", "action_"), ("route", "route_")):
-        for row in answers.where(F.col(column).isNotNull()).groupBy(column).count().collect():
-            counts[prefix + row[column]] = int(row["count"])
-    for row in wh.load_run("grades", run_id).where(F.col("parse_status").isNotNull()).groupBy("parse_status").count().collect():
-        counts["grade_parse_" + row["parse_status"]] = int(row["count"])
+        *[F.count_if(F.col("action") == a).alias(f"action_{a}") for a in ACTIONS],
+        *[F.count_if(F.col("route") == r).alias(f"route_{r}") for r in ROUTES],
+        *[graded(s).alias(f"grade_parse_{s}") for s in PARSE_STATUSES],
+    ]
+    row = staged.agg(*aggregates).collect()[0].asDict()
+    counts = {"input_rows": plan.input_rows, "rejected": plan.rejected}
+    counts.update({k: int(v) for k, v in row.items() if v or not k.startswith(("action_", "route_", "grade_parse_"))})
     return counts
 
 
@@ -419,7 +430,7 @@ def check_invariant(counts: dict[str, int], plan: RunPlan) -> None:
         raise CragError(f"row accounting failed: {counts['accepted']} answers + {counts['rejected']} rejects != "
                         f"{plan.input_rows} input rows ({plan.accepted} accepted)")
     if counts["distinct_ids"] != counts["accepted"]:
-        raise CragError("row accounting failed: duplicate question_id in answers")
+        raise CragError(f"row accounting failed: {counts['accepted'] - counts['distinct_ids']} questions answered twice")
 
 
 # ------------------------------------------------------------------ the whole run

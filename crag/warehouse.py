@@ -119,7 +119,10 @@ class Warehouse:
         return self.load(table).where(F.col("run_id") == F.lit(run_id))
 
     def empty(self, table: str):
-        return self.spark.createDataFrame(schema.ALL_TABLES[table].empty_table())
+        """No rows, the table's columns. Built from one row of nulls: Spark Connect cannot create a
+        DataFrame from an empty Arrow table."""
+        target = schema.ALL_TABLES[table]
+        return self.spark.createDataFrame(pa.Table.from_pylist([{}], schema=target)).limit(0)
 
     def frame(self, table: str, rows: pa.Table):
         """Driver-side rows (small: a run's row, metrics, a comparison) as a DataFrame of the table."""

@@ -1,32 +1,36 @@
-"""A local Spark Connect server for the tests, as Databricks serverless runs crag: start it with
-`python tests/connect_server.py PORT TOKEN`; it prints "ready" once clients can connect
-(sc://127.0.0.1:PORT/;token=TOKEN) and serves until killed. Delta Lake is configured exactly as
-crag.spark configures a local session."""
+"""A local Spark Connect server for the tests, as Databricks serverless runs crag: Spark's own
+SparkConnectServer started with spark-submit from the installed pyspark, with Delta Lake configured
+exactly as crag.spark configures a local session. Clients connect to sc://127.0.0.1:PORT.
+
+    python tests/connect_server.py PORT      (serves until killed)
+"""
 
 import os
 import sys
-import time
+from pathlib import Path
 
-from pyspark.sql import SparkSession
+import pyspark
 
 from crag.config import SparkConfig
 from crag.spark import LOCAL_SETTINGS, _jars
 
 
-def main() -> None:
-    port, token = sys.argv[1], sys.argv[2]
-    os.environ["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = token
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.remote("local[2]").config("spark.connect.grpc.binding.port", port)
-    builder = builder.config("spark.default.parallelism", "2").config("spark.jars", ",".join(_jars(SparkConfig())))
-    for key, value in LOCAL_SETTINGS.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.range(1).collect()  # the server answers
-    print(f"ready {port} {spark.version}", flush=True)
-    while True:
-        time.sleep(3600)
+def command(port: int) -> list[str]:
+    settings = {**LOCAL_SETTINGS, "spark.jars": ",".join(_jars(SparkConfig())),
+                "spark.connect.grpc.binding.address": "127.0.0.1",
+                "spark.connect.grpc.binding.port": str(port), "spark.default.parallelism": "2"}
+    submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    args = [str(submit), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", "local[2]"]
+    for key, value in settings.items():
+        args += ["--conf", f"{key}={value}"]
+    return args + ["spark-internal"]
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
+    env.pop("SPARK_REMOTE", None)
+    return env
 
 
 if __name__ == "__main__":
-    main()
+    os.execve(command(int(sys.argv[1]))[0], command(int(sys.argv[1])), environment())
