@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import zipfile
 from html.parser import HTMLParser
 from pathlib import Path
@@ -163,7 +164,7 @@ def test_the_summary_lines_keep_their_metric_rows():
 
 def test_the_wheel_ships_the_template(tmp_path):
     """Built as the bundle builds its artifact (databricks.yml), the wheel carries the report template."""
-    done = subprocess.run([str(Path(os.sys.executable)), "-m", "pip", "wheel", "--no-deps",
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
                            "--wheel-dir", str(tmp_path), str(REPO)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     (wheel,) = tmp_path.glob("crag-*.whl")
