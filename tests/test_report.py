@@ -164,10 +164,14 @@ def test_the_summary_lines_keep_their_metric_rows():
 
 def test_the_wheel_ships_the_template(tmp_path):
     """Built as the bundle builds its artifact (databricks.yml), the wheel carries the report template."""
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
-                           "--wheel-dir", str(tmp_path), str(REPO)], capture_output=True, text=True)
+    source = tmp_path / "src"  # a copy, so the build leaves nothing in the checkout
+    shutil.copytree(REPO / "crag", source / "crag", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(tmp_path / "dist"), str(source)],
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    (wheel,) = tmp_path.glob("crag-*.whl")
+    (wheel,) = (tmp_path / "dist").glob("crag-*.whl")
     assert "crag/templates/compare_report.html.j2" in zipfile.ZipFile(wheel).namelist()
 
 
