@@ -14,7 +14,7 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 
-from crag.evaluation import is_cjk, normalize_answer
+from crag.evaluation import METRIC_DIRECTIONS, is_cjk, normalize_answer
 
 
 def answer_similarity(a: str | None, b: str | None) -> float:
@@ -134,8 +134,6 @@ def _environment():
 def change_verdict(metric: str, delta: float | None) -> str:
     """better | worse | same for a change of `metric` by `delta` (its direction in
     crag.evaluation.METRIC_DIRECTIONS); changed for a metric without a direction."""
-    from crag.evaluation import METRIC_DIRECTIONS
-
     if delta is None or pd.isna(delta) or abs(delta) < 1e-12:
         return "same"
     direction = METRIC_DIRECTIONS.get(metric)
@@ -215,8 +213,6 @@ def render_report(rows: pd.DataFrame, deltas: pd.DataFrame, base: dict[str, pd.D
     """The self-contained HTML report (crag/templates/compare_report.html.j2). `question_scores`
     (each run's crag.evaluation.question_scores, when gold exists) gives each changed answer its gold
     verdict."""
-    from crag.evaluation import METRIC_DIRECTIONS
-
     base_id, cand_id = rows["base_run"].iloc[0], rows["candidate_run"].iloc[0]
     both = rows[rows["in_base"] & rows["in_candidate"]]
     scores = [s.set_index("question_id") if s is not None and not s.empty else None for s in (question_scores or (None, None))]

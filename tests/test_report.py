@@ -139,6 +139,13 @@ def test_untrusted_text_is_escaped(tmp_path):
     assert "&lt;script&gt;alert(2)&lt;/script&gt;" in page
 
 
+def test_every_metric_has_a_direction():
+    """Colouring a delta needs its metric's direction: every metric crag eval computes has one."""
+    base = _run("base", 0)
+    assert set(base["metrics"]["metric"]) <= set(METRIC_DIRECTIONS)
+    assert set(METRIC_DIRECTIONS) == set(QUESTION_METRICS) | {"grader_precision", "grader_recall"}
+
+
 def test_gold_verdicts_of_each_case():
     base, candidate = _run("base", 0), _run("cand", 1)
     verdicts = {}
