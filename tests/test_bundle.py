@@ -69,6 +69,9 @@ def _resolve(target: str, user: str, **var):
             return [resolve(v) for v in value]
         if not isinstance(value, str):
             return value
+        whole = REFERENCE.fullmatch(value)
+        if whole and whole.group(1).startswith("var.") and not isinstance(variables[whole.group(1)[4:]], str):
+            return variables[whole.group(1)[4:]]  # a reference on its own keeps its type (a bool stays a bool)
         for _ in range(10):  # references inside references
             def one(m):
                 ref = m.group(1)
@@ -129,6 +132,11 @@ def test_production_is_one_permissioned_copy_in_the_shared_schema():
     levels = {(p.get("user_name") or p.get("group_name")): p["level"] for p in spec["permissions"]}
     assert levels["deployer@example.com"] == "CAN_MANAGE" and levels[variables["team_group"]] in ("CAN_VIEW", "CAN_RUN")
     assert all(p.startswith("/Volumes/main/crag/") for p in _volume_paths(jobs))
+    # the team's data outlives a `bundle destroy`; a developer's does not
+    kept = [r["lifecycle"]["prevent_destroy"] for kind in ("schemas", "volumes") for r in resources[kind].values()]
+    assert len(kept) == 4 and all(k is True for k in kept)
+    _, dev_resources, _, _ = _resolve("dev", "alice@example.com")
+    assert not any(r["lifecycle"]["prevent_destroy"] for kind in ("schemas", "volumes") for r in dev_resources[kind].values())
 
 
 def test_endpoint_defaults_are_written_once_in_the_config():
