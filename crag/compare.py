@@ -2,19 +2,19 @@
 
 `compare_runs` is a pure function over the two runs' answers, grades and metrics: one row per
 question in either run (schema.COMPARISONS) and the figures of the summary. `render_report` makes a
-self-contained HTML page (inline CSS and SVG, no scripts or external files).
+self-contained HTML page (inline CSS and SVG, no scripts or external files) from the jinja2 template
+crag/templates/compare_report.html.j2.
 """
 
 from __future__ import annotations
 
 import difflib
-import html
 from collections import Counter
 
 import numpy as np
 import pandas as pd
 
-from crag.evaluation import is_cjk, normalize_answer
+from crag.evaluation import METRIC_DIRECTIONS, is_cjk, normalize_answer
 
 
 def answer_similarity(a: str | None, b: str | None) -> float:
@@ -27,13 +27,19 @@ def answer_similarity(a: str | None, b: str | None) -> float:
     return difflib.SequenceMatcher(a=wa, b=wb, autojunk=False).ratio()
 
 
+def grade_flip_rows(base: pd.DataFrame, candidate: pd.DataFrame) -> pd.DataFrame:
+    """The documents (source, parent) graded in both runs whose grade differs, with both grades and
+    relevances, in question order."""
+    key = ["question_id", "source", "parent_id"]
+    merged = base[key + ["title", "grade", "relevance"]].merge(candidate[key + ["grade", "relevance"]], on=key,
+                                                               suffixes=("_base", "_candidate"))
+    return merged[merged["grade_base"] != merged["grade_candidate"]].sort_values(key).reset_index(drop=True)
+
+
 def _grade_flips(base: pd.DataFrame, candidate: pd.DataFrame) -> dict[str, list[str]]:
     """Per question, the documents (source:parent) graded in both runs whose grade differs."""
-    key = ["question_id", "source", "parent_id"]
-    merged = base[key + ["grade"]].merge(candidate[key + ["grade"]], on=key, suffixes=("_base", "_candidate"))
-    flipped = merged[merged["grade_base"] != merged["grade_candidate"]]
     out: dict[str, list[str]] = {}
-    for r in flipped.itertuples(index=False):
+    for r in grade_flip_rows(base, candidate).itertuples(index=False):
         out.setdefault(r.question_id, []).append(f"{r.source}:{r.parent_id} {r.grade_base}->{r.grade_candidate}")
     return out
 
@@ -113,56 +119,74 @@ def summary_lines(rows: pd.DataFrame, deltas: pd.DataFrame) -> list[str]:
 
 # ------------------------------------------------------------------ HTML report
 
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:1100px;color:#1f2328;padding:0 1rem}
-h1{font-size:1.5rem}h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #d0d7de;padding-bottom:.3rem}
-table{border-collapse:collapse;margin:.5rem 0}td,th{border:1px solid #d0d7de;padding:.3rem .6rem;text-align:left;vertical-align:top}
-th{background:#f6f8fa}td.num{text-align:right;font-variant-numeric:tabular-nums}.pos{color:#1a7f37}.neg{color:#cf222e}
-.bars{display:flex;gap:2rem;flex-wrap:wrap}del{background:#ffebe9;color:#82071e}ins{background:#dafbe1;color:#116329;text-decoration:none}
-.muted{color:#656d76}.diff{max-width:700px}
-"""
+_CHANGED_SHOWN = 20   # most changed answers in the report; the comparisons table has them all
+_FLIPS_SHOWN = 50     # grade flips in the report
 
 
-def _table(headers: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join(
-        "<tr>" + "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(r)) + "</tr>"
-        for r in rows
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+def _environment():
+    """The report templates (crag/templates, shipped in the wheel), autoescaped: every value from the
+    runs is text, escaped by the template, never pre-formatted HTML."""
+    from jinja2 import Environment, PackageLoader, StrictUndefined
+
+    return Environment(loader=PackageLoader("crag", "templates"), autoescape=True, undefined=StrictUndefined)
 
 
-def _bar_chart(title: str, counts: dict[str, int], color: str, width: int = 380) -> str:
-    """Horizontal bars as inline SVG."""
-    total = max(sum(counts.values()), 1)
-    top = max(counts.values(), default=1) or 1
-    height = 22 * len(counts) + 28
-    bars = []
-    for i, (label, n) in enumerate(counts.items()):
-        y = 24 + 22 * i
-        w = int((width - 200) * n / top)
-        bars.append(f'<text x="0" y="{y + 13}" font-size="12">{html.escape(str(label))}</text>'
-                    f'<rect x="110" y="{y}" width="{w}" height="16" fill="{color}"/>'
-                    f'<text x="{114 + w}" y="{y + 13}" font-size="12">{n} ({n / total:.0%})</text>')
-    return (f'<svg width="{width}" height="{height}" role="img" aria-label="{html.escape(title)}">'
-            f'<text x="0" y="14" font-size="13" font-weight="600">{html.escape(title)}</text>{"".join(bars)}</svg>')
+def change_verdict(metric: str, delta: float | None) -> str:
+    """better | worse | same for a change of `metric` by `delta` (its direction in
+    crag.evaluation.METRIC_DIRECTIONS); changed for a metric without a direction."""
+    if delta is None or pd.isna(delta) or abs(delta) < 1e-12:
+        return "same"
+    direction = METRIC_DIRECTIONS.get(metric)
+    if direction is None:
+        return "changed"
+    return "better" if delta * direction > 0 else "worse"
 
 
-def word_diff(a: str | None, b: str | None) -> str:
-    """Word-level diff of two answers as HTML: removed words in <del>, added ones in <ins>. Japanese
-    and other CJK text has no spaces between words, so it is compared character by character."""
+def gold_verdict(score: pd.Series | None) -> dict[str, str]:
+    """One run's answer to one question against its gold (a row of crag.evaluation.question_scores):
+    verdict correct | wrong | no gold, and why."""
+    if score is None:
+        return {"verdict": "no gold", "why": "no gold columns for this question"}
+    refused = bool(score["refused"])
+    if score["answerable"] == "yes":
+        if score["answer_contained"] == 1:
+            return {"verdict": "correct", "why": "a gold answer is in the answer"}
+        if refused:
+            return {"verdict": "wrong", "why": "refused a question that has a gold answer"}
+        return {"verdict": "wrong", "why": "no gold answer is in the answer"}
+    if pd.isna(score["refusal_correct"]):
+        return {"verdict": "no gold", "why": "no gold answer or expected route"}
+    should_refuse = refused if score["refusal_correct"] == 1 else not refused
+    if should_refuse:
+        return ({"verdict": "correct", "why": "refused, as the gold says it should"} if refused
+                else {"verdict": "wrong", "why": "answered a question the gold says has no answer"})
+    if refused:
+        return {"verdict": "wrong", "why": "refused a question the gold expects answered"}
+    return {"verdict": "no gold", "why": "answered; the gold has no answer text to check it against"}
+
+
+_VERDICT_CHANGES = {("wrong", "correct"): ("fixed", "better"), ("correct", "wrong"): ("broken", "worse"),
+                    ("wrong", "wrong"): ("still wrong", "worse"), ("correct", "correct"): ("still correct", "same")}
+
+
+def diff_segments(a: str | None, b: str | None) -> list[tuple[str, str]]:
+    """Word-level diff of two answers as (op, text) pieces, op equal | delete | insert. Japanese and
+    other CJK text has no spaces between words, so it is compared character by character."""
     cjk = is_cjk(a or "") or is_cjk(b or "")
     sep = "" if cjk else " "
     wa, wb = (list(a or "") if cjk else (a or "").split()), (list(b or "") if cjk else (b or "").split())
-    out = []
+    out: list[tuple[str, str]] = []
     for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=wa, b=wb, autojunk=False).get_opcodes():
-        if op == "equal":
-            out.append(html.escape(sep.join(wa[i1:i2])))
+        pieces = [("equal", wa[i1:i2])] if op == "equal" else []
         if op in ("delete", "replace"):
-            out.append(f"<del>{html.escape(sep.join(wa[i1:i2]))}</del>")
+            pieces.append(("delete", wa[i1:i2]))
         if op in ("insert", "replace"):
-            out.append(f"<ins>{html.escape(sep.join(wb[j1:j2]))}</ins>")
-    return sep.join(out)
+            pieces.append(("insert", wb[j1:j2]))
+        for kind, words in pieces:
+            if out and sep:
+                out.append(("equal", sep))
+            out.append((kind, sep.join(words)))
+    return out
 
 
 def _histogram(values: np.ndarray, bins: np.ndarray) -> dict[str, int]:
@@ -170,50 +194,78 @@ def _histogram(values: np.ndarray, bins: np.ndarray) -> dict[str, int]:
     return {f"{lo:.1f}-{hi:.1f}": int(c) for lo, hi, c in zip(bins[:-1], bins[1:], counts)}
 
 
+def _chart(title: str, counts: dict[str, int], run: str, width: int = 380, label_width: int = 110) -> dict:
+    """A horizontal bar chart's geometry; crag/templates draws it as inline SVG. The longest bar
+    leaves room for its count label."""
+    total, top = max(sum(counts.values()), 1), max(counts.values(), default=0) or 1
+    return {"title": title, "run": run, "width": width, "label_width": label_width,
+            "bars": [{"label": str(label), "n": n, "share": n / total, "width": int((width - label_width - 90) * n / top)}
+                     for label, n in counts.items()]}
+
+
+def _nullable(value) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)
+
+
 def render_report(rows: pd.DataFrame, deltas: pd.DataFrame, base: dict[str, pd.DataFrame],
-                  candidate: dict[str, pd.DataFrame], most_changed: int = 20) -> str:
+                  candidate: dict[str, pd.DataFrame], most_changed: int = _CHANGED_SHOWN,
+                  question_scores: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> str:
+    """The self-contained HTML report (crag/templates/compare_report.html.j2). `question_scores`
+    (each run's crag.evaluation.question_scores, when gold exists) gives each changed answer its gold
+    verdict."""
     base_id, cand_id = rows["base_run"].iloc[0], rows["candidate_run"].iloc[0]
     both = rows[rows["in_base"] & rows["in_candidate"]]
+    scores = [s.set_index("question_id") if s is not None and not s.empty else None for s in (question_scores or (None, None))]
+    score_of = lambda i, qid: None if scores[i] is None or qid not in scores[i].index else scores[i].loc[qid]  # noqa: E731
+
+    changed_all = both[both["answer_changed"].astype(bool)].sort_values(["answer_similarity", "question_id"])
+    changed = []
+    for r in changed_all.itertuples(index=False):
+        vb, vc = gold_verdict(score_of(0, r.question_id)), gold_verdict(score_of(1, r.question_id))
+        change, change_css = _VERDICT_CHANGES.get((vb["verdict"], vc["verdict"]), ("", ""))
+        changed.append({"question": r.question, "similarity": r.answer_similarity, "verdict_base": vb,
+                        "verdict_candidate": vc, "change": change, "change_css": change_css,
+                        "route_base": r.route_base, "route_candidate": r.route_candidate,
+                        "f1_delta": _nullable(r.f1_delta), "f1_verdict": change_verdict("f1", r.f1_delta),
+                        "diff": diff_segments(r.answer_base, r.answer_candidate)})
+    verdict_counts = Counter(c["change"] for c in changed if c["change"])
+    summary = {
+        "both": len(both), "only_base": int((~rows["in_candidate"]).sum()), "only_candidate": int((~rows["in_base"]).sum()),
+        "changed": len(changed_all), "similarity": float(both["answer_similarity"].mean()) if len(both) else 1.0,
+        "verdicts": [(label, verdict_counts[label], css) for label, css in _VERDICT_CHANGES.values() if verdict_counts[label]],
+        "route_flips": int(both["route_flip"].sum()),
+        "route_flip_kinds": [(f"{a}→{b}", n) for (a, b), n in sorted(Counter(zip(
+            both.loc[both["route_flip"].astype(bool), "route_base"], both.loc[both["route_flip"].astype(bool), "route_candidate"])).items())],
+        "action_flips": int(both["action_flip"].sum()),
+        "grade_flips": int(both["grade_flips"].map(len).sum()),
+        "grade_flip_questions": int((both["grade_flips"].map(len) > 0).sum()),
+    }
+    metrics = [{"metric": r.metric, "base": r.base, "candidate": r.candidate, "delta": float(r.delta),
+                "verdict": change_verdict(r.metric, r.delta), "n_base": r.n_base, "n_candidate": r.n_candidate,
+                "better_when": {1: "higher", -1: "lower"}.get(METRIC_DIRECTIONS.get(r.metric), "–")}
+               for r in deltas.itertuples(index=False)]
+
+    questions = dict(zip(rows["question_id"], rows["question"]))
+    flips = grade_flip_rows(base["grades"], candidate["grades"])
+    flip_rows = [{"question": questions.get(f.question_id, f.question_id), "source": f.source, "title": f.title,
+                  "parent_id": f.parent_id, "grade_base": f.grade_base, "grade_candidate": f.grade_candidate,
+                  "relevance_base": _nullable(f.relevance_base), "relevance_candidate": _nullable(f.relevance_candidate)}
+                 for f in flips.head(_FLIPS_SHOWN).itertuples(index=False)]
+
     routes = sorted(set(base["answers"]["route"]) | set(candidate["answers"]["route"]))
     actions = sorted(set(base["answers"]["action"].dropna()) | set(candidate["answers"]["action"].dropna()))
     count = lambda frame, col, keys: {k: int((frame[col] == k).sum()) for k in keys}  # noqa: E731
     bins = np.linspace(0, 1, 11)
     relevance = lambda run: run["grades"]["relevance"].dropna().to_numpy()  # noqa: E731
-    sections = [
-        f"<h1>crag compare: {html.escape(base_id)} → {html.escape(cand_id)}</h1>",
-        '<section id="summary"><h2>Summary</h2><pre>' + html.escape("\n".join(summary_lines(rows, deltas))) + "</pre></section>",
-        '<section id="routes"><h2>Routes and actions</h2><div class="bars">'
-        + _bar_chart(f"route — {base_id}", count(base["answers"], "route", routes), "#8c959f")
-        + _bar_chart(f"route — {cand_id}", count(candidate["answers"], "route", routes), "#0969da")
-        + "</div><div class=\"bars\">"
-        + _bar_chart(f"action — {base_id}", count(base["answers"], "action", actions), "#8c959f")
-        + _bar_chart(f"action — {cand_id}", count(candidate["answers"], "action", actions), "#0969da")
-        + "</div></section>",
-        '<section id="relevance"><h2>Relevance of graded documents</h2><div class="bars">'
-        + _bar_chart(f"relevance — {base_id}", _histogram(relevance(base), bins), "#8c959f")
-        + _bar_chart(f"relevance — {cand_id}", _histogram(relevance(candidate), bins), "#0969da")
-        + "</div></section>",
-    ]
-    if not deltas.empty:
-        def fmt(d):
-            css = "pos" if d > 0 else "neg" if d < 0 else ""
-            return f'<span class="{css}">{d:+.3f}</span>'
-
-        sections.append('<section id="metrics"><h2>Metric deltas (slice all)</h2>' + _table(
-            ["metric", base_id, cand_id, "delta", "n base", "n candidate"],
-            [[html.escape(r.metric), f"{r.base:.3f}", f"{r.candidate:.3f}", fmt(r.delta), r.n_base, r.n_candidate]
-             for r in deltas.itertuples(index=False)], numeric={1, 2, 3, 4, 5}) + "</section>")
-    else:
-        sections.append('<section id="metrics"><h2>Metric deltas</h2><p class="muted">No gold columns in these runs.</p></section>')
-    changed = both[both["answer_changed"]].sort_values("answer_similarity").head(most_changed)
-    sections.append('<section id="changed"><h2>Most changed answers</h2>' + (_table(
-        ["question", "similarity", "route", "answer: base → candidate"],
-        [[html.escape(str(r.question)), f"{r.answer_similarity:.2f}",
-          html.escape(f"{r.route_base} → {r.route_candidate}"), f'<div class="diff">{word_diff(r.answer_base, r.answer_candidate)}</div>']
-         for r in changed.itertuples(index=False)], numeric={1}) if len(changed) else '<p class="muted">No answer changed.</p>')
-        + "</section>")
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>crag compare {html.escape(base_id)} vs '
-            f'{html.escape(cand_id)}</title><style>{_CSS}</style></head><body>{"".join(sections)}</body></html>')
+    runs = (("base", base_id, base), ("candidate", cand_id, candidate))
+    return _environment().get_template("compare_report.html.j2").render(
+        base_id=base_id, candidate_id=cand_id, summary=summary, metrics=metrics,
+        route_charts=[_chart(f"route — {rid}", count(run["answers"], "route", routes), kind) for kind, rid, run in runs],
+        action_charts=[_chart(f"action — {rid}", count(run["answers"], "action", actions), kind) for kind, rid, run in runs],
+        relevance_charts=[_chart(f"relevance — {rid}", _histogram(relevance(run), bins), kind) for kind, rid, run in runs],
+        changed=changed[:most_changed], more_changed=max(len(changed) - most_changed, 0),
+        flips=flip_rows, more_flips=max(len(flips) - _FLIPS_SHOWN, 0),
+    )
 
 
 def compare(warehouse, base_id: str, candidate_id: str, report: str | None, tracking=None,
@@ -256,7 +308,7 @@ def compare(warehouse, base_id: str, candidate_id: str, report: str | None, trac
     warehouse.replace("comparisons", warehouse.frame(
         "comparisons", pa.Table.from_pandas(stored, schema=schema.COMPARISONS, preserve_index=False)), pair)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_report(rows, deltas, base, candidate), encoding="utf-8")
+    path.write_text(render_report(rows, deltas, base, candidate, question_scores=scores), encoding="utf-8")
     if tracking is not None:
         from crag.tracking import log_report
 

@@ -154,6 +154,15 @@ QUESTION_METRICS = ("exact_match", "f1", "answer_contained", "refused", "refusal
                     "routing_accuracy", "route_exact", "web_search_rate", "recall_at_k", "web_recall")
 SLICES = ("route", "action", "language", "expected_route", "answerable")
 
+# Which way each metric gets better: +1 higher, -1 lower. A web search costs a call and brings outside
+# text into the context, so at equal quality fewer is better; refusals of the same questions too
+# (whether a refusal was right is refusal_correct's business).
+METRIC_DIRECTIONS = {
+    "exact_match": +1, "f1": +1, "answer_contained": +1, "refused": -1, "refusal_correct": +1,
+    "answerable_refused": -1, "routing_accuracy": +1, "route_exact": +1, "web_search_rate": -1,
+    "recall_at_k": +1, "web_recall": +1, "grader_precision": +1, "grader_recall": +1,
+}
+
 
 def _grader_pr(docs: pd.DataFrame) -> list[tuple[str, float, int]]:
     if docs.empty:

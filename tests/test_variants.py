@@ -79,10 +79,14 @@ def test_the_report_renders_its_sections(two_runs):
     page = report.read_text()
     parser = Sections()
     parser.feed(page)
-    assert parser.ids == ["summary", "routes", "relevance", "metrics", "changed"]
+    assert parser.ids == ["summary", "metrics", "routes", "relevance", "changed", "flips"]
     assert parser.tags.count("svg") == 6 and "script" not in parser.tags and parser.external == []
     assert "<del>" in page and "<ins>" in page  # word-level diff of a changed answer
     assert "routing_accuracy" in page
+    # gold exists in both runs, so every changed answer carries its verdict in each run
+    changed = page.count('<tr class="changed-answer">')
+    assert changed > 0 and page.count('class="badge correct"') + page.count('class="badge wrong"') == 2 * changed
+    assert page.count('<tr class="grade-flip">') > 0
 
 
 def test_only_the_changed_stage_calls_its_backend(spark, emulator, tmp_path):
