@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import math
+import warnings
 from collections.abc import Callable
 
 from langchain_core.documents import Document as LCDocument
@@ -64,6 +65,10 @@ class LangChainRetriever:
         self.cfg = cfg
         self.store = build_store(cfg)
         self.name = f"langchain:{type(self.store).__name__}"
+        if cfg.scores == "relevance":
+            # LangChain warns of a relevance outside 0..1 (a rounding 1.0000001 will do) with the text of
+            # every result in the message: document text in the worker logs, on each query.
+            warnings.filterwarnings("ignore", message="Relevance scores must be between 0 and 1", category=UserWarning)
         self._endpoint = None
         self.concurrency = 1
         if cfg.policy is not None:
