@@ -1,8 +1,9 @@
 """Tables for people and for programs: `--format table|csv|json|markdown` of `crag sql` and `crag eval`.
 
-- table: fits the terminal (or `width`). Text is left-aligned and cut with an ellipsis, numbers are
-  right-aligned and never cut; widths are display columns, so CJK characters count two. When even the
-  numbers do not fit, the columns continue in further blocks below, each repeating the first column.
+- table: fits the terminal (or `width`). Text is left-aligned and cut with an ellipsis; numbers are
+  right-aligned, and neither they nor times are cut. Widths are display columns, so CJK characters
+  count two. When the columns cannot all fit, they continue in further blocks below, each repeating
+  the first column.
   One line per row: line breaks and tabs inside a value show as spaces.
 - csv: RFC 4180 with a header line; nested values (lists, structs) as JSON; nulls empty.
 - json: JSON Lines, one object per row, so a large result streams and `jq` reads it as it is.
@@ -34,6 +35,7 @@ FORMATS = ("table", "csv", "json", "markdown")
 ELLIPSIS = "…"
 COLUMN_GAP = "  "
 MIN_TEXT_WIDTH = 6  # a text column is cut no narrower than this, so a few characters stay readable
+BLOCK_TEXT_WIDTH = 24  # when the table is split into blocks, each text column gets up to this much room
 FALLBACK_WIDTH = 120  # when the output is not a terminal and COLUMNS is unset
 
 
@@ -41,6 +43,7 @@ FALLBACK_WIDTH = 120  # when the output is not a terminal and COLUMNS is unset
 class _Grid:
     columns: list[str]
     numeric: list[bool]
+    temporal: list[bool]
     rows: list[list]  # plain Python values: None, bool, int, float, str, datetime, list, dict
 
 
@@ -65,13 +68,16 @@ def _plain(value):
 
 def _grid(data: pd.DataFrame | pa.Table) -> _Grid:
     if isinstance(data, pa.Table):
-        numeric = [pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) for t in data.schema.types]
+        types = data.schema.types
+        numeric = [pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) for t in types]
         columns = [c.to_pylist() for c in data.columns]
-        return _Grid([str(n) for n in data.column_names], numeric, [list(r) for r in zip(*columns)])
+        return _Grid([str(n) for n in data.column_names], numeric, [pa.types.is_temporal(t) for t in types],
+                     [list(r) for r in zip(*columns)])
     if isinstance(data, pd.DataFrame):
         numeric = [pd.api.types.is_numeric_dtype(t) and not pd.api.types.is_bool_dtype(t) for t in data.dtypes]
+        temporal = [pd.api.types.is_datetime64_any_dtype(t) or pd.api.types.is_timedelta64_dtype(t) for t in data.dtypes]
         rows = [[_plain(v) for v in row] for row in data.itertuples(index=False, name=None)]
-        return _Grid([str(c) for c in data.columns], numeric, rows)
+        return _Grid([str(c) for c in data.columns], numeric, temporal, rows)
     raise TypeError(f"expected a pandas DataFrame or an Arrow table, got {type(data).__name__}")
 
 
@@ -145,19 +151,20 @@ def terminal_width() -> int:
 # ---------------------------------------------------------------- formats
 
 
-def _column_blocks(natural: list[int], minimum: list[int], width: int) -> list[list[int]]:
-    """Columns in blocks that fit `width` at their minimum widths; every block after the first starts
-    with column 0 again, so each row can still be told apart."""
+def _column_blocks(minimum: list[int], roomy: list[int], width: int) -> list[list[int]]:
+    """All columns in one block when they fit at their minimum widths; else blocks that fit at `roomy`
+    widths, so that text keeps some room. Every block after the first starts with column 0 again, so
+    each row can still be told apart."""
     gap = len(COLUMN_GAP)
     if sum(minimum) + gap * (len(minimum) - 1) <= width:
         return [list(range(len(minimum)))]
-    blocks, block, used = [], [0], minimum[0]
-    for i in range(1, len(minimum)):
-        if len(block) > 1 and used + gap + minimum[i] > width:
+    blocks, block, used = [], [0], roomy[0]
+    for i in range(1, len(roomy)):
+        if len(block) > 1 and used + gap + roomy[i] > width:
             blocks.append(block)
-            block, used = [0], minimum[0]
+            block, used = [0], roomy[0]
         block.append(i)
-        used += gap + minimum[i]
+        used += gap + roomy[i]
     blocks.append(block)
     return blocks
 
@@ -185,9 +192,11 @@ def _table(grid: _Grid, width: int, null: str, float_format) -> str:
     cells = [[_cell(v, null, float_format) for v in row] for row in grid.rows]
     headers = [_cell(c, "", float_format) for c in grid.columns]
     natural = [max([display_width(headers[i]), *(display_width(r[i]) for r in cells)]) for i in range(len(headers))]
-    minimum = [n if num else min(n, MIN_TEXT_WIDTH) for n, num in zip(natural, grid.numeric)]
+    fixed = [num or time for num, time in zip(grid.numeric, grid.temporal)]  # never cut
+    minimum = [n if keep else min(n, MIN_TEXT_WIDTH) for n, keep in zip(natural, fixed)]
+    roomy = [n if keep else min(n, BLOCK_TEXT_WIDTH) for n, keep in zip(natural, fixed)]
     out = []
-    for block in _column_blocks(natural, minimum, width):
+    for block in _column_blocks(minimum, roomy, width):
         widths = _shrink([natural[i] for i in block], [minimum[i] for i in block], width)
         aligns = ["right" if grid.numeric[i] else "left" for i in block]
 
