@@ -18,7 +18,7 @@ from langchain_text_splitters import MarkdownHeaderTextSplitter, RecursiveCharac
 
 from crag import schema
 from crag.config import CragConfig, IndexingConfig
-from crag.document_loaders import LOADER_SUFFIXES  # read through LangChain document loaders
+from crag.document_loaders import LOADER_SUFFIXES, load_file  # formats read through LangChain loaders
 from crag.errors import InputError
 from crag.tables import iter_jsonl
 
@@ -78,8 +78,6 @@ def _read_file(file: Path, root: Path) -> Iterator[SourceDocument]:
     if file.suffix.lower() not in LOADER_SUFFIXES:
         yield _read_text_file(file, root)
         return
-    from crag.document_loaders import load_file
-
     for doc in load_file(file, file.relative_to(root).with_suffix("").as_posix()):
         yield SourceDocument(doc.doc_id, doc.title, doc.text, doc.url, str(file), doc.markdown)
 
