@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from crag.errors import ConfigError
 from crag.text import TOKENIZERS
@@ -96,6 +96,44 @@ class VectorSearchRetrieverConfig(DatabricksAuth):
     pipeline_type: Literal["TRIGGERED", "CONTINUOUS"] = "TRIGGERED"
 
 
+class LangChainMetadataKeys(Section):
+    """The metadata keys of a LangChain document that fill crag's document fields."""
+
+    # A key that is null, or missing from a document, falls back as the comment says.
+    doc_id: str | None = "doc_id"  # fallback: the Document's own id, else a hash of its text
+    parent_id: str | None = "parent_id"  # fallback: the doc_id (each document is its own parent)
+    parent_text: str | None = "parent_text"  # the text the generator reads; fallback: the page_content
+    title: str | None = "title"
+    url: str | None = "url"  # LangChain's loaders put the file or page in "source"
+    score: str | None = "score"  # retrievers only (vector stores return scores themselves)
+
+
+_FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+class LangChainRetrieverConfig(Section):
+    """Any LangChain retriever or vector store, built in each Spark worker by a factory function."""
+
+    backend: Literal["langchain"]
+    factory: str  # "package.module:function" returning a BaseRetriever or VectorStore
+    kwargs: dict[str, Any] = Field(default_factory=dict)  # passed to the factory; recorded in the runs table
+    k: int = Field(10, gt=0)  # vector stores: results asked for; retrievers: their first k results are kept
+    # vector stores: the store's own score (FAISS, Chroma: a distance, lower is closer), or LangChain's 0..1
+    # relevance, which is only right where the store's relevance function fits its metric and embeddings
+    scores: Literal["raw", "relevance"] = "raw"
+    metadata: LangChainMetadataKeys = Field(default_factory=LangChainMetadataKeys)
+    # None: an in-process store (FAISS, BM25, a local Chroma) serves a task's queries one after another.
+    # Set: a remote store, one query per question under this budget, timeout and retry policy.
+    policy: EndpointPolicy | None = None
+
+    @field_validator("factory")
+    @classmethod
+    def _dotted_path(cls, value: str) -> str:
+        if not _FACTORY.fullmatch(value):
+            raise ValueError("expected 'package.module:function'")
+        return value
+
+
 class LexicalGraderConfig(Section):
     backend: Literal["lexical"] = "lexical"
     threshold: float = Field(0.5, ge=0, le=1)
@@ -174,7 +212,8 @@ class LLMGeneratorConfig(LLMConfig):
     max_tokens: int = Field(300, gt=0)
 
 
-RetrieverConfig = Annotated[Union[BM25RetrieverConfig, VectorSearchRetrieverConfig], Field(discriminator="backend")]
+RetrieverConfig = Annotated[Union[BM25RetrieverConfig, VectorSearchRetrieverConfig, LangChainRetrieverConfig],
+                           Field(discriminator="backend")]
 GraderConfig = Annotated[Union[LexicalGraderConfig, LLMGraderConfig], Field(discriminator="backend")]
 RewriterConfig = Annotated[Union[KeywordRewriterConfig, LLMRewriterConfig], Field(discriminator="backend")]
 WebSearchConfig = Annotated[Union[OfflineCorpusConfig, TavilyConfig, NoWebSearchConfig], Field(discriminator="backend")]

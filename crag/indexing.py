@@ -18,12 +18,15 @@ from langchain_text_splitters import MarkdownHeaderTextSplitter, RecursiveCharac
 
 from crag import schema
 from crag.config import CragConfig, IndexingConfig
+from crag.document_loaders import LOADER_SUFFIXES, load_file  # formats read through LangChain loaders
 from crag.errors import InputError
 from crag.tables import iter_jsonl
 
 # Paragraphs first, then lines, then sentence ends (Western and Japanese), then words, then characters.
 SEPARATORS = ["\n\n", "\n", "。", ". ", "！", "？", "! ", "? ", "、", ", ", " ", ""]
 TEXT_SUFFIXES = {".md", ".markdown", ".txt", ".html", ".htm", ".pdf"}
+DOCUMENT_SUFFIXES = TEXT_SUFFIXES | LOADER_SUFFIXES
+_KINDS = ".jsonl, .md, .txt, .html, .pdf, .docx, .pptx, .csv or .tsv"
 
 
 @dataclass(frozen=True)
@@ -37,23 +40,23 @@ class SourceDocument:
 
 
 def read_documents(path: str | Path) -> Iterator[SourceDocument]:
-    """JSONL lines {"doc_id", "title", "text", "url"?}, or files: Markdown, plain text, HTML, PDF (one,
-    or a folder searched recursively)."""
+    """JSONL lines {"doc_id", "title", "text", "url"?}, or files: Markdown, plain text, HTML, PDF, Word,
+    PowerPoint, CSV / TSV (one, or a folder searched recursively)."""
     path = Path(path)
     if not path.exists():
         raise InputError(f"documents not found: {path}")
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.suffix.lower() in TEXT_SUFFIXES and p.is_file())
+        files = sorted(p for p in path.rglob("*") if p.suffix.lower() in DOCUMENT_SUFFIXES and p.is_file())
         if not files:
-            raise InputError(f"no .md, .txt, .html or .pdf files under {path}")
+            raise InputError(f"no document files under {path}: expected {_KINDS.replace('.jsonl, ', '')}")
         for file in files:
-            yield _read_text_file(file, path)
+            yield from _read_file(file, path)
     elif path.suffix.lower() == ".jsonl":
         yield from _read_jsonl(path)
-    elif path.suffix.lower() in TEXT_SUFFIXES:
-        yield _read_text_file(path, path.parent)
+    elif path.suffix.lower() in DOCUMENT_SUFFIXES:
+        yield from _read_file(path, path.parent)
     else:
-        raise InputError(f"unsupported documents file {path}: expected .jsonl, .md, .txt, .html, .pdf or a folder of them")
+        raise InputError(f"unsupported documents file {path}: expected {_KINDS} or a folder of them")
 
 
 def _read_jsonl(path: Path) -> Iterator[SourceDocument]:
@@ -69,6 +72,14 @@ def _read_jsonl(path: Path) -> Iterator[SourceDocument]:
             source_path=str(path),
             markdown=False,
         )
+
+
+def _read_file(file: Path, root: Path) -> Iterator[SourceDocument]:
+    if file.suffix.lower() not in LOADER_SUFFIXES:
+        yield _read_text_file(file, root)
+        return
+    for doc in load_file(file, file.relative_to(root).with_suffix("").as_posix()):
+        yield SourceDocument(doc.doc_id, doc.title, doc.text, doc.url, str(file), doc.markdown)
 
 
 def _read_text_file(file: Path, root: Path) -> SourceDocument:

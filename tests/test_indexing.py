@@ -67,7 +67,7 @@ def test_jsonl_documents_and_their_errors(tmp_path):
     with pytest.raises(InputError, match="documents not found"):
         chunk_documents(tmp_path / "nope", IndexingConfig())
     (tmp_path / "empty").mkdir()
-    with pytest.raises(InputError, match="no .md, .txt, .html or .pdf files"):
+    with pytest.raises(InputError, match="no document files under .*: expected .md, .txt, .html, .pdf, .docx"):
         chunk_documents(tmp_path / "empty", IndexingConfig())
 
 

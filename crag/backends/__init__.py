@@ -90,6 +90,10 @@ def build_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concu
 
         retriever = BM25Retriever(_require(r.index, "retriever.index"))
         weights, tokenizer = retriever.index.term_weights, retriever.index.tokenizer
+    elif r.backend == "langchain":
+        from crag.backends.langchain_retriever import LangChainRetriever
+
+        retriever = LangChainRetriever(r, concurrent_tasks)
     else:
         from crag.backends.vector_search import VectorSearchRetriever
 

@@ -1,0 +1,123 @@
+"""Retriever over any LangChain retriever or vector store (Chroma as in reference flow 2, FAISS as in
+reference flow 3, BM25Retriever, a hosted store, ...).
+
+The store is not pickled from the driver: each Spark worker process calls the factory named in the
+config (`retriever.factory: "package.module:function"`, with `retriever.kwargs`) once, so the factory
+loads or connects to the store where it runs. The factory returns a LangChain `BaseRetriever` or
+`VectorStore`. Results become crag documents through the metadata keys in `retriever.metadata`, and,
+as with the other retrievers, the results are de-duplicated by parent: a store of child chunks that
+carry their parent's id and text returns parents.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import math
+import warnings
+from collections.abc import Callable
+
+from langchain_core.documents import Document as LCDocument
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.vectorstores import VectorStore
+
+from crag.backends.base import Document, Usage
+from crag.config import LangChainRetrieverConfig
+from crag.errors import ConfigError
+
+
+def load_factory(path: str) -> Callable:
+    """The function that `package.module:function` names."""
+    module_name, _, function_name = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"retriever.factory {path!r}: cannot import {module_name} ({type(exc).__name__}: {exc})") from None
+    factory = getattr(module, function_name, None)
+    if not callable(factory):
+        raise ConfigError(f"retriever.factory {path!r}: {module_name} has no function {function_name!r}")
+    return factory
+
+
+def build_store(cfg: LangChainRetrieverConfig) -> BaseRetriever | VectorStore:
+    factory = load_factory(cfg.factory)
+    try:
+        store = factory(**cfg.kwargs)
+    except Exception as exc:  # the user's code, fed from the config: report it on one line
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ConfigError(f"retriever.factory {cfg.factory!r} failed: {type(exc).__name__}: {first}") from None
+    if not isinstance(store, (BaseRetriever, VectorStore)):
+        raise ConfigError(f"retriever.factory {cfg.factory!r} returned a {type(store).__name__}, "
+                          "expected a LangChain BaseRetriever or VectorStore")
+    return store
+
+
+def _score(value) -> float | None:
+    try:
+        score = float(value)
+    except (TypeError, ValueError):
+        return None
+    return score if math.isfinite(score) else None
+
+
+class LangChainRetriever:
+    def __init__(self, cfg: LangChainRetrieverConfig, concurrent_tasks: int = 1):
+        self.cfg = cfg
+        self.store = build_store(cfg)
+        self.name = f"langchain:{type(self.store).__name__}"
+        if cfg.scores == "relevance":
+            # LangChain warns of a relevance outside 0..1 (a rounding 1.0000001 will do) with the text of
+            # every result in the message: document text in the worker logs, on each query.
+            warnings.filterwarnings("ignore", message="Relevance scores must be between 0 and 1", category=UserWarning)
+        self._endpoint = None
+        self.concurrency = 1
+        if cfg.policy is not None:
+            from crag.backends.remote import Endpoint
+
+            # A client of unknown make may have no timeout of its own: the endpoint enforces one.
+            self._endpoint = Endpoint(f"langchain:{cfg.factory}", cfg.policy, concurrent_tasks, hard_timeout=True)
+            self.concurrency = self._endpoint.concurrency
+
+    def _found(self, query: str, k: int) -> list[tuple[LCDocument, float | None]]:
+        if isinstance(self.store, VectorStore):
+            if self.cfg.scores == "relevance":
+                found = self.store.similarity_search_with_relevance_scores(query, k=k)
+            else:
+                found = self.store.similarity_search_with_score(query, k=k)
+            return [(doc, _score(score)) for doc, score in found]
+        key = self.cfg.metadata.score
+        return [(doc, _score(doc.metadata.get(key)) if key else None) for doc in self.store.invoke(query)[:k]]
+
+    def _query(self, query: str, k: int, usage: Usage | None) -> list[Document]:
+        found = self._endpoint.call(lambda: self._found(query, k), usage) if self._endpoint else self._found(query, k)
+        if usage is not None:
+            usage.search_calls += 1
+        keys = self.cfg.metadata
+        docs: list[Document] = []
+        seen: set[str] = set()
+        for doc, score in found:
+            meta = doc.metadata or {}
+            field = lambda key: meta.get(key) if key else None  # noqa: E731
+            doc_id = field(keys.doc_id) or doc.id or "sha256:" + hashlib.sha256(doc.page_content.encode()).hexdigest()[:16]
+            parent_id = str(field(keys.parent_id) or doc_id)
+            if parent_id in seen:
+                continue
+            seen.add(parent_id)
+            docs.append({
+                "source": "internal",
+                "doc_id": str(doc_id),
+                "parent_id": parent_id,
+                "title": _text(field(keys.title)),
+                "url": _text(field(keys.url)),
+                "text": field(keys.parent_text) or doc.page_content,
+                "retrieval_score": score,
+                "rank": len(seen),
+            })
+        return docs
+
+    def search(self, queries: list[str], k: int, usages=None) -> list[list[Document]]:
+        return [self._query(q, k, u) for q, u in zip(queries, usages or [None] * len(queries))]
+
+
+def _text(value) -> str | None:
+    return None if value is None else str(value)
