@@ -33,7 +33,8 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("index", help="build a chunk table and BM25 index from documents")
     _conf_args(p)
-    p.add_argument("--docs", required=True, help="a JSONL file of {doc_id, title, text, url?} or a folder of .md/.txt")
+    p.add_argument("--docs", required=True, help="a JSONL file of {doc_id, title, text, url?}, or a file or folder of "
+                                             ".md/.txt/.html/.pdf (and .docx/.pptx/.csv/.tsv with the langchain extra)")
     p.add_argument("--out", required=True, help="index directory to write")
 
     p = sub.add_parser("run", help="answer a table of questions; write answers, grades, decisions, runs, rejects")
@@ -43,12 +44,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--run-id", help="id for this run (default: time-stamped); re-using one replaces that run's rows")
     p.add_argument("--no-cache", action="store_true",
                    help="call every backend again instead of reusing stored results (sets cache.enabled=false)")
+    p.add_argument("--progress", action="store_true", default=None,
+                   help="report progress after each batch even when stderr is not a terminal")
     p.add_argument("--resume", metavar="RUN_ID",
                    help="continue a killed or failed run: answered questions are kept and not sent to any backend again")
 
     p = sub.add_parser("eval", help="score a run against its gold columns; writes the metrics table")
     p.add_argument("--warehouse", required=True, help="folder of Delta tables (catalog.schema on Databricks)")
     p.add_argument("--run", required=True, dest="run_id", help="the run_id to evaluate")
+    p.add_argument("--slices", help="slices to show, e.g. language=en,language=ja or language (all of its slices); "
+                                    "default: all, then every slice")
+    _format_arg(p)
     _session_args(p)
 
     p = sub.add_parser("calibrate", help="propose routing and grading thresholds from a run's stored scores")
@@ -66,8 +72,9 @@ def parser() -> argparse.ArgumentParser:
                    help="compare runs that have not succeeded (still running or failed) with the rows they have")
     _session_args(p)
 
-    p = sub.add_parser("sql", help="query a local warehouse's tables with SQL")
+    p = sub.add_parser("sql", help="query a local warehouse's tables with SQL (read-only, no JVM)")
     p.add_argument("--warehouse", required=True, help="folder of Delta tables written by crag run")
+    _format_arg(p)
     p.add_argument("sql", help="e.g. \"SELECT route, count(*) FROM answers GROUP BY route\"")
 
     p = sub.add_parser("emulate", help="serve local emulators of model serving, Vector Search and Tavily")
@@ -133,6 +140,13 @@ def _session_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overrides", dest="override_list", default="", metavar="'K=V;K=V'", help=argparse.SUPPRESS)
 
 
+def _format_arg(p: argparse.ArgumentParser) -> None:
+    from crag.console import FORMATS
+
+    p.add_argument("--format", choices=FORMATS, default="table",
+                   help="table (fits the terminal), csv, json (one object per line) or markdown")
+
+
 def _setup_logging() -> None:
     """crag's progress on stderr as `crag: ...` lines; other libraries' notices stay quiet."""
     import logging
@@ -191,15 +205,16 @@ def main(argv: list[str] | None = None) -> int:
                 raise CragError("give either --run-id or --resume, not two different ids")
             overrides = [*_overrides(args), "cache.enabled=false"] if args.no_cache else _overrides(args)
             result = run(args.conf, args.questions, args.warehouse, args.variant, args.resume or args.run_id,
-                         overrides, resume=bool(args.resume))
+                         overrides, resume=bool(args.resume), progress=args.progress)
             print(result.summary())
         elif args.command == "eval":
-            from crag.evaluation import evaluate_run, metrics_table
+            from crag.evaluation import evaluate_run
+
+            from crag.console import render_metrics
 
             metrics = evaluate_run(_warehouse(args), check_run_id(args.run_id))
-            slices = ["all"] + sorted(x for x in metrics["slice"].unique() if x != "all")
-            print(f"run {args.run_id}: {len(metrics)} metric values written to the metrics table")
-            print(metrics_table(metrics, slices))
+            print(f"crag: run {args.run_id}: {len(metrics)} metric values written to the metrics table", file=sys.stderr)
+            print(render_metrics(metrics, args.slices, args.format))
         elif args.command == "calibrate":
             import json
 
@@ -222,13 +237,10 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(lines))
             print(f"report: {path}")
         elif args.command == "sql":
-            import pandas as pd
-
+            from crag.console import render
             from crag.tables import query
 
-            with pd.option_context("display.max_rows", 500, "display.max_columns", 50, "display.width", 200,
-                                   "display.max_colwidth", 80):
-                print(query(args.warehouse, args.sql).to_pandas().to_string(index=False))
+            print(render(query(args.warehouse, args.sql), args.format))
         elif args.command == "emulate":
             _emulate(args)
         elif args.command == "ask":

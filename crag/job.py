@@ -269,9 +269,13 @@ def _merge_claim(plan: RunPlan, takeover: str | None) -> None:
 # ------------------------------------------------------------------ answer
 
 
-def answer_batches(plan: RunPlan) -> None:
-    """The accepted questions without a staged answer, in committed batches of spark.batch_questions."""
+def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
+    """The accepted questions without a staged answer, in committed batches of spark.batch_questions.
+    `progress`: questions done / total, rate and time left after each batch on stderr (None: when
+    stderr is a terminal)."""
     from pyspark.sql import functions as F
+
+    from crag.progress import ProgressReporter
 
     wh, cfg = plan.warehouse, plan.cfg
     inputs = wh.load_run("run_inputs", plan.run_id).where(F.col("reason").isNull()).select("question_id", "question")
@@ -285,7 +289,8 @@ def answer_batches(plan: RunPlan) -> None:
     batches = math.ceil(remaining / cfg.spark.batch_questions)
     slots = parallelism(wh.spark, cfg.spark)
     bucket = F.pmod(F.xxhash64("question_id"), F.lit(batches))
-    t0 = time.perf_counter()
+    reporter = ProgressReporter(enabled=progress, desc="crag: questions").start(plan.accepted, plan.accepted - remaining)
+    reported = 0
     for i in range(batches):
         batch = todo.where(bucket == i)
         if cfg.cache.enabled:
@@ -301,9 +306,9 @@ def answer_batches(plan: RunPlan) -> None:
         plan.record("running")  # heartbeat
         # Batches are hash buckets of about equal size: progress is estimated, not counted again.
         done_now = round(remaining * (i + 1) / batches)
-        rate = done_now / max(time.perf_counter() - t0, 1e-9)
-        log.info("batch %d/%d committed: about %d of %d questions answered (%.1f/s, about %.0f s left)",
-                 i + 1, batches, plan.accepted - remaining + done_now, plan.accepted, rate, (remaining - done_now) / rate)
+        reporter.advance(done_now - reported)
+        reported = done_now
+    reporter.close()
 
 
 def _with_stored_results(wh: Warehouse, batch):
@@ -445,6 +450,7 @@ def run(
     overrides: list[str] = (),
     spark=None,
     resume: bool = False,
+    progress: bool | None = None,
 ) -> RunResult:
     """Answer the questions and write every table of the run. With `resume`, a run that was killed or
     failed continues: committed batches are kept and not sent to any backend again. Without it, an
@@ -455,7 +461,7 @@ def run(
             finalise(plan)
             raise InputError(f"no question was accepted: all {plan.input_rows} input rows were rejected "
                              f"(see the rejects table of run {plan.run_id})")
-        answer_batches(plan)
+        answer_batches(plan, progress)
         return finalise(plan)
     except BaseException:
         try:

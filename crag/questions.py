@@ -273,8 +273,13 @@ def _numbered(spark, raw):
     aggregate) and the row's offset in its partition, without moving the rows."""
     from pyspark.sql import functions as F
 
+    from pyspark.errors import PySparkException
+
     tagged = raw.withColumn("_id", F.monotonically_increasing_id()).withColumn("_part", F.spark_partition_id())
-    counts = sorted((r["_part"], r["count"]) for r in tagged.groupBy("_part").count().collect())
+    try:
+        counts = sorted((r["_part"], r["count"]) for r in tagged.groupBy("_part").count().collect())
+    except PySparkException as exc:
+        raise InputError(f"cannot read questions: {_first_line(exc)}") from None
     offsets, total = [], 0
     for part, count in counts:
         offsets.append((part, total))

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "data" / "sample"
-LOCAL_CONF = REPO / "conf" / "local.yaml"
+from tests.support import LOCAL_CONF, SAMPLE, TOKEN
+
+# Configs name tests/langchain_stores.py as a top-level module ("langchain_stores:faiss_store"), as a
+# user's own factory module would be named; Spark workers get it with addPyFile.
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session")
@@ -58,7 +60,6 @@ def sample_backends(sample_config):
     return build_backends(sample_config)
 
 
-TOKEN = "test-token-4f9a"  # recognisable, so tests can search outputs for it
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from deltalake import DeltaTable
 
-from conftest import LOCAL_CONF, SAMPLE
+from tests.support import LOCAL_CONF, SAMPLE
 from crag import schema
 from crag.errors import CragError, IndexError_
 from crag.job import run

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from tests.support import REPO
 from crag.config import IndexingConfig
 from crag.errors import InputError
 from crag.indexing import chunk_documents, read_documents

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from deltalake import DeltaTable
 
-from conftest import LOCAL_CONF, REPO, SAMPLE
+from tests.support import LOCAL_CONF, REPO, SAMPLE
 from crag import spark as crag_spark
 from crag.errors import CragError
 from crag.job import run

@@ -3,7 +3,7 @@ the emulator's REST endpoints."""
 
 import pytest
 
-from conftest import REPO, TOKEN
+from tests.support import REPO, TOKEN
 from crag.backends.base import Usage
 from crag.backends.tavily_search import TavilySearch
 from crag.backends.vector_search import VectorSearchRetriever

@@ -3,7 +3,7 @@
 
 import pytest
 
-from conftest import REPO, TOKEN
+from tests.support import REPO, TOKEN
 from crag.backends.base import Usage
 from crag.backends.llm_roles import LLMGenerator, LLMGrader, LLMRewriter
 from crag.backends.openai_compat import OpenAICompatible

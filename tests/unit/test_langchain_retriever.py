@@ -12,7 +12,7 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 
 import langchain_stores
-from conftest import REPO
+from tests.support import REPO
 from crag.backends import build_backends
 from crag.backends.base import Usage
 from crag.config import load_config
@@ -113,41 +113,14 @@ def test_documents_without_metadata_get_stable_ids(tmp_path):
 
 @needs("chroma")
 def test_the_whole_chain_answers_from_the_store(stores):
-    from crag.questions import validate_questions
     from crag.stages import run_pipeline
 
     cfg = load_config(None, stores["chroma"])
-    accepted, _ = validate_questions(pd.DataFrame({
-        "question_id": ["q1"], "question": ["How often should the HEPA-13 main filter be replaced?"]}), 2000)
-    out = run_pipeline(accepted, build_backends(cfg), cfg).iloc[0]
+    question = pd.DataFrame({"question_id": ["q1"], "question": ["How often should the HEPA-13 main filter be replaced?"]})
+    out = run_pipeline(question, build_backends(cfg), cfg).iloc[0]
     assert out["error"] is None and out["route"] == "internal"
     assert "twelve months" in out["answer"]
     assert out["sources"][0]["doc_id"] == "filter"
-
-
-@needs("faiss")
-def test_a_spark_job_builds_the_store_in_its_workers(spark, stores, tmp_path):
-    from deltalake import DeltaTable
-
-    from crag.job import run
-
-    # Workers import the factory's module: ship it as a job would ship its own code.
-    spark.sparkContext.addPyFile(str(REPO / "tests" / "langchain_stores.py"))
-    questions = tmp_path / "questions.jsonl"
-    questions.write_text("\n".join(json.dumps(q, ensure_ascii=False) for q in [
-        {"question_id": "filter", "question": "How often should the HEPA-13 main filter be replaced?"},
-        {"question_id": "noise", "question": "How many decibels in sleep mode?"},
-        {"question_id": "warranty", "question": "保証期間は何年ですか"},
-    ]), encoding="utf-8")
-    warehouse = tmp_path / "warehouse"
-    conf = tmp_path / "langchain.yaml"  # the embedded defaults, with the store as the retriever
-    conf.write_text("spark:\n  master: local[2]\n", encoding="utf-8")
-    run(str(conf), str(questions), str(warehouse), run_id="lc-1", overrides=stores["faiss"], spark=spark)
-    grades = DeltaTable(str(warehouse / "grades")).to_pandas()
-    best = grades[grades["rank"] == 1].set_index("question_id")["parent_id"].to_dict()
-    assert best == {"filter": "filter#p0", "noise": "noise#p0", "warranty": "warranty#p0"}
-    answers = DeltaTable(str(warehouse / "answers")).to_pandas()
-    assert answers["error"].isna().all() and (answers["search_calls"] == 1).all()
 
 
 class FlakyRetriever(BaseRetriever):

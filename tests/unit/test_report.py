@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import REPO
+from tests.support import REPO
 from crag.compare import compare_runs, gold_verdict, metric_deltas, render_report, summary_lines
 from crag.evaluation import METRIC_DIRECTIONS, QUESTION_METRICS, evaluate, is_cjk, question_scores
 

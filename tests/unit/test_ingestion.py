@@ -3,7 +3,7 @@ emulator speaking the REST protocol."""
 
 import pytest
 
-from conftest import REPO, SAMPLE
+from tests.support import REPO, SAMPLE
 from crag.config import IndexingConfig, load_config
 from crag.errors import InputError
 from crag.indexing import build_knowledge_base, chunk_documents

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 from deltalake import DeltaTable
 
-from conftest import REPO, SAMPLE, TOKEN
+from tests.support import REPO, SAMPLE, TOKEN
 from crag.cli import main
 from crag.job import run
 

@@ -8,7 +8,7 @@ from html.parser import HTMLParser
 import pytest
 from deltalake import DeltaTable
 
-from conftest import LOCAL_CONF, REPO, SAMPLE
+from tests.support import LOCAL_CONF, REPO, SAMPLE
 from crag.cli import main
 from crag.job import run
 

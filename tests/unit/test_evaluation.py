@@ -2,7 +2,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import LOCAL_CONF, SAMPLE
+from tests.support import LOCAL_CONF, SAMPLE
 from crag.calibration import propose_grade_threshold, propose_routing, routing_scores
 from crag.cli import main
 from crag.evaluation import contained, evaluate, exact_match, f1, normalize_answer
@@ -94,33 +94,3 @@ def test_calibration_with_overlap_prefers_the_least_wrong_cut():
 def test_grade_threshold():
     t, precision, recall, score = propose_grade_threshold(np.array([0.9, 0.8, 0.3, 0.2]), np.array([True, True, False, False]))
     assert 0.3 < t <= 0.8 and (precision, recall, score) == (1.0, 1.0, 1.0)
-
-
-def test_eval_and_calibrate_commands_on_the_sample(spark, tmp_path, index_overrides, capsys):
-    sets = [a for o in index_overrides for a in ("--set", o)]
-    assert main(["run", "--conf", str(LOCAL_CONF), *sets, "--questions", str(SAMPLE / "questions.jsonl"),
-                 "--warehouse", str(tmp_path), "--run-id", "gold"]) == 0
-    assert "quality against the gold columns" in capsys.readouterr().out
-    assert main(["eval", "--warehouse", str(tmp_path), "--run", "gold"]) == 0
-    out = capsys.readouterr().out
-    assert "routing_accuracy" in out and "language=ja" in out
-    from deltalake import DeltaTable
-
-    metrics = DeltaTable(str(tmp_path / "metrics")).to_pandas()
-    assert set(metrics["run_id"]) == {"gold"} and not metrics.duplicated(["metric", "slice"]).any()
-    routing = metrics[(metrics["metric"] == "routing_accuracy") & (metrics["slice"] == "all")]
-    assert routing["n"].iloc[0] == 49 and routing["value"].iloc[0] >= 0.9
-    assert main(["calibrate", "--warehouse", str(tmp_path), "--run", "gold"]) == 0
-    out = capsys.readouterr().out
-    assert "proposed lower" in out and "--set routing.policy=thresholds" in out and "grader yes/no threshold" in out
-
-
-def test_eval_without_gold_is_a_clear_error(spark, tmp_path, index_overrides, capsys):
-    questions = tmp_path / "q.jsonl"
-    questions.write_text('{"question_id": "1", "question": "How high is Mount Fuji?"}\n')
-    sets = [a for o in index_overrides for a in ("--set", o)]
-    assert main(["run", "--conf", str(LOCAL_CONF), *sets, "--questions", str(questions), "--warehouse", str(tmp_path / "w"),
-                 "--run-id", "nogold"]) == 0
-    capsys.readouterr()
-    assert main(["eval", "--warehouse", str(tmp_path / "w"), "--run", "nogold"]) == 2
-    assert "has no gold columns" in capsys.readouterr().err

@@ -4,7 +4,7 @@ error text, accepted + rejected = input rows, and retries and errors are counted
 import pandas as pd
 
 from bench.faults import run_scenario
-from conftest import REPO, SAMPLE
+from tests.support import REPO, SAMPLE
 
 
 def test_twenty_percent_faults_on_every_endpoint(spark, tmp_path, restore_env):

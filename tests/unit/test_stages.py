@@ -5,7 +5,7 @@ Spark end-to-end test)."""
 import pandas as pd
 import pytest
 
-from conftest import SAMPLE
+from tests.support import SAMPLE
 from crag import schema, stages
 from crag.backends import Backends
 from crag.backends.base import Answer, Grade, Usage

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LOCAL_CONF, SAMPLE
+from tests.support import LOCAL_CONF, SAMPLE
 from crag.cli import main
 
 
@@ -69,7 +69,7 @@ def test_console_script_builds_an_index(tmp_path):
 def test_the_jobs_entry_point_runs_crag(tmp_path):
     done = subprocess.run(
         [sys.executable, "jobs/build_index.py", "--conf", str(LOCAL_CONF), "--docs", str(SAMPLE / "web.jsonl"), "--out", str(tmp_path / "w")],
-        capture_output=True, text=True, cwd=Path(__file__).parents[1],
+        capture_output=True, text=True, cwd=REPO,
     )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "w" / "manifest.json").exists()

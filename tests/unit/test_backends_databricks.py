@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import REPO, TOKEN
+from tests.support import REPO, TOKEN
 from crag.backends.base import Usage
 from crag.backends.databricks_serving import DatabricksServing, message_text
 from crag.backends.llm_roles import LLMGrader

@@ -3,7 +3,7 @@ stage uses the source check and the two-stage fallback."""
 
 import pandas as pd
 
-from conftest import REPO
+from tests.support import REPO
 from crag import stages
 from crag.backends import build_backends
 from crag.backends.base import Usage

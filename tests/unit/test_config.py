@@ -2,7 +2,7 @@ import pytest
 
 from crag.config import CragConfig, load_config, redacted
 from crag.errors import ConfigError
-from conftest import LOCAL_CONF
+from tests.support import LOCAL_CONF
 
 
 def test_local_conf_is_valid_and_matches_defaults_where_it_should():

@@ -6,7 +6,7 @@ import json
 import pytest
 from deltalake import DeltaTable
 
-from conftest import LOCAL_CONF, REPO, SAMPLE
+from tests.support import LOCAL_CONF, REPO, SAMPLE
 from crag.cli import main
 
 OPENAI_CONF = REPO / "conf" / "openai.yaml"

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
-from conftest import REPO, SAMPLE
+from tests.support import REPO, SAMPLE
 from crag.cli import main
 
 SCHEMA = REPO.parent / "shared" / "schemas" / "databricks-bundle.schema.json"
@@ -186,27 +186,6 @@ def _local_parameters(job: str, values: dict[str, str], variables: dict[str, str
         p = re.sub(r"\{\{job\.parameters\.(\w+)\}\}", lambda m: values[m.group(1)], p)
         out.append(p.replace("{{job.run_id}}", "local1"))
     return out
-
-
-def test_every_job_runs_locally_with_the_bundle_parameters(spark, tmp_path, capsys):
-    variables = {"warehouse": str(tmp_path / "wh")}
-    local = {"config": str(REPO / "conf" / "local.yaml"), "overrides": "mlflow.enabled=false"}
-    index = tmp_path / "kb"
-    assert main(_local_parameters("build_index", {**local, "docs": str(SAMPLE / "kb"), "index_dir": str(index)}, variables)) == 0
-    assert (index / "manifest.json").exists()
-    assert main(["index", "--conf", local["config"], "--docs", str(SAMPLE / "web.jsonl"), "--out", str(tmp_path / "web")]) == 0
-    overrides = f"retriever.index={index};web_search.index={tmp_path / 'web'};mlflow.enabled=false"
-    for variant in ("base", "paper_thresholds"):
-        params = _local_parameters("crag_batch", {**local, "questions": str(SAMPLE / "questions.jsonl"), "variant": variant,
-                                                   "overrides": overrides}, variables)
-        assert main(params) == 0
-    runs = DeltaTable(str(tmp_path / "wh" / "runs")).to_pandas().set_index("run_id")
-    assert runs.loc["base-local1", "variant"] == "base" and runs.loc["paper_thresholds-local1", "variant"] == "paper_thresholds"
-    report = tmp_path / "compare.html"
-    params = _local_parameters("compare_variants", {"base": "base-local1", "candidate": "paper_thresholds-local1",
-                                                    "report": str(report)}, variables)
-    assert main(params) == 0 and report.exists()
-    assert "questions in both" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("script, command", [("jobs/crag_batch.py", "run"), ("jobs/build_index.py", "index"),

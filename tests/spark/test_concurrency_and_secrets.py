@@ -5,7 +5,7 @@ import threading
 
 from deltalake import DeltaTable
 
-from conftest import LOCAL_CONF, REPO, SAMPLE, TOKEN
+from tests.support import LOCAL_CONF, REPO, SAMPLE, TOKEN
 from crag.backends.base import Usage
 from crag.backends.llm_roles import LLMGenerator, LLMSourceCheck, Prompt
 from crag.cli import main

@@ -1,0 +1,96 @@
+"""The question table read and validated by Spark: every format, row numbers, repeated ids, text
+read as text, and every input row accounted for."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from crag.errors import InputError
+from crag.questions import read_questions, validate
+
+
+def _validated(spark, path, max_chars=100) -> pd.DataFrame:
+    return validate(spark, read_questions(spark, str(path)), max_chars).toPandas().sort_values("input_row").reset_index(drop=True)
+
+
+def test_every_format_reads_the_same_rows(spark, tmp_path):
+    from deltalake import write_deltalake
+
+    df = pd.DataFrame({"question_id": ["a", "b"], "question": ["one?", "two?"]})
+    df.to_json(tmp_path / "q.jsonl", orient="records", lines=True)
+    df.to_parquet(tmp_path / "q.parquet")
+    df.to_csv(tmp_path / "q.csv", index=False)
+    write_deltalake(str(tmp_path / "delta"), df)
+    for name in ("q.jsonl", "q.parquet", "q.csv", "delta"):
+        out = _validated(spark, tmp_path / name)
+        assert list(out["question"]) == ["one?", "two?"] and out["reason"].isna().all(), name
+        assert list(out["input_row"]) == [0, 1], name
+
+
+def test_rows_are_numbered_in_input_order_across_partitions(spark, tmp_path):
+    rows = [{"question_id": f"q{i:05d}", "question": f"question {i}?"} for i in range(3000)]
+    path = tmp_path / "many.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    raw = read_questions(spark, str(path)).repartition(3)  # rows spread over partitions
+    out = validate(spark, raw, 100).toPandas()
+    assert sorted(out["input_row"]) == list(range(3000))
+    assert out["reason"].isna().all()
+
+
+def test_duplicates_keep_the_first_and_every_row_is_accounted_for(spark, tmp_path):
+    rows = [{"question_id": "x", "question": "a?"}, {"question_id": "y", "question": "b?"},
+            {"question_id": "x", "question": "c?"}, {"question_id": "z", "question": ""}, {"question_id": "x", "question": "d?"}]
+    path = tmp_path / "dup.jsonl"
+    path.write_text("\n\n".join(json.dumps(r) for r in rows) + "\n")  # blank lines are not rows
+    out = _validated(spark, path)
+    assert len(out) == len(rows)
+    assert list(out["reason"]) == [None, None, "duplicate question_id 'x': first seen at input row 0",
+                                   "question is empty", "duplicate question_id 'x': first seen at input row 0"]
+    assert list(out.loc[out["reason"].isna(), "question"]) == ["a?", "b?"]
+
+
+def test_csv_ids_and_questions_are_text(spark, tmp_path):
+    path = tmp_path / "q.csv"
+    path.write_text("question_id,question\n001,NA\n007,null\n1,2024-01-01\n2026-11-29,plain?\n", encoding="utf-8")
+    out = _validated(spark, path)
+    assert list(out["question_id"]) == ["001", "007", "1", "2026-11-29"]
+    assert list(out["question"]) == ["NA", "null", "2024-01-01", "plain?"]
+    assert out["reason"].isna().all()
+
+
+def test_one_bad_line_is_one_reject_row(spark, tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b'{"question_id": "a", "question": "fine?"}\n{"question_id": "b", "question": "caf\xe9"}\n'
+                     b'{"question_id": "c"\n{"question_id": "d", "question": "\\ud800 lone"}\n')
+    out = _validated(spark, path)
+    assert out.loc[0, "reason"] is None
+    assert out.loc[1, "reason"] == "line is not valid UTF-8"
+    assert out.loc[2, "reason"].startswith("line is not valid JSON")
+    assert out.loc[3, "reason"].startswith("question is not valid text") and out.loc[3, "question_id"] == "d"
+
+
+def test_unreadable_inputs_are_one_line_errors(spark, tmp_path):
+    with pytest.raises(InputError, match="questions not found"):
+        read_questions(spark, str(tmp_path / "missing.jsonl"))
+    (tmp_path / "q.txt").write_text("hi")
+    with pytest.raises(InputError, match="unsupported questions file"):
+        read_questions(spark, str(tmp_path / "q.txt"))
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(InputError, match="not a Delta table"):
+        read_questions(spark, str(tmp_path / "folder"))
+    (tmp_path / "empty_log" / "_delta_log").mkdir(parents=True)
+    with pytest.raises(InputError, match="holds no commit"):
+        read_questions(spark, str(tmp_path / "empty_log"))
+    (tmp_path / "empty.parquet").write_bytes(b"")
+    with pytest.raises(InputError, match="empty"):
+        read_questions(spark, str(tmp_path / "empty.parquet"))
+    (tmp_path / "corrupt.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(InputError, match="cannot read questions"):
+        validate(spark, read_questions(spark, str(tmp_path / "corrupt.parquet")), 100).collect()
+    pd.DataFrame({"question_id": ["a"], "text": ["?"]}).to_parquet(tmp_path / "cols.parquet")
+    with pytest.raises(InputError, match=r"lack column\(s\) question \(found: question_id, text\)"):
+        read_questions(spark, str(tmp_path / "cols.parquet"))
+    (tmp_path / "blank.jsonl").write_text("\n\n")
+    with pytest.raises(InputError, match="no rows"):
+        validate(spark, read_questions(spark, str(tmp_path / "blank.jsonl")), 100)

@@ -1,0 +1,8 @@
+"""The fast tier: no JVM. A test here that asks for a Spark session belongs in tests/spark."""
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def spark():
+    pytest.fail("tests/unit runs without a JVM: move a test that needs Spark to tests/spark")

@@ -1,0 +1,89 @@
+"""Row checks of the question table (crag.questions.check_rows): pure, no Spark."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from crag.errors import InputError
+from crag.questions import check_one, check_rows
+
+
+def _check(questions, ids=None, max_chars=50):
+    ids = ids or [f"q{i}" for i in range(len(questions))]
+    frame = pd.DataFrame({"question_id": ids, "question": questions, "input_row": range(len(questions))})
+    return check_rows(frame, max_chars)
+
+
+@pytest.mark.parametrize(
+    "question, reason",
+    [
+        (None, "question is missing (null)"),
+        (np.nan, "question is missing (null)"),
+        ("", "question is empty"),
+        ("  \t\n ", "question is only whitespace"),
+        ("x" * 51, "question is 51 characters; the limit is 50 (input.max_question_chars)"),
+        ("bell\x07", "question contains control character U+0007 (unnamed) at position 4"),
+        (42, "question is not text (got int)"),
+        ("half a pair \ud800", "question is not valid text: it holds a lone surrogate"),
+        ("mojibake \ufffd", "question holds U+FFFD: the input was not valid UTF-8"),
+    ],
+)
+def test_bad_questions_get_their_reason_and_good_ones_none(question, reason):
+    checked = _check(["fine?", question])
+    assert checked.loc[0, "reason"] is None and checked.loc[0, "question_id"] == "q0"
+    assert checked.loc[1, "reason"].startswith(reason), checked.loc[1, "reason"]
+    assert checked.loc[1, "input_row"] == 1 and checked.loc[1, "question_id"] == "q1"
+
+
+def test_text_that_cannot_be_encoded_is_kept_escaped_for_the_reject_row():
+    checked = _check(["a \ud800 b"])
+    assert checked.loc[0, "question"] == "a \\ud800 b"
+    checked.loc[0, "question"].encode("utf-8")  # storable
+
+
+def test_tabs_newlines_and_japanese_at_the_limit_are_accepted():
+    checked = _check(["line one\nline\ttwo?", "あ" * 50])
+    assert checked["reason"].isna().all()
+
+
+def test_ids_integers_become_text_and_missing_ids_are_marked():
+    checked = _check(["a?", "b?", "c?", "d?", "e?"], ids=[7, 8.0, None, " ", "007"])
+    assert list(checked["question_id"][:2]) == ["7", "8"] and checked.loc[4, "question_id"] == "007"
+    assert list(checked["reason"][2:4]) == ["question_id is missing", "question_id is missing"]
+    assert list(checked["id_problem"]) == [False, False, True, True, False]
+
+
+def test_jsonl_lines_are_parsed_one_by_one():
+    lines = [json.dumps({"question_id": "a", "question": "ok?", "answers": ["x"]}), '{"question_id": "b"',
+             "[1, 2]", json.dumps({"question_id": "c", "question": 5}), json.dumps({"question_id": "d", "question": "\ud800"})]
+    checked = check_rows(pd.DataFrame({"value": lines, "input_row": range(len(lines))}), 100)
+    assert checked.loc[0, "reason"] is None and list(checked.loc[0, "answers"]) == ["x"] and checked.loc[0, "has_gold"]
+    assert checked.loc[1, "reason"].startswith("line is not valid JSON")
+    assert checked.loc[2, "reason"] == "line is not a JSON object (got list)"
+    assert checked.loc[3, "reason"] == "question is not text (got int)"
+    assert checked.loc[4, "reason"].startswith("question is not valid text")
+
+
+def test_gold_columns_are_normalised_or_rejected():
+    frame = pd.DataFrame({
+        "question_id": ["a", "b", "c", "d", "e"],
+        "question": ["q?"] * 5,
+        "answers": [["x", "y"], "single", None, [1, 2], ["ok"]],
+        "expected_route": ["internal", "web", None, "internal", "sideways"],
+        "is_impossible": [False, "true", None, False, False],
+        "input_row": range(5),
+    })
+    checked = check_rows(frame, 10)
+    assert [list(a) for a in checked["answers"][:3]] == [["x", "y"], ["single"], []]
+    assert list(checked["is_impossible"][:3]) == [False, True, None]
+    assert list(checked["expected_route"][:3]) == ["internal", "web", None]
+    assert list(checked["reason"][3:]) == ["answers must be a list of valid strings",
+                                          "expected_route must be one of internal, web, none (got 'sideways')"]
+
+
+def test_ask_checks_its_one_question():
+    check_one("ask", "Is this fine?", 100)
+    with pytest.raises(InputError, match="question is only whitespace"):
+        check_one("ask", "   ", 100)
