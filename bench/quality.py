@@ -88,6 +88,14 @@ def prepare(dataset: str, out: Path, per_dataset: int, seed: int, answerable_onl
             "web_docs": sum(d["title"] not in kb_titles for d in corpus)}
 
 
+def _index_matches(path: Path, indexing) -> bool:
+    manifest = path / "manifest.json"
+    if not manifest.is_file():
+        return False
+    built = json.loads(manifest.read_text(encoding="utf-8"))
+    return built.get("tokenizer") == indexing.tokenizer and built.get("embedding", "none") == indexing.embedding
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", default="squad_v2,jsquad,jaquad")
@@ -98,6 +106,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(REPO / ".crag" / "bench" / "quality"))
     parser.add_argument("--conf", default=str(CONF))
+    parser.add_argument("--reuse-indexes", action="store_true",
+                        help="keep indexes built by an earlier run with the same tokenizer and embedding (the corpus split is fixed)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
     setup = SETUPS[args.setup]
@@ -124,8 +134,9 @@ def main() -> None:
         folder = prepared["folder"]
         with PeakMemory() as memory:
             t_index = time.perf_counter()
-            build_index(folder / "kb.jsonl", folder / "kb_index", cfg.indexing)
-            build_index(folder / "web.jsonl", folder / "web_index", cfg.indexing)
+            for name in ("kb", "web"):
+                if not (args.reuse_indexes and _index_matches(folder / f"{name}_index", cfg.indexing)):
+                    build_index(folder / f"{name}.jsonl", folder / f"{name}_index", cfg.indexing)
             index_s = time.perf_counter() - t_index
             print(f"\n== {dataset}: {prepared['questions']} questions; knowledge base {prepared['kb_docs']} paragraphs, "
                   f"web {prepared['web_docs']} paragraphs", flush=True)
@@ -139,7 +150,7 @@ def main() -> None:
         slices = ["all", "answerable=yes", "expected_route=internal", "expected_route=web"]
         print(metrics_table(metrics[metrics["metric"].isin(REPORTED)], [s for s in slices if s in set(metrics["slice"])]))
         values = {f"{m}|{s}": v for m, s, v in metrics[["metric", "slice", "value"]].itertuples(index=False)}
-        gold = pd.read_json(folder / "questions.jsonl", lines=True)
+        gold = pd.read_json(folder / "questions.jsonl", lines=True)[["question_id", "answers", "is_impossible", "expected_route", "gold_doc_ids"]]
         no_grades = pd.DataFrame(columns=["question_id", "source", "doc_id"])  # the confusion needs no grades
         confusion = action_confusion(question_scores(result.answers, no_grades, gold))
         refused = int(result.answers["refused"].sum())

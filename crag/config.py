@@ -70,6 +70,17 @@ class BM25RetrieverConfig(Section):
     k: int = Field(10, gt=0)
 
 
+class HybridRetrieverConfig(Section):
+    """BM25 and dense search over the same `crag index` directory (built with indexing.embedding),
+    fused by reciprocal rank fusion."""
+
+    backend: Literal["hybrid"]
+    index: str | None = None
+    k: int = Field(10, gt=0)  # fused child chunks kept, then expanded to parents as with bm25
+    candidates: int = Field(50, gt=0)  # child chunks taken from each of the two rankings before fusion
+    rrf_k: int = Field(60, gt=0)  # RRF's rank offset: a chunk scores sum of 1 / (rrf_k + rank)
+
+
 class VectorSearchColumns(Section):
     """Names of the index columns (the chunk table written by crag index uses these)."""
 
@@ -99,6 +110,29 @@ class VectorSearchRetrieverConfig(DatabricksAuth):
 class LexicalGraderConfig(Section):
     backend: Literal["lexical"] = "lexical"
     threshold: float = Field(0.5, ge=0, le=1)
+
+
+class LanguageCalibration(Section):
+    """relevance = sigmoid(bias + lexical * lexical relevance + semantic * cosine): the probability that
+    a document is relevant, fitted per language by `crag calibrate` against gold_doc_ids."""
+
+    lexical: float
+    semantic: float
+    bias: float
+
+
+class SemanticGraderConfig(Section):
+    """Lexical relevance and the embedding cosine of question and document, combined per language
+    (Japanese when the question has CJK characters, else English)."""
+
+    backend: Literal["semantic"]
+    threshold: float = Field(0.5, ge=0, le=1)
+    embedding: Literal["multilingual-e5-small"] = "multilingual-e5-small"
+    # fitted with crag calibrate on the development sample of bench/quality.py (--seed 1)
+    languages: dict[Literal["en", "ja"], LanguageCalibration] = Field(default_factory=lambda: {
+        "en": LanguageCalibration(lexical=6.0, semantic=30.0, bias=-28.0),
+        "ja": LanguageCalibration(lexical=6.0, semantic=30.0, bias=-28.0),
+    })
 
 
 class LLMGraderConfig(LLMConfig):
@@ -164,6 +198,9 @@ class ExtractiveGeneratorConfig(Section):
     max_sentences: int = Field(2, ge=1, le=3)
     min_sentence_score: float = Field(0.2, ge=0, le=1)
     document_weight: float = Field(0.5, ge=0, le=1)  # share of a sentence's score taken from its document's relevance
+    # no sentence reaches min_sentence_score: answer from the most relevant document's best sentences
+    # instead of refusing (the context holds only documents graded relevant)
+    answer_from_best_document: bool = True
     refusal_message: str = DEFAULT_REFUSAL
 
 
@@ -174,8 +211,8 @@ class LLMGeneratorConfig(LLMConfig):
     max_tokens: int = Field(300, gt=0)
 
 
-RetrieverConfig = Annotated[Union[BM25RetrieverConfig, VectorSearchRetrieverConfig], Field(discriminator="backend")]
-GraderConfig = Annotated[Union[LexicalGraderConfig, LLMGraderConfig], Field(discriminator="backend")]
+RetrieverConfig = Annotated[Union[BM25RetrieverConfig, HybridRetrieverConfig, VectorSearchRetrieverConfig], Field(discriminator="backend")]
+GraderConfig = Annotated[Union[LexicalGraderConfig, SemanticGraderConfig, LLMGraderConfig], Field(discriminator="backend")]
 RewriterConfig = Annotated[Union[KeywordRewriterConfig, LLMRewriterConfig], Field(discriminator="backend")]
 WebSearchConfig = Annotated[Union[OfflineCorpusConfig, TavilyConfig, NoWebSearchConfig], Field(discriminator="backend")]
 GeneratorConfig = Annotated[Union[ExtractiveGeneratorConfig, LLMGeneratorConfig], Field(discriminator="backend")]
@@ -213,6 +250,9 @@ class IndexingConfig(Section):
     parent_chars: int = Field(1500, gt=0)
     child_chars: int = Field(300, gt=0)
     child_overlap: int = Field(50, ge=0)
+    # dense vectors of the child chunks next to the BM25 index, for the hybrid retriever and the
+    # semantic grader: a model shipped in a package (crag.backends.embedding), or none
+    embedding: Literal["none", "multilingual-e5-small"] = "none"
 
 
 class SparkConfig(Section):
