@@ -16,7 +16,8 @@ index build time, job time per question, and the peak memory of the whole proces
 Python workers) during the dataset's index build and job.
 
 Run:  python -m bench.quality [--setup default|actions] [--datasets squad_v2,jsquad,jaquad] [--per-dataset N]
-                              [--answerable-only] [--set KEY=VALUE ...]
+                              [--answerable-only] [--variant semantic] [--set KEY=VALUE ...] [--calibrate]
+                              [--reuse-indexes]
 Writes the metrics to <out>/quality.json as well as printing them.
 """
 
@@ -106,8 +107,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(REPO / ".crag" / "bench" / "quality"))
     parser.add_argument("--conf", default=str(CONF))
+    parser.add_argument("--calibrate", action="store_true",
+                        help="after the datasets, run crag calibrate over all their runs together (the semantic grader's "
+                             "weights per language, and one pair of routing thresholds for every language)")
     parser.add_argument("--reuse-indexes", action="store_true",
                         help="keep indexes built by an earlier run with the same tokenizer and embedding (the corpus split is fixed)")
+    parser.add_argument("--variant", help="overlay conf/variants/NAME.yaml, e.g. semantic")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
     setup = SETUPS[args.setup]
@@ -122,12 +127,12 @@ def main() -> None:
     from crag.spark import get_spark
 
     out = Path(args.out)
-    cfg = load_config(args.conf, args.overrides)
+    cfg = load_config(args.conf, args.overrides, args.variant)
     spark = get_spark(cfg.spark)
     spark.sparkContext.setLogLevel("ERROR")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
     report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commit": commit, "setup": args.setup,
-              "per_dataset": per_dataset, "answerable_only": answerable_only, "overrides": args.overrides, "datasets": {}}
+              "per_dataset": per_dataset, "answerable_only": answerable_only, "variant": args.variant, "overrides": args.overrides, "datasets": {}}
     for dataset in args.datasets.split(","):
         t0 = time.perf_counter()
         prepared = prepare(dataset, out, per_dataset, args.seed, answerable_only)
@@ -141,7 +146,7 @@ def main() -> None:
             print(f"\n== {dataset}: {prepared['questions']} questions; knowledge base {prepared['kb_docs']} paragraphs, "
                   f"web {prepared['web_docs']} paragraphs", flush=True)
             t_run = time.perf_counter()
-            result = run(args.conf, str(folder / "questions.jsonl"), str(out / "warehouse"), run_id=f"quality-{dataset}",
+            result = run(args.conf, str(folder / "questions.jsonl"), str(out / "warehouse"), args.variant, run_id=f"quality-{dataset}",
                          overrides=[f"retriever.index={folder / 'kb_index'}", f"web_search.index={folder / 'web_index'}",
                                     "cache.enabled=false", *args.overrides],
                          spark=spark)
@@ -173,6 +178,14 @@ def main() -> None:
         report["datasets"][dataset] = {"questions": prepared["questions"], "seconds": round(time.perf_counter() - t0, 1),
                                        "costs": costs, "metrics": values, "confusion": confusion.to_dict(orient="index"),
                                        "targets": checks}
+    if args.calibrate:
+        from crag.calibration import calibrate, report as calibration_report
+        from crag.evaluation import read_run
+
+        runs = [read_run(str(out / "warehouse"), f"quality-{dataset}") for dataset in args.datasets.split(",")]
+        result = calibrate(pd.concat([r["grades"] for r in runs], ignore_index=True),
+                           pd.concat([r["gold"] for r in runs], ignore_index=True), cfg.routing.lower, cfg.routing.upper)
+        print(f"\ncalibration over {', '.join(args.datasets.split(','))} together:\n{calibration_report(result)}")
     (out / "quality.json").write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
     print(f"\nwritten: {out / 'quality.json'}")
 
