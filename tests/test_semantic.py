@@ -16,7 +16,7 @@ from crag.backends.hybrid import HybridRetriever
 from crag.backends.lexical import LexicalScorer
 from crag.backends.semantic import RATIONALE, SemanticGrader
 from crag.calibration import calibrate, fit_logistic, report
-from crag.config import HybridRetrieverConfig, IndexingConfig, LanguageCalibration, SemanticGraderConfig
+from crag.config import HybridRetrieverConfig, IndexingConfig, LanguageCalibration, SemanticGraderConfig, SemanticLanguages, load_config
 from crag.errors import IndexError_
 from crag.indexing import build_index
 from crag.text import TermWeights
@@ -75,7 +75,7 @@ def test_hybrid_retriever_finds_a_paraphrase_that_bm25_misses(dense_index):
 
 def _grader(dense_index, languages=None, threshold=0.5):
     index = load_index(str(dense_index / "index"))
-    cfg = SemanticGraderConfig(backend="semantic", threshold=threshold, **({"languages": languages} if languages else {}))
+    cfg = SemanticGraderConfig(backend="semantic", threshold=threshold, **({"languages": SemanticLanguages(**languages)} if languages else {}))
     return SemanticGrader(LexicalScorer(index.term_weights, index.tokenizer), cfg, {"internal": index}), index
 
 
@@ -148,3 +148,12 @@ def test_extractive_answer_from_the_best_document_instead_of_a_refusal():
     matched = [*context, {"source": "internal", "text": "The admission price is ten euros.", "relevance": 0.3}]
     answer = ExtractiveGenerator(scorer, 2, 0.2, 0.5, answer_from_best_document=True).generate(question, matched, Usage())
     assert answer.cited == [2]
+
+
+def test_semantic_grader_config_overrides_one_language_and_keeps_the_other(tmp_path):
+    from conftest import LOCAL_CONF
+
+    cfg = load_config(LOCAL_CONF, ["grader.backend=semantic", "grader.languages.en.lexical=1", "grader.languages.en.semantic=2",
+                                   "grader.languages.en.bias=-3"])
+    assert cfg.grader.languages.en == LanguageCalibration(lexical=1, semantic=2, bias=-3)
+    assert cfg.grader.languages.ja == SemanticGraderConfig(backend="semantic").languages.ja

@@ -54,7 +54,7 @@ class SemanticGrader:
     def grade(self, question: str, documents: list[Document], usage: Usage) -> list[Grade]:
         terms = self.scorer.terms(question)
         lang = language(question)
-        weights = self.cfg.languages[lang]
+        weights = getattr(self.cfg.languages, lang)
         grades = []
         for doc in documents:
             lexical, _ = self.scorer.score(terms, f"{doc.get('title') or ''}\n{doc['text']}")
