@@ -7,7 +7,17 @@ drawn from both halves (seeded): expected_route is internal for knowledge-base a
 others, gold_doc_ids is the question's paragraph. The whole job then runs on Spark with the embedded
 backends and `crag eval` scores it.
 
-Run:  python -m bench.quality [--datasets squad_v2,jsquad,jaquad] [--per-dataset 1000] [--set KEY=VALUE ...]
+Two setups:
+- the default: 1,000 questions per dataset, 500 from each half, unanswerable SQuAD questions included;
+- `--setup actions` (issue 15's): 150 knowledge-base and 150 web questions per dataset, all answerable,
+  scored on the CRAG action (`--set routing.policy=thresholds` for the paper's policy).
+For each dataset it prints the metrics, the action confusion (expected route x action) and the costs:
+index build time, job time per question, and the peak memory of the whole process tree (driver, JVM,
+Python workers) during the dataset's index build and job.
+
+Run:  python -m bench.quality [--setup default|actions] [--datasets squad_v2,jsquad,jaquad] [--per-dataset N]
+                              [--answerable-only] [--variant semantic] [--set KEY=VALUE ...] [--calibrate]
+                              [--reuse-indexes]
 Writes the metrics to <out>/quality.json as well as printing them.
 """
 
@@ -22,6 +32,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pandas as pd
+
 from bench.datasets import REPO, read_jsonl, require_dataset
 
 CONF = REPO / "conf" / "local.yaml"
@@ -32,12 +44,16 @@ TARGETS = {
     "jsquad": [("routing_accuracy", "answerable=yes", 0.90), ("recall_at_k", "all", 0.90), ("answer_contained", "all", 0.60)],
     "jaquad": [("routing_accuracy", "answerable=yes", 0.90), ("recall_at_k", "all", 0.90), ("answer_contained", "all", 0.60)],
 }
-REPORTED = ("routing_accuracy", "route_exact", "web_search_rate", "recall_at_k", "web_recall", "answer_contained",
+REPORTED = ("action_accuracy", "routing_accuracy", "route_exact", "web_search_rate", "recall_at_k", "web_recall", "answer_contained",
             "f1", "exact_match", "refusal_correct", "answerable_refused", "grader_precision", "grader_recall")
 
 
-def prepare(dataset: str, out: Path, per_dataset: int, seed: int) -> dict:
-    """Write kb.jsonl, web.jsonl and questions.jsonl for one dataset; return their paths and counts."""
+SETUPS = {"default": {"per_dataset": 1000, "answerable_only": False}, "actions": {"per_dataset": 300, "answerable_only": True}}
+
+
+def prepare(dataset: str, out: Path, per_dataset: int, seed: int, answerable_only: bool = False) -> dict:
+    """Write kb.jsonl, web.jsonl and questions.jsonl for one dataset; return their paths and counts.
+    `answerable_only`: draw only questions with a gold answer (SQuAD 2.0's unanswerable ones left out)."""
     path = require_dataset(dataset)
     corpus = read_jsonl(path / "corpus.jsonl")
     questions = read_jsonl(path / "questions.jsonl")
@@ -54,6 +70,8 @@ def prepare(dataset: str, out: Path, per_dataset: int, seed: int) -> dict:
                     text = f"{d['title'].replace('_', ' ')}\n{d['text']}"
                     f.write(json.dumps({"doc_id": d["doc_id"], "title": d["title"], "text": text,
                                         "url": URL_BASE[dataset] + d["title"]}, ensure_ascii=False) + "\n")
+    if answerable_only:
+        questions = [q for q in questions if not q["is_impossible"] and any(q["answers"])]
     rng = random.Random(seed)
     halves = {True: [q for q in questions if q["title"] in kb_titles], False: [q for q in questions if q["title"] not in kb_titles]}
     chosen = []
@@ -71,43 +89,85 @@ def prepare(dataset: str, out: Path, per_dataset: int, seed: int) -> dict:
             "web_docs": sum(d["title"] not in kb_titles for d in corpus)}
 
 
+def _index_matches(path: Path, indexing) -> bool:
+    manifest = path / "manifest.json"
+    if not manifest.is_file():
+        return False
+    built = json.loads(manifest.read_text(encoding="utf-8"))
+    return built.get("tokenizer") == indexing.tokenizer and built.get("embedding", "none") == indexing.embedding
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", default="squad_v2,jsquad,jaquad")
-    parser.add_argument("--per-dataset", type=int, default=1000, help="questions per dataset, half from each half")
+    parser.add_argument("--setup", choices=sorted(SETUPS), default="default",
+                        help="default: 1,000 questions per dataset; actions: 300, all answerable (issue 15)")
+    parser.add_argument("--per-dataset", type=int, default=None, help="questions per dataset, half from each half (overrides the setup)")
+    parser.add_argument("--answerable-only", action="store_true", default=None, help="only questions with a gold answer")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(REPO / ".crag" / "bench" / "quality"))
     parser.add_argument("--conf", default=str(CONF))
+    parser.add_argument("--calibrate", action="store_true",
+                        help="after the datasets, run crag calibrate over all their runs together (the semantic grader's "
+                             "weights per language, and one pair of routing thresholds for every language)")
+    parser.add_argument("--reuse-indexes", action="store_true",
+                        help="keep indexes built by an earlier run with the same tokenizer and embedding (the corpus split is fixed)")
+    parser.add_argument("--variant", help="overlay conf/variants/NAME.yaml, e.g. semantic")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
+    setup = SETUPS[args.setup]
+    per_dataset = args.per_dataset or setup["per_dataset"]
+    answerable_only = setup["answerable_only"] if args.answerable_only is None else args.answerable_only
 
+    from bench.scale import PeakMemory
     from crag.config import load_config
-    from crag.evaluation import metrics_table
+    from crag.evaluation import action_confusion, metrics_table, question_scores
     from crag.indexing import build_index
     from crag.job import run
     from crag.spark import get_spark
 
     out = Path(args.out)
-    cfg = load_config(args.conf, args.overrides)
+    cfg = load_config(args.conf, args.overrides, args.variant)
     spark = get_spark(cfg.spark)
     spark.sparkContext.setLogLevel("ERROR")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commit": commit, "overrides": args.overrides, "datasets": {}}
+    report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commit": commit, "setup": args.setup,
+              "per_dataset": per_dataset, "answerable_only": answerable_only, "variant": args.variant, "overrides": args.overrides, "datasets": {}}
     for dataset in args.datasets.split(","):
         t0 = time.perf_counter()
-        prepared = prepare(dataset, out, args.per_dataset, args.seed)
+        prepared = prepare(dataset, out, per_dataset, args.seed, answerable_only)
         folder = prepared["folder"]
-        build_index(folder / "kb.jsonl", folder / "kb_index", cfg.indexing)
-        build_index(folder / "web.jsonl", folder / "web_index", cfg.indexing)
-        print(f"\n== {dataset}: {prepared['questions']} questions; knowledge base {prepared['kb_docs']} paragraphs, "
-              f"web {prepared['web_docs']} paragraphs", flush=True)
-        result = run(args.conf, str(folder / "questions.jsonl"), str(out / "warehouse"), run_id=f"quality-{dataset}",
-                     overrides=[f"retriever.index={folder / 'kb_index'}", f"web_search.index={folder / 'web_index'}", *args.overrides],
-                     spark=spark)
+        with PeakMemory() as memory:
+            t_index = time.perf_counter()
+            for name in ("kb", "web"):
+                if not (args.reuse_indexes and _index_matches(folder / f"{name}_index", cfg.indexing)):
+                    build_index(folder / f"{name}.jsonl", folder / f"{name}_index", cfg.indexing)
+            index_s = time.perf_counter() - t_index
+            print(f"\n== {dataset}: {prepared['questions']} questions; knowledge base {prepared['kb_docs']} paragraphs, "
+                  f"web {prepared['web_docs']} paragraphs", flush=True)
+            t_run = time.perf_counter()
+            result = run(args.conf, str(folder / "questions.jsonl"), str(out / "warehouse"), args.variant, run_id=f"quality-{dataset}",
+                         overrides=[f"retriever.index={folder / 'kb_index'}", f"web_search.index={folder / 'web_index'}",
+                                    "cache.enabled=false", *args.overrides],
+                         spark=spark)
+            run_s = time.perf_counter() - t_run
         metrics = result.metrics
         slices = ["all", "answerable=yes", "expected_route=internal", "expected_route=web"]
         print(metrics_table(metrics[metrics["metric"].isin(REPORTED)], [s for s in slices if s in set(metrics["slice"])]))
         values = {f"{m}|{s}": v for m, s, v in metrics[["metric", "slice", "value"]].itertuples(index=False)}
+        gold = pd.read_json(folder / "questions.jsonl", lines=True)[["question_id", "answers", "is_impossible", "expected_route", "gold_doc_ids"]]
+        no_grades = pd.DataFrame(columns=["question_id", "source", "doc_id"])  # the confusion needs no grades
+        confusion = action_confusion(question_scores(result.answers, no_grades, gold))
+        refused = int(result.answers["refused"].sum())
+        print(f"action confusion (expected route x action):\n{confusion.to_string()}")
+        answerable_refused = values.get("answerable_refused|answerable=yes")
+        counts = {f"{m}|{s}": n for m, s, n in metrics[["metric", "slice", "n"]].itertuples(index=False)}
+        n_answerable = int(counts.get("answerable_refused|answerable=yes", 0))
+        costs = {"index_s": round(index_s, 2), "run_s": round(run_s, 2), "ms_per_question": round(1000 * run_s / prepared["questions"], 1),
+                 "peak_memory_gb": round(memory.peak / 2**30, 2)}
+        print(f"answerable but refused: {round((answerable_refused or 0) * n_answerable)} / {n_answerable}; refused in all {refused}")
+        print(f"costs: index build {costs['index_s']} s (both collections), job {costs['run_s']} s = "
+              f"{costs['ms_per_question']} ms per question, peak memory {costs['peak_memory_gb']} GB")
         checks = []
         for metric, slice_, minimum in TARGETS.get(dataset, []):
             got = values.get(f"{metric}|{slice_}")
@@ -116,7 +176,16 @@ def main() -> None:
             print(f"  target {metric} [{slice_}] >= {minimum}: {got if got is None else round(got, 3)} "
                   f"{'met' if checks[-1]['met'] else 'NOT met'}")
         report["datasets"][dataset] = {"questions": prepared["questions"], "seconds": round(time.perf_counter() - t0, 1),
-                                       "metrics": values, "targets": checks}
+                                       "costs": costs, "metrics": values, "confusion": confusion.to_dict(orient="index"),
+                                       "targets": checks}
+    if args.calibrate:
+        from crag.calibration import calibrate, report as calibration_report
+        from crag.evaluation import read_run
+
+        runs = [read_run(str(out / "warehouse"), f"quality-{dataset}") for dataset in args.datasets.split(",")]
+        result = calibrate(pd.concat([r["grades"] for r in runs], ignore_index=True),
+                           pd.concat([r["gold"] for r in runs], ignore_index=True), cfg.routing.lower, cfg.routing.upper)
+        print(f"\ncalibration over {', '.join(args.datasets.split(','))} together:\n{calibration_report(result)}")
     (out / "quality.json").write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
     print(f"\nwritten: {out / 'quality.json'}")
 

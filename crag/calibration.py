@@ -7,6 +7,10 @@ grades table, against the run's gold labels, give the thresholds that would have
   `ambiguous` uses both sources, so it earns half credit. The proposal maximises that route accuracy;
   among equals it prefers the narrower ambiguous band.
 - the grader's yes/no threshold: the relevance cut that maximises F1 of "yes" against gold_doc_ids.
+- the semantic grader's weights, per language: when the run was graded by it, a logistic regression of
+  "the document is gold" on its lexical relevance and cosine (both kept in each grade's rationale).
+  The routing and yes/no thresholds are then proposed on the relevance the fitted weights give, so
+  one `crag calibrate` yields a complete, consistent configuration.
 """
 
 from __future__ import annotations
@@ -91,6 +95,59 @@ def propose_grade_threshold(relevance: np.ndarray, is_gold: np.ndarray) -> tuple
     return best
 
 
+def fit_logistic(features: np.ndarray, target: np.ndarray, ridge: float = 1e-3, steps: int = 50) -> np.ndarray:
+    """Weights (bias first) of a logistic regression by Newton's method, with a small L2 penalty on
+    the non-bias weights so that separable data still converges."""
+    x = np.column_stack([np.ones(len(features)), features])
+    w = np.zeros(x.shape[1])
+    penalty = ridge * np.eye(x.shape[1])
+    penalty[0, 0] = 0.0
+    for _ in range(steps):
+        p = 1 / (1 + np.exp(-(x @ w)))
+        gradient = x.T @ (p - target) + penalty @ w
+        hessian = (x * (p * (1 - p))[:, None]).T @ x + penalty
+        step = np.linalg.solve(hessian + 1e-9 * np.eye(len(w)), gradient)
+        w -= step
+        if np.abs(step).max() < 1e-8:
+            break
+    return w
+
+
+def semantic_features(grades: pd.DataFrame) -> pd.DataFrame | None:
+    """lexical, cosine and language of each grade written by the semantic grader (None if none was)."""
+    from crag.backends.semantic import RATIONALE
+
+    parsed = grades["rationale"].fillna("").str.extract(RATIONALE)
+    if parsed["lexical"].isna().all():
+        return None
+    keep = parsed["lexical"].notna()
+    return grades[keep].assign(lexical=parsed.loc[keep, "lexical"].astype(float), cosine=parsed.loc[keep, "cosine"].astype(float),
+                               language=parsed.loc[keep, "language"])
+
+
+def refit_semantic(grades: pd.DataFrame, gold_docs: pd.Series) -> tuple[dict[str, dict], pd.DataFrame] | None:
+    """Per-language weights fitted against gold documents, and the grades with `relevance` recomputed
+    from them. None when the run was not graded by the semantic grader."""
+    features = semantic_features(grades)
+    if features is None:
+        return None
+    features = features[features["question_id"].map(lambda q: bool(gold_docs.get(q)))]
+    is_gold = np.array([d in gold_docs[q] for q, d in zip(features["question_id"], features["doc_id"])], bool)
+    weights: dict[str, dict] = {}
+    relevance = pd.Series(np.nan, index=features.index)
+    for lang, part in features.groupby("language"):
+        target = is_gold[features.index.get_indexer(part.index)]
+        if target.all() or not target.any():
+            continue  # nothing to tell apart
+        bias, lexical, semantic = fit_logistic(part[["lexical", "cosine"]].to_numpy(), target.astype(float))
+        weights[lang] = {"lexical": round(float(lexical), 3), "semantic": round(float(semantic), 3), "bias": round(float(bias), 3),
+                         "n": len(part)}
+        relevance[part.index] = 1 / (1 + np.exp(-(bias + lexical * part["lexical"] + semantic * part["cosine"])))
+    refitted = grades.copy()
+    refitted.loc[relevance.dropna().index, "relevance"] = relevance.dropna().round(4)
+    return weights, refitted
+
+
 def question_best_relevance(grades: pd.DataFrame, gold: pd.DataFrame) -> pd.DataFrame:
     """question_id, best internal relevance (0 when nothing was retrieved), expected_route."""
     internal = grades[grades["source"] == "internal"].groupby("question_id")["relevance"].max()
@@ -105,13 +162,16 @@ def question_best_relevance(grades: pd.DataFrame, gold: pd.DataFrame) -> pd.Data
 def calibrate(grades: pd.DataFrame, gold: pd.DataFrame, current_lower: float, current_upper: float) -> dict:
     from crag.evaluation import _as_list
 
-    table = question_best_relevance(grades, gold)
     result: dict = {}
+    gold_docs = gold.set_index("question_id")["gold_doc_ids"].map(lambda v: set(_as_list(v)))
+    refit = refit_semantic(grades, gold_docs)
+    if refit is not None:
+        result["semantic"], grades = refit
+    table = question_best_relevance(grades, gold)
     if len(table):
         internal = (table["expected_route"] == "internal").to_numpy()
         result["routing"] = propose_routing(table["best"].to_numpy(), internal)
         result["routing_current"] = routing_scores(table["best"].to_numpy(), internal, current_lower, current_upper)
-    gold_docs = gold.set_index("question_id")["gold_doc_ids"].map(lambda v: set(_as_list(v)))
     docs = grades[grades["question_id"].map(lambda q: bool(gold_docs.get(q)))]
     if len(docs):
         is_gold = [d in gold_docs[q] for q, d in zip(docs["question_id"], docs["doc_id"])]
@@ -121,6 +181,12 @@ def calibrate(grades: pd.DataFrame, gold: pd.DataFrame, current_lower: float, cu
 
 def report(result: dict) -> str:
     lines = []
+    if result.get("semantic"):
+        lines.append("semantic grader weights per language (logistic fit against gold_doc_ids); the thresholds below "
+                     "assume them:")
+        for lang, w in sorted(result["semantic"].items()):
+            lines.append(f"  {lang}: lexical {w['lexical']}, semantic {w['semantic']}, bias {w['bias']} ({w['n']} documents)")
+            lines.append("  use: " + " ".join(f"--set grader.languages.{lang}.{k}={w[k]}" for k in ("lexical", "semantic", "bias")))
     if "routing" in result:
         p, c = result["routing"], result["routing_current"]
         lines.append(f"routing thresholds over {p.n} questions with expected_route (ambiguous = half credit):")

@@ -70,6 +70,17 @@ class BM25RetrieverConfig(Section):
     k: int = Field(10, gt=0)
 
 
+class HybridRetrieverConfig(Section):
+    """BM25 and dense search over the same `crag index` directory (built with indexing.embedding),
+    fused by reciprocal rank fusion."""
+
+    backend: Literal["hybrid"]
+    index: str | None = None
+    k: int = Field(10, gt=0)  # fused child chunks kept, then expanded to parents as with bm25
+    candidates: int = Field(50, gt=0)  # child chunks taken from each of the two rankings before fusion
+    rrf_k: int = Field(60, gt=0)  # RRF's rank offset: a chunk scores sum of 1 / (rrf_k + rank)
+
+
 class VectorSearchColumns(Section):
     """Names of the index columns (the chunk table written by crag index uses these)."""
 
@@ -139,6 +150,34 @@ class LexicalGraderConfig(Section):
     threshold: float = Field(0.5, ge=0, le=1)
 
 
+class LanguageCalibration(Section):
+    """relevance = sigmoid(bias + lexical * lexical relevance + semantic * cosine): the probability that
+    a document is relevant, fitted per language by `crag calibrate` against gold_doc_ids."""
+
+    lexical: float
+    semantic: float
+    bias: float
+
+
+class SemanticLanguages(Section):
+    """One calibration per language. Defaults: fitted by crag calibrate on the development sample of
+    bench/quality.py (--setup actions --seed 1, the three sets together; en from SQuAD 2.0, ja from
+    JSQuAD and JaQuAD)."""
+
+    en: LanguageCalibration = Field(default_factory=lambda: LanguageCalibration(lexical=5.545, semantic=41.093, bias=-40.114))
+    ja: LanguageCalibration = Field(default_factory=lambda: LanguageCalibration(lexical=11.5, semantic=18.347, bias=-23.594))
+
+
+class SemanticGraderConfig(Section):
+    """Lexical relevance and the embedding cosine of question and document, combined per language
+    (Japanese when the question has CJK characters, else English)."""
+
+    backend: Literal["semantic"]
+    threshold: float = Field(0.5, ge=0, le=1)
+    embedding: Literal["multilingual-e5-small"] = "multilingual-e5-small"
+    languages: SemanticLanguages = Field(default_factory=SemanticLanguages)
+
+
 class LLMGraderConfig(LLMConfig):
     prompt: str = "prompts/grade_binary.yaml"
     format: Literal["binary", "score"] = "binary"  # {"grade": "yes|no"} | "Score: 0-5" + "Reason:" lines
@@ -202,6 +241,9 @@ class ExtractiveGeneratorConfig(Section):
     max_sentences: int = Field(2, ge=1, le=3)
     min_sentence_score: float = Field(0.2, ge=0, le=1)
     document_weight: float = Field(0.5, ge=0, le=1)  # share of a sentence's score taken from its document's relevance
+    # no sentence reaches min_sentence_score: answer from the most relevant document's best sentences
+    # instead of refusing (the context holds only documents graded relevant)
+    answer_from_best_document: bool = True
     refusal_message: str = DEFAULT_REFUSAL
 
 
@@ -212,9 +254,9 @@ class LLMGeneratorConfig(LLMConfig):
     max_tokens: int = Field(300, gt=0)
 
 
-RetrieverConfig = Annotated[Union[BM25RetrieverConfig, VectorSearchRetrieverConfig, LangChainRetrieverConfig],
-                           Field(discriminator="backend")]
-GraderConfig = Annotated[Union[LexicalGraderConfig, LLMGraderConfig], Field(discriminator="backend")]
+RetrieverConfig = Annotated[Union[BM25RetrieverConfig, HybridRetrieverConfig, VectorSearchRetrieverConfig,
+                                  LangChainRetrieverConfig], Field(discriminator="backend")]
+GraderConfig = Annotated[Union[LexicalGraderConfig, SemanticGraderConfig, LLMGraderConfig], Field(discriminator="backend")]
 RewriterConfig = Annotated[Union[KeywordRewriterConfig, LLMRewriterConfig], Field(discriminator="backend")]
 WebSearchConfig = Annotated[Union[OfflineCorpusConfig, TavilyConfig, NoWebSearchConfig], Field(discriminator="backend")]
 GeneratorConfig = Annotated[Union[ExtractiveGeneratorConfig, LLMGeneratorConfig], Field(discriminator="backend")]
@@ -252,6 +294,9 @@ class IndexingConfig(Section):
     parent_chars: int = Field(1500, gt=0)
     child_chars: int = Field(300, gt=0)
     child_overlap: int = Field(50, ge=0)
+    # dense vectors of the child chunks next to the BM25 index, for the hybrid retriever and the
+    # semantic grader: a model shipped in a package (crag.backends.embedding), or none
+    embedding: Literal["none", "multilingual-e5-small"] = "none"
 
 
 class SparkConfig(Section):

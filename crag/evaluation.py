@@ -9,6 +9,12 @@ Pure functions over the answers, grades and gold tables of one run. Per question
 - routing_accuracy: against expected_route: none -> refused; internal / web -> answered with that
   collection among the cited sources. route_exact: the route is exactly the expected one (mixed never
   is). web_search_rate: the question went to the web.
+- action_accuracy: the CRAG paper's action against expected_route: a question expected from the
+  knowledge base should be `correct`, one expected from the web `incorrect`; `ambiguous` (both
+  sources) is right for neither. Unlike routing_accuracy it does not credit an ambiguous question
+  that happened to cite the expected collection. action_correct / action_ambiguous /
+  action_incorrect: the share of each action; sliced by expected_route they are the confusion
+  (expected route x action; `action_confusion` gives it as counts).
 - recall_at_k: a gold document is among the internal documents retrieved (questions expected to be
   answered internally); web_recall: among the web results (questions expected from the web).
 Per graded document, against gold_doc_ids: grader_precision and grader_recall.
@@ -131,6 +137,7 @@ def question_scores(answers: pd.DataFrame, grades: pd.DataFrame, gold: pd.DataFr
             "web_search_rate": float(searched),
             "routing_accuracy": np.nan,
             "route_exact": np.nan,
+            "action_accuracy": np.nan,
             "recall_at_k": np.nan,
             "web_recall": np.nan,
         }
@@ -141,6 +148,10 @@ def question_scores(answers: pd.DataFrame, grades: pd.DataFrame, gold: pd.DataFr
                 ok = not r.refused and r.route != "error" and expected in cited
             row["routing_accuracy"] = float(ok)
             row["route_exact"] = float(r.route == ("refused" if expected == "none" else expected))
+        if expected in EXPECTED_ACTION:
+            row["action_accuracy"] = float(row["action"] == EXPECTED_ACTION[expected])
+        for action in ACTIONS:
+            row[f"action_{action}"] = float(row["action"] == action)
         if gold_docs:
             if expected in (None, "internal"):
                 row["recall_at_k"] = float(bool(gold_docs & internal.get(r.question_id, set())))
@@ -150,8 +161,12 @@ def question_scores(answers: pd.DataFrame, grades: pd.DataFrame, gold: pd.DataFr
     return pd.DataFrame(rows)
 
 
+ACTIONS = ("correct", "ambiguous", "incorrect")
+# The paper's action that is right for each expected route; `ambiguous` is right for none of them.
+EXPECTED_ACTION = {"internal": "correct", "web": "incorrect"}
 QUESTION_METRICS = ("exact_match", "f1", "answer_contained", "refused", "refusal_correct", "answerable_refused",
-                    "routing_accuracy", "route_exact", "web_search_rate", "recall_at_k", "web_recall")
+                    "routing_accuracy", "route_exact", "action_accuracy", *(f"action_{a}" for a in ACTIONS),
+                    "web_search_rate", "recall_at_k", "web_recall")
 SLICES = ("route", "action", "language", "expected_route", "answerable")
 
 # Which way each metric gets better: +1 higher, -1 lower. A web search costs a call and brings outside
@@ -162,6 +177,17 @@ METRIC_DIRECTIONS = {
     "answerable_refused": -1, "routing_accuracy": +1, "route_exact": +1, "web_search_rate": -1,
     "recall_at_k": +1, "web_recall": +1, "grader_precision": +1, "grader_recall": +1,
 }
+
+
+def action_confusion(scores: pd.DataFrame) -> pd.DataFrame:
+    """Questions per expected route (rows: internal, web, and any other present) x action (columns:
+    correct, ambiguous, incorrect, and none for questions that ended in an error), from
+    `question_scores`."""
+    if scores.empty:
+        return pd.DataFrame(columns=[*ACTIONS, "none"])
+    table = pd.crosstab(scores["expected_route"], scores["action"])
+    rows = [*EXPECTED_ACTION, *sorted(set(table.index) - set(EXPECTED_ACTION))]
+    return table.reindex(index=rows, columns=[*ACTIONS, "none"], fill_value=0).rename_axis(index="expected", columns="action")
 
 
 def _grader_pr(docs: pd.DataFrame) -> list[tuple[str, float, int]]:

@@ -1,4 +1,4 @@
-"""Documents -> parent and child chunks -> chunk table + BM25 index (`crag index`).
+"""Documents -> parent and child chunks -> chunk table + BM25 index (+ dense vectors) (`crag index`).
 
 Parents are what the generator reads (a Markdown section, or a few paragraphs); children are the small
 pieces that search matches, each pointing at its parent — the small/large chunk scheme of reference
@@ -197,12 +197,14 @@ def chunk_documents(path: str | Path, cfg: IndexingConfig) -> pa.Table:
 
 
 def build_index(docs: str | Path, out: str | Path, cfg: IndexingConfig) -> dict:
-    """Chunk the documents and write the chunk table (Delta) and the BM25 index under `out`."""
+    """Chunk the documents and write the chunk table (Delta) and the BM25 index under `out`, and the
+    chunks' dense vectors when `indexing.embedding` names a model."""
     from crag.backends.bm25 import write_index  # the index format lives with its reader
 
     chunks = chunk_documents(docs, cfg)
-    print(f"crag index: {chunks.num_rows} child chunks from {docs}", file=sys.stderr)
-    return write_index(chunks, Path(out), cfg.tokenizer)
+    print(f"crag index: {chunks.num_rows} child chunks from {docs}"
+          + (f", embedding them with {cfg.embedding}" if cfg.embedding != "none" else ""), file=sys.stderr)
+    return write_index(chunks, Path(out), cfg.tokenizer, cfg.embedding)
 
 
 def build_knowledge_base(docs: str | Path, out: str | Path, cfg: CragConfig) -> dict:

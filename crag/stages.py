@@ -215,6 +215,9 @@ def route_question(graded: list[Document], routing: RoutingConfig) -> tuple[str,
     if policy == "thresholds":
         scores = [d.get("relevance", 0.0) for d in graded]
         best = max(scores, default=0.0)
+        # A document at or above `upper` is what makes the action correct: it is relevant by the
+        # policy's own measure even when the grader's yes/no threshold sits higher.
+        relevant = [d for d in graded if d.get("grade") == "yes" or d.get("relevance", 0.0) >= routing.upper][: routing.max_relevant_docs]
         if best >= routing.upper:
             return "correct", False, True, relevant, f"best relevance {best:.2f} >= upper {routing.upper}; policy thresholds -> internal documents"
         if best < routing.lower:

@@ -85,11 +85,19 @@ def build_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concu
     shared: dict = {}
     weights, tokenizer = TermWeights({}, 1), cfg.indexing.tokenizer
     r = cfg.retriever
+    local_indexes = {}  # loaded local indexes by document source, for the semantic grader's dense vectors
     if r.backend == "bm25":
         from crag.backends.bm25 import BM25Retriever
 
         retriever = BM25Retriever(_require(r.index, "retriever.index"))
         weights, tokenizer = retriever.index.term_weights, retriever.index.tokenizer
+        local_indexes["internal"] = retriever.index
+    elif r.backend == "hybrid":
+        from crag.backends.hybrid import HybridRetriever
+
+        retriever = HybridRetriever(r, _require(r.index, "retriever.index"))
+        weights, tokenizer = retriever.index.term_weights, retriever.index.tokenizer
+        local_indexes["internal"] = retriever.index
     elif r.backend == "langchain":
         from crag.backends.langchain_retriever import LangChainRetriever
 
@@ -105,7 +113,8 @@ def build_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concu
         from crag.backends.bm25 import OfflineCorpusSearch
 
         web_search = OfflineCorpusSearch(_require(w.index, "web_search.index"))
-        if r.backend == "bm25" and web_search.index.tokenizer != tokenizer:
+        local_indexes["web"] = web_search.index
+        if r.backend in ("bm25", "hybrid") and web_search.index.tokenizer != tokenizer:
             raise ConfigError(
                 f"retriever.index uses tokenizer {tokenizer!r} but web_search.index uses "
                 f"{web_search.index.tokenizer!r}: rebuild one of them with the same indexing.tokenizer"
@@ -124,6 +133,10 @@ def build_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concu
     scorer = LexicalScorer(weights, tokenizer)
     if cfg.grader.backend == "lexical":
         grader = LexicalGrader(scorer, cfg.grader.threshold)
+    elif cfg.grader.backend == "semantic":
+        from crag.backends.semantic import SemanticGrader
+
+        grader = SemanticGrader(scorer, cfg.grader, local_indexes)
     else:
         from crag.backends.llm_roles import LLMGrader
 
@@ -140,7 +153,8 @@ def build_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concu
     if g.backend == "extractive":
         from crag.backends.extractive import ExtractiveGenerator
 
-        generator = ExtractiveGenerator(scorer, g.max_sentences, g.min_sentence_score, g.document_weight)
+        generator = ExtractiveGenerator(scorer, g.max_sentences, g.min_sentence_score, g.document_weight,
+                                        g.answer_from_best_document)
     else:
         from crag.backends.llm_roles import LLMGenerator
 

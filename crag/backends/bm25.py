@@ -4,6 +4,7 @@ Index directory layout (written by `crag index`):
     manifest.json   format, version, tokenizer, counts
     chunks/         the chunk table (Delta), one row per child chunk with its parent's text
     bm25/           the bm25s index over the child chunks
+    dense.npy       only with indexing.embedding: one unit vector per child chunk, in chunk-table order
 Serves both the `bm25` retriever (the knowledge base) and the `offline_corpus` web search (a second
 collection standing in for the web).
 """
@@ -26,19 +27,30 @@ from crag.text import TermWeights, tokenize
 
 INDEX_FORMAT = "crag-bm25"
 INDEX_VERSION = 1
+DENSE_FILE = "dense.npy"
 
 
-def write_index(chunks: pa.Table, out: Path, tokenizer: str) -> dict:
+def write_index(chunks: pa.Table, out: Path, tokenizer: str, embedding: str = "none") -> dict:
+    """`embedding`: a model name from crag.backends.embedding to store dense vectors of the child chunks
+    too (the hybrid retriever and the semantic grader read them), or "none"."""
     out.mkdir(parents=True, exist_ok=True)
     tables.write_table(out / "chunks", chunks)
     corpus_tokens = [tokenize(t, tokenizer) for t in chunks.column("chunk_text").to_pylist()]
     index = bm25s.BM25()
     index.index(corpus_tokens, show_progress=False)
     index.save(str(out / "bm25"), show_progress=False)
+    dense_path = out / DENSE_FILE
+    if embedding != "none":
+        from crag.backends.embedding import load_embedder
+
+        np.save(dense_path, load_embedder(embedding).passages(chunks.column("chunk_text").to_pylist()))
+    elif dense_path.exists():
+        dense_path.unlink()  # a rebuild without embeddings must not leave stale vectors behind
     manifest = {
         "format": INDEX_FORMAT,
         "version": INDEX_VERSION,
         "tokenizer": tokenizer,
+        "embedding": embedding,
         "n_chunks": chunks.num_rows,
         "n_parents": len(set(chunks.column("parent_id").to_pylist())),
         "n_documents": len(set(chunks.column("doc_id").to_pylist())),
@@ -67,12 +79,40 @@ class LexicalIndex:
             )
         self.path = path
         self.tokenizer = manifest["tokenizer"]
+        self.embedding = manifest.get("embedding", "none")  # indexes built before dense vectors existed have none
         chunks = self._chunks = tables.read_whole_table(path / "chunks")
         self._bm25 = bm25s.BM25.load(str(path / "bm25"), show_progress=False)
         self._vocab = self._bm25.vocab_dict
         self._chunk_parent = np.asarray(chunks.column("parent_id").to_pylist(), dtype=object)
         parents = chunks.select(["parent_id", "doc_id", "title", "url", "parent_text"]).to_pylist()
         self._parents = {p["parent_id"]: p for p in parents}
+
+    @functools.cached_property
+    def dense(self) -> np.ndarray:
+        """The child chunks' unit vectors (n_chunks, dim), loaded on first use."""
+        if self.embedding == "none":
+            raise IndexError_(f"index {self.path} has no dense vectors: rebuild it with indexing.embedding set "
+                              "(e.g. --set indexing.embedding=multilingual-e5-small)")
+        vectors = np.load(self.path / DENSE_FILE)
+        if len(vectors) != len(self._chunk_parent):
+            raise IndexError_(f"index {self.path}: {len(vectors)} dense vectors for {len(self._chunk_parent)} chunks: rebuild it")
+        return vectors
+
+    @functools.cached_property
+    def _parent_chunks(self) -> dict[str, np.ndarray]:
+        """Chunk positions of each parent."""
+        positions: dict[str, list[int]] = {}
+        for i, parent_id in enumerate(self._chunk_parent):
+            positions.setdefault(parent_id, []).append(i)
+        return {p: np.asarray(ix) for p, ix in positions.items()}
+
+    def parent_similarity(self, query_vector: np.ndarray, parent_id: str, text: str) -> float | None:
+        """Cosine of the query to the parent's best-matching child chunk; None when the parent is not
+        in this index or `text` is no longer the parent's text (a refined strip)."""
+        parent = self._parents.get(parent_id)
+        if parent is None or parent["parent_text"] != text:
+            return None
+        return float((self.dense[self._parent_chunks[parent_id]] @ query_vector).max())
 
     @functools.cached_property
     def term_weights(self) -> TermWeights:
@@ -98,11 +138,36 @@ class LexicalIndex:
             results[i] = [(int(c), float(s)) for c, s in zip(ids[row], scores[row]) if s > 0]
         return results
 
-    def search(self, queries: list[str], k: int, source: str, max_parents: int | None = None) -> list[list[Document]]:
-        """The top-k child chunks of each query, replaced by their parents, de-duplicated by parent
-        (at most `max_parents` of them)."""
+    def dense_top_chunks(self, query_vectors: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
+        """(chunk position, cosine) of the top-k child chunks of each query vector, best first (exact
+        search: one matrix product)."""
+        scores = query_vectors @ self.dense.T
+        k = min(k, scores.shape[1])
+        results = []
+        for row in scores:
+            top = np.argpartition(-row, k - 1)[:k]
+            results.append([(int(c), float(row[c])) for c in sorted(top, key=lambda c: (-row[c], c))])
+        return results
+
+    def hybrid_top_chunks(self, queries: list[str], query_vectors: np.ndarray, k: int, candidates: int,
+                          rrf_k: int) -> list[list[tuple[int, float]]]:
+        """Reciprocal rank fusion of the BM25 and the dense top `candidates` child chunks: each chunk
+        scores the sum of 1 / (rrf_k + rank) over the lists it is in; the top k, best first."""
+        fused = []
+        for lexical, dense in zip(self._top_chunks(queries, candidates), self.dense_top_chunks(query_vectors, candidates)):
+            score: dict[int, float] = {}
+            for ranked in (lexical, dense):
+                for rank, (chunk, _) in enumerate(ranked, start=1):
+                    score[chunk] = score.get(chunk, 0.0) + 1.0 / (rrf_k + rank)
+            fused.append(sorted(score.items(), key=lambda cs: (-cs[1], cs[0]))[:k])
+        return fused
+
+    def search(self, queries: list[str], k: int, source: str, max_parents: int | None = None,
+               ranked: list[list[tuple[int, float]]] | None = None) -> list[list[Document]]:
+        """The top-k child chunks of each query (BM25, or `ranked` when given), replaced by their
+        parents, de-duplicated by parent (at most `max_parents` of them)."""
         results: list[list[Document]] = []
-        for chunks in self._top_chunks(queries, k):
+        for chunks in ranked if ranked is not None else self._top_chunks(queries, k):
             docs: list[Document] = []
             seen: set[str] = set()
             for chunk, score in chunks:

@@ -1,5 +1,10 @@
 """Embedded stand-in for the generator LLM: an extractive answerer. It composes nothing; it returns the
-context sentences that cover the question best, with the documents they came from."""
+context sentences that cover the question best, with the documents they came from.
+
+With `answer_from_best_document`, a context in which no sentence reaches `min_sentence_score` is still
+answered, from the best sentences of its most relevant document: the context holds only documents the
+grader judged relevant, and a paraphrased question (whose words its answer sentence does not repeat)
+was otherwise refused although the document answers it."""
 
 from __future__ import annotations
 
@@ -15,8 +20,10 @@ _BULLET = re.compile(r"^([-*+]|\d+[.)])\s+")
 
 class ExtractiveGenerator:
     concurrency = 1
-    def __init__(self, scorer: LexicalScorer, max_sentences: int, min_sentence_score: float, document_weight: float = 0.0):
+    def __init__(self, scorer: LexicalScorer, max_sentences: int, min_sentence_score: float, document_weight: float = 0.0,
+                 answer_from_best_document: bool = False):
         self.scorer = scorer
+        self.answer_from_best_document = answer_from_best_document
         self.document_weight = document_weight
         self.max_sentences = max_sentences
         self.min_sentence_score = min_sentence_score
@@ -25,17 +32,20 @@ class ExtractiveGenerator:
     def generate(self, question: str, context: list[Document], usage: Usage) -> Answer:
         terms = self.scorer.terms(question)
         candidates = []  # (score, doc position, sentence position, sentence)
+        below = []  # the same for sentences under min_sentence_score
         for d, doc in enumerate(context):
             for s, sentence in enumerate(split_sentences(doc["text"])):
                 if _HEADING.match(sentence):
                     continue  # a heading repeats the question's words but answers nothing
                 sentence = _BULLET.sub("", sentence)
                 score, _ = self.scorer.score(terms, sentence)
-                if score >= self.min_sentence_score:
-                    # A sentence is as good as its own coverage and its document's: a partial match
-                    # inside the most relevant document beats a stray match elsewhere.
-                    combined = (1 - self.document_weight) * score + self.document_weight * doc.get("relevance", score)
-                    candidates.append((combined, d, s, sentence))
+                # A sentence is as good as its own coverage and its document's: a partial match
+                # inside the most relevant document beats a stray match elsewhere.
+                combined = (1 - self.document_weight) * score + self.document_weight * doc.get("relevance", score)
+                (candidates if score >= self.min_sentence_score else below).append((combined, d, s, sentence))
+        if not candidates and self.answer_from_best_document and below:
+            top = max(range(len(context)), key=lambda d: (context[d].get("relevance", 0.0), -d))
+            candidates = [c for c in below if c[1] == top]
         if not candidates:
             return Answer(text=None)
         # Best first; ties go to the earlier document (higher rank) and the earlier sentence.

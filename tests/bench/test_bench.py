@@ -56,3 +56,28 @@ def test_stage_overhead_benchmark_runs_the_whole_chain():
     instant = _Instant()
     assert len(instant.search(["q1", "q2"], 10)) == 2 and len(instant.search("web query", 3)) == 3
     assert cpu_ms_per_question(size=2, questions=4) > 0
+
+
+def test_quality_actions_setup_draws_answerable_questions_from_both_halves(tmp_path, monkeypatch):
+    import json
+
+    from bench import quality
+
+    data = tmp_path / "shared" / "tiny"
+    data.mkdir(parents=True)
+    titles = ["Alpha", "Beta", "Gamma", "Delta"]  # sorted: Alpha, Beta, Delta, Gamma -> kb Alpha, Delta
+    (data / "corpus.jsonl").write_text("".join(
+        json.dumps({"doc_id": f"{t}-0", "title": t, "text": f"{t} is a letter."}) + "\n" for t in titles), encoding="utf-8")
+    questions = [{"question_id": f"{t}-{i}", "question": f"What is {t}?", "answers": [] if i % 2 else [t],
+                  "is_impossible": bool(i % 2), "doc_id": f"{t}-0", "title": t} for t in titles for i in range(6)]
+    (data / "questions.jsonl").write_text("".join(json.dumps(q) + "\n" for q in questions), encoding="utf-8")
+    monkeypatch.setenv("CRAG_SHARED_DATA", str(tmp_path / "shared"))
+    monkeypatch.setitem(quality.URL_BASE, "tiny", "https://example.org/")
+    prepared = quality.prepare("tiny", tmp_path / "out", per_dataset=8, seed=0, answerable_only=True)
+    drawn = [json.loads(line) for line in (prepared["folder"] / "questions.jsonl").read_text().splitlines()]
+    assert len(drawn) == 8 and all(q["answers"] and not q["is_impossible"] for q in drawn)
+    routes = {q["question_id"].split("-")[0]: q["expected_route"] for q in drawn}
+    assert sum(q["expected_route"] == "internal" for q in drawn) == 4
+    assert {t for t, r in routes.items() if r == "internal"} <= {"Alpha", "Delta"}
+    with_unanswerable = quality.prepare("tiny", tmp_path / "all", per_dataset=8, seed=0)
+    assert with_unanswerable["questions"] == 8

@@ -88,7 +88,7 @@ ERRORS = {
     "unknown config key": (lambda t: ["--set", "retriever.top_k=3"], "unknown config key 'retriever.top_k' (allowed here: backend, index, k)"),
     "unknown section": (lambda t: ["--set", "retreiver.k=3"], "unknown config key 'retreiver'"),
     "mistyped value": (lambda t: ["--set", "retriever.k=ten"], "config key 'retriever.k': Input should be a valid integer"),
-    "unknown backend": (lambda t: ["--set", "grader.backend=gpt4"], "config key 'grader.backend': got 'gpt4', expected one of 'lexical', 'databricks', 'openai'"),
+    "unknown backend": (lambda t: ["--set", "grader.backend=gpt4"], "config key 'grader.backend': got 'gpt4', expected one of 'lexical', 'semantic', 'databricks', 'openai'"),
     "unknown policy": (lambda t: ["--set", "routing.policy=sometimes"], "config key 'routing.policy': got 'sometimes'"),
     "thresholds out of order": (lambda t: ["--set", "routing.lower=0.9", "--set", "routing.upper=0.1"], "must not exceed"),
     "bad --set": (lambda t: ["--set", "retriever.k"], "--set expects key=value"),

@@ -5,7 +5,7 @@ import pytest
 from tests.support import LOCAL_CONF, SAMPLE
 from crag.calibration import propose_grade_threshold, propose_routing, routing_scores
 from crag.cli import main
-from crag.evaluation import contained, evaluate, exact_match, f1, normalize_answer
+from crag.evaluation import action_confusion, contained, evaluate, exact_match, f1, normalize_answer, question_scores
 
 
 def test_english_normalisation_is_squads():
@@ -70,6 +70,39 @@ def test_evaluate_by_hand():
     assert value("routing_accuracy", "language=ja") == 1.0
     assert value("routing_accuracy", "expected_route=web") == 0.0
     assert ("web_recall", "all") not in m.index  # b never searched the web
+
+
+def test_action_accuracy_and_confusion_by_hand():
+    answers, grades, gold = _tables()
+    more = pd.DataFrame([
+        # internal question: ambiguous, answered from both collections citing the knowledge base.
+        # routing_accuracy credits it (it cites internal), action_accuracy does not.
+        dict(question_id="d", question="How loud?", answer="32 dB.", route="mixed", action="ambiguous",
+             refused=False, web_query="loud", sources=[{"source": "internal"}]),
+        # web question sent to the web only: the right action
+        dict(question_id="e", question="Who founded it?", answer="Someone.", route="web", action="incorrect",
+             refused=False, web_query="founded", sources=[{"source": "web"}]),
+    ])
+    more_gold = pd.DataFrame([
+        dict(question_id="d", answers=["32 dB"], is_impossible=False, expected_route="internal", gold_doc_ids=["d4"]),
+        dict(question_id="e", answers=["Someone"], is_impossible=False, expected_route="web", gold_doc_ids=["w2"]),
+    ])
+    answers, gold = pd.concat([answers, more], ignore_index=True), pd.concat([gold, more_gold], ignore_index=True)
+    m = evaluate(answers, grades, gold).set_index(["metric", "slice"])
+    value = lambda metric, s="all": m.loc[(metric, s), "value"]  # noqa: E731
+    # a correct (right), b correct (wrong: web expected), d ambiguous (wrong), e incorrect (right);
+    # c (expected none) has no right action and is left out
+    assert value("action_accuracy") == 0.5 and m.loc[("action_accuracy", "all"), "n"] == 4
+    assert value("routing_accuracy", "expected_route=internal") == 1.0  # a and d both cite internal
+    assert value("action_accuracy", "expected_route=internal") == 0.5
+    assert value("action_ambiguous", "expected_route=internal") == 0.5
+    assert value("action_correct", "expected_route=web") == 0.5 and value("action_incorrect", "expected_route=web") == 0.5
+    assert value("answerable_refused") == 0.0 and m.loc[("answerable_refused", "all"), "n"] == 4
+    confusion = action_confusion(question_scores(answers, grades, gold))
+    assert list(confusion.index) == ["internal", "web", "none"]
+    assert confusion.loc["internal"].tolist() == [1, 1, 0, 0]  # correct, ambiguous, incorrect, none
+    assert confusion.loc["web"].tolist() == [1, 0, 1, 0]
+    assert confusion.loc["none"].tolist() == [0, 0, 1, 0]
 
 
 def test_calibration_finds_the_known_best_thresholds():

@@ -53,6 +53,15 @@ def test_relevant_documents_keep_rank_order_and_are_capped():
     assert [d["parent_id"] for d in relevant] == ["p0", "p1", "p2", "p3", "p4"]
 
 
+def test_thresholds_policy_uses_the_documents_above_upper_even_if_graded_no():
+    # the grader's yes/no threshold (say 0.6) above routing.upper (0.5): the 0.55 document made the
+    # action correct, so it is the context rather than a refusal
+    graded = docs(("no", 0.55), ("no", 0.2), ("yes", 0.7))
+    action, needs_web, use_internal, relevant, _ = route_question(graded, RoutingConfig(policy="thresholds", upper=0.5, lower=0.5))
+    assert (action, needs_web, use_internal) == ("correct", False, True)
+    assert [d["parent_id"] for d in relevant] == ["p0", "p2"]
+
+
 def test_nothing_retrieved_goes_to_the_web():
     assert route_question([], RoutingConfig())[4] == "nothing retrieved; policy any_irrelevant: web search"
 

@@ -1,0 +1,69 @@
+"""The semantic grader: lexical relevance (crag.backends.lexical) and the embedding cosine of the
+question and the document, combined per language into the probability that the document is relevant:
+
+    relevance = sigmoid(bias + lexical * lexical_relevance + semantic * cosine)
+
+with one (lexical, semantic, bias) per language, fitted by `crag calibrate` against gold_doc_ids
+(cosines of one model differ by language: Japanese pairs sit higher than English ones). A document
+found in a local index with dense vectors is compared through its best-matching child chunk; any other
+text (a Tavily result, a refined strip) is embedded when graded."""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+
+from crag.backends.base import Document, Grade, Usage
+from crag.backends.embedding import load_embedder
+from crag.backends.lexical import LexicalScorer
+from crag.config import SemanticGraderConfig
+from crag.evaluation import is_cjk
+
+# The rationale is also the record `crag calibrate` refits the weights from.
+RATIONALE = re.compile(r"lexical (?P<lexical>[0-9.]+), cosine (?P<cosine>-?[0-9.]+), language (?P<language>\w+)")
+
+
+def language(question: str) -> str:
+    return "ja" if is_cjk(question) else "en"
+
+
+class SemanticGrader:
+    prompt_hash = None  # no prompt: the grader is not a chat model
+    concurrency = 1
+
+    def __init__(self, scorer: LexicalScorer, cfg: SemanticGraderConfig, indexes: dict):
+        """`indexes`: the loaded local indexes by document source ("internal", "web") whose dense
+        vectors can be used."""
+        self.scorer = scorer
+        self.cfg = cfg
+        self.embedder = load_embedder(cfg.embedding)
+        self.indexes = {source: index for source, index in indexes.items() if index.embedding == cfg.embedding}
+        self._passage = functools.lru_cache(maxsize=10_000)(lambda text: self.embedder.passages([text])[0])
+        self.name = "semantic"
+
+    def cosine(self, question: str, doc: Document) -> float:
+        vector = self.embedder.query(question)
+        index = self.indexes.get(doc.get("source"))
+        if index is not None:
+            similarity = index.parent_similarity(vector, doc.get("parent_id"), doc["text"])
+            if similarity is not None:
+                return similarity
+        return float(self._passage(doc["text"]) @ vector)
+
+    def grade(self, question: str, documents: list[Document], usage: Usage) -> list[Grade]:
+        terms = self.scorer.terms(question)
+        lang = language(question)
+        weights = getattr(self.cfg.languages, lang)
+        grades = []
+        for doc in documents:
+            lexical, _ = self.scorer.score(terms, f"{doc.get('title') or ''}\n{doc['text']}")
+            cosine = self.cosine(question, doc)
+            z = weights.bias + weights.lexical * lexical + weights.semantic * cosine
+            relevance = round(1 / (1 + math.exp(-z)), 4)  # the stored value is the one compared with the threshold
+            grades.append(Grade(
+                relevance=relevance,
+                grade="yes" if relevance >= self.cfg.threshold else "no",
+                rationale=f"lexical {lexical:.4f}, cosine {cosine:.4f}, language {lang}",
+            ))
+        return grades

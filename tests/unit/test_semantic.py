@@ -1,0 +1,159 @@
+"""The semantic signal: the packaged multilingual-e5-small model, dense vectors written by crag index,
+the hybrid retriever, the semantic grader and its per-language calibration, and the extractive
+answerer's answer from the best document. Real model, small data made here."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from crag.backends.base import Usage
+from crag.backends.bm25 import BM25Retriever, load_index
+from crag.backends.embedding import load_embedder
+from crag.backends.extractive import ExtractiveGenerator
+from crag.backends.hybrid import HybridRetriever
+from crag.backends.lexical import LexicalScorer
+from crag.backends.semantic import RATIONALE, SemanticGrader
+from crag.calibration import calibrate, fit_logistic, report
+from crag.config import HybridRetrieverConfig, IndexingConfig, LanguageCalibration, SemanticGraderConfig, SemanticLanguages, load_config
+from crag.errors import IndexError_
+from crag.indexing import build_index
+from crag.text import TermWeights
+
+MODEL = "multilingual-e5-small"
+DOCS = [
+    {"doc_id": "cat", "title": "Pets", "text": "The cat sleeps on the sofa all afternoon."},
+    {"doc_id": "market", "title": "Finance", "text": "Stock prices fell sharply after the central bank raised interest rates."},
+    {"doc_id": "volcano", "title": "Geology", "text": "富士山は日本で最も高い山で、標高は3776メートルです。"},
+]
+
+
+@pytest.fixture(scope="module")
+def dense_index(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dense")
+    docs = root / "docs.jsonl"
+    docs.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in DOCS), encoding="utf-8")
+    build_index(docs, root / "index", IndexingConfig(embedding=MODEL))
+    return root
+
+
+def test_the_packaged_model_embeds_english_and_japanese():
+    embedder = load_embedder(MODEL)
+    passages = embedder.passages([d["text"] for d in DOCS])
+    assert passages.shape == (3, embedder.dim) and np.allclose(np.linalg.norm(passages, axis=1), 1, atol=1e-3)
+    # each question is closest to the passage that answers it, across languages too
+    for question, best in (("Where does the feline nap?", 0), ("Why did shares drop?", 1),
+                           ("How tall is Mount Fuji?", 2), ("猫はどこで寝ていますか？", 0)):
+        assert int(np.argmax(passages @ embedder.query(question))) == best, question
+
+
+def test_crag_index_writes_dense_vectors_and_a_rebuild_without_them_removes_them(dense_index, tmp_path):
+    manifest = json.loads((dense_index / "index" / "manifest.json").read_text())
+    assert manifest["embedding"] == MODEL
+    index = load_index(str(dense_index / "index"))
+    assert index.dense.shape == (manifest["n_chunks"], load_embedder(MODEL).dim)
+    plain = tmp_path / "plain"
+    build_index(dense_index / "docs.jsonl", plain, IndexingConfig(embedding=MODEL))
+    build_index(dense_index / "docs.jsonl", plain, IndexingConfig())
+    assert not (plain / "dense.npy").exists()
+    with pytest.raises(IndexError_, match="needs dense vectors"):
+        HybridRetriever(HybridRetrieverConfig(backend="hybrid"), str(plain))
+
+
+def test_hybrid_retriever_finds_a_paraphrase_that_bm25_misses(dense_index):
+    path = str(dense_index / "index")
+    question = "Where does the feline nap?"  # no word in common with the cat document
+    lexical = BM25Retriever(path).search([question], 10)[0]
+    assert "cat" not in [d["doc_id"] for d in lexical]
+    usage = Usage()
+    hybrid = HybridRetriever(HybridRetrieverConfig(backend="hybrid", candidates=3), path).search([question, "interest rates"], 10, [usage, None])
+    assert hybrid[0][0]["doc_id"] == "cat" and hybrid[0][0]["source"] == "internal"
+    assert hybrid[1][0]["doc_id"] == "market"  # a lexical match still ranks first
+    assert [d["rank"] for d in hybrid[0]] == list(range(1, len(hybrid[0]) + 1)) and usage.search_calls == 1
+
+
+def _grader(dense_index, languages=None, threshold=0.5):
+    index = load_index(str(dense_index / "index"))
+    cfg = SemanticGraderConfig(backend="semantic", threshold=threshold, **({"languages": SemanticLanguages(**languages)} if languages else {}))
+    return SemanticGrader(LexicalScorer(index.term_weights, index.tokenizer), cfg, {"internal": index}), index
+
+
+def test_semantic_grader_combines_lexical_and_cosine_per_language(dense_index):
+    weights = {"en": LanguageCalibration(lexical=2.0, semantic=20.0, bias=-17.0),
+               "ja": LanguageCalibration(lexical=1.0, semantic=10.0, bias=-9.0)}
+    grader, index = _grader(dense_index, weights)
+    docs = index.search(["cat sofa stock prices 富士山"], 10, source="internal")[0]
+    assert {d["doc_id"] for d in docs} == {"cat", "market", "volcano"}
+    for question, lang, best in (("Where does the feline nap?", "en", "cat"), ("富士山の高さは？", "ja", "volcano")):
+        grades = grader.grade(question, docs, Usage())
+        by_doc = {d["doc_id"]: g for d, g in zip(docs, grades)}
+        assert max(by_doc, key=lambda k: by_doc[k].relevance) == best, question
+        for g in grades:  # the relevance is the language's formula over the recorded lexical and cosine
+            found = RATIONALE.search(g.rationale)
+            assert found["language"] == lang
+            w = weights[lang]
+            z = w.bias + w.lexical * float(found["lexical"]) + w.semantic * float(found["cosine"])
+            assert g.relevance == pytest.approx(1 / (1 + np.exp(-z)), abs=1e-3)  # both recorded to 4 places
+            assert g.grade == ("yes" if g.relevance >= 0.5 else "no")
+    # a document that is not in the index (a refined strip, a Tavily result) is embedded when graded
+    strip = {**docs[0], "text": "The cat sleeps."}
+    indexed = grader.cosine("Where does the feline nap?", next(d for d in docs if d["doc_id"] == "cat"))
+    assert grader.cosine("Where does the feline nap?", strip) != indexed
+    assert grader.cosine("Where does the feline nap?", strip) > grader.cosine("Where does the feline nap?", docs[1] if docs[1]["doc_id"] == "market" else docs[0])
+
+
+def test_logistic_fit_recovers_known_weights():
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0, 1, (4000, 2))
+    true = np.array([-4.0, 3.0, 5.0])
+    y = (rng.uniform(size=4000) < 1 / (1 + np.exp(-(true[0] + x @ true[1:])))).astype(float)
+    assert fit_logistic(x, y) == pytest.approx(true, abs=0.6)
+
+
+def test_calibrate_fits_each_language_and_proposes_thresholds_on_the_refit_relevance():
+    rng = np.random.default_rng(5)
+    grades, gold = [], []
+    for q in range(200):
+        lang = "ja" if q % 2 else "en"
+        offset = 0.1 if lang == "ja" else 0.0  # Japanese cosines sit higher for the same relevance
+        internal = q < 100
+        gold.append({"question_id": f"q{q}", "expected_route": "internal" if internal else "web",
+                     "gold_doc_ids": [f"q{q}-gold"] if internal else [f"w{q}"]})
+        for d in range(5):
+            is_gold = internal and d == 0
+            cosine = (0.85 if is_gold else 0.75) + offset + rng.normal(0, 0.02)
+            grades.append({"question_id": f"q{q}", "source": "internal", "doc_id": f"q{q}-gold" if is_gold else f"q{q}-{d}",
+                           "relevance": 0.5, "rationale": f"lexical {rng.uniform(0, 1):.4f}, cosine {cosine:.4f}, language {lang}"})
+    result = calibrate(pd.DataFrame(grades), pd.DataFrame(gold), 0.3, 0.6)
+    en, ja = result["semantic"]["en"], result["semantic"]["ja"]
+    assert en["semantic"] > 10 and ja["semantic"] > 10
+    assert ja["bias"] < en["bias"]  # the same probability needs a higher Japanese cosine
+    assert result["routing"].accuracy > 0.95  # one pair of thresholds serves both languages after the refit
+    text = report(result)
+    assert "--set grader.languages.ja.bias=" in text and "routing.lower=" in text
+
+
+def test_extractive_answer_from_the_best_document_instead_of_a_refusal():
+    scorer = LexicalScorer(TermWeights({}, 1), "cjk_ngram")
+    context = [
+        {"source": "internal", "text": "Opening hours vary. The shop opens at nine.", "relevance": 0.4},
+        {"source": "web", "text": "Tickets cost five euros. Children enter free.", "relevance": 0.9},
+    ]
+    question = "What is the admission price?"  # no sentence shares a word with it
+    assert ExtractiveGenerator(scorer, 2, 0.2, 0.5).generate(question, context, Usage()).text is None
+    answer = ExtractiveGenerator(scorer, 2, 0.2, 0.5, answer_from_best_document=True).generate(question, context, Usage())
+    assert answer.cited == [1] and answer.text == "Tickets cost five euros. Children enter free."
+    # a sentence that reaches the minimum still wins over the fallback
+    matched = [*context, {"source": "internal", "text": "The admission price is ten euros.", "relevance": 0.3}]
+    answer = ExtractiveGenerator(scorer, 2, 0.2, 0.5, answer_from_best_document=True).generate(question, matched, Usage())
+    assert answer.cited == [2]
+
+
+def test_semantic_grader_config_overrides_one_language_and_keeps_the_other(tmp_path):
+    from conftest import LOCAL_CONF
+
+    cfg = load_config(LOCAL_CONF, ["grader.backend=semantic", "grader.languages.en.lexical=1", "grader.languages.en.semantic=2",
+                                   "grader.languages.en.bias=-3"])
+    assert cfg.grader.languages.en == LanguageCalibration(lexical=1, semantic=2, bias=-3)
+    assert cfg.grader.languages.ja == SemanticGraderConfig(backend="semantic").languages.ja
