@@ -175,7 +175,9 @@ SLICES = ("route", "action", "language", "expected_route", "answerable")
 METRIC_DIRECTIONS = {
     "exact_match": +1, "f1": +1, "answer_contained": +1, "refused": -1, "refusal_correct": +1,
     "answerable_refused": -1, "routing_accuracy": +1, "route_exact": +1, "web_search_rate": -1,
-    "recall_at_k": +1, "web_recall": +1, "grader_precision": +1, "grader_recall": +1,
+    "recall_at_k": +1, "web_recall": +1, "grader_precision": +1, "grader_recall": +1, "action_accuracy": +1,
+    # the share of each action is neither better nor worse by itself (None: shown as changed)
+    **{f"action_{a}": None for a in ACTIONS},
 }
 
 

@@ -31,6 +31,7 @@ from crag import schema
 from crag.backends import build_backends, resolve_credentials
 from crag.config import CragConfig, load_config, redacted
 from crag.errors import CragError, InputError
+from crag.evaluation import ACTIONS
 from crag.ids import check_run_id
 from crag.questions import read_questions, validate
 from crag.spark import get_spark, parallelism, run_stages
@@ -401,7 +402,6 @@ def _store_cache_rows(plan: RunPlan) -> None:
     wh.append("stage_cache", rows.join(wh.load("stage_cache").select("key"), "key", "left_anti"))
 
 
-ACTIONS = ("correct", "ambiguous", "incorrect")
 ROUTES = ("internal", "web", "mixed", "refused", "error")
 PARSE_STATUSES = ("repaired", "failed")
 

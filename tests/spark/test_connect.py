@@ -1,0 +1,174 @@
+"""Every Spark command on Spark Connect, as Databricks serverless runs jobs: a local Spark Connect
+server (Spark's own SparkConnectServer, Delta configured as crag configures it), and `crag` processes
+that reach it only through sc://. The tables are read back with delta-rs, as any Delta reader would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+from deltalake import DeltaTable
+
+from tests import connect_server
+from tests.support import LOCAL_CONF, REPO, SAMPLE
+
+QUESTIONS = SAMPLE / "questions.jsonl"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def connect_url(tmp_path_factory):
+    port = _free_port()
+    log = (tmp_path_factory.mktemp("connect") / "server.log").open("w")
+    server = subprocess.Popen(connect_server.command(port), env=connect_server.environment(), stdout=log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        assert server.poll() is None, "the Spark Connect server stopped; see " + log.name
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        pytest.fail("the Spark Connect server did not open its port")
+    yield f"sc://127.0.0.1:{port}"
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(timeout=60)
+
+
+def crag(*args, url: str, check: bool = True, **popen) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "crag.cli", *args, "--set", f"spark.remote={url}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO, **popen)
+    if check:
+        assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _run_args(index_overrides, warehouse, run_id, *extra):
+    sets = [a for o in [*index_overrides, *extra] for a in ("--set", o)]
+    return ["run", "--conf", str(LOCAL_CONF), *sets, "--questions", str(QUESTIONS), "--warehouse", str(warehouse),
+            "--run-id", run_id]
+
+
+def table(warehouse, name) -> pd.DataFrame:
+    return DeltaTable(str(warehouse / name)).to_pandas()
+
+
+def test_the_client_holds_no_jvm(connect_url):
+    """The crag process on Connect starts no JVM of its own: the server does the work."""
+    probe = ("from crag.config import SparkConfig; from crag.spark import get_spark, is_connect;"
+             f"s = get_spark(SparkConfig(remote={connect_url!r})); print(is_connect(s), s.range(5).count());"
+             "import pyspark; from pyspark import SparkContext; print(SparkContext._jvm is None)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["True", "5", "True"], done.stderr[-2000:]
+
+
+def test_run_eval_and_compare_on_connect_match_classic_spark(connect_url, spark, index_overrides, tmp_path):
+    from crag.job import run
+
+    classic = tmp_path / "classic"
+    run(str(LOCAL_CONF), str(QUESTIONS), str(classic), run_id="same", overrides=index_overrides, spark=spark)
+    warehouse = tmp_path / "connect"
+    done = crag(*_run_args(index_overrides, warehouse, "same"), url=connect_url)
+    assert "51: 49 accepted, 2 rejected" in done.stdout
+    ours, theirs = table(warehouse, "answers"), table(classic, "answers")
+    columns = ["question_id", "answer", "action", "route", "n_retrieved", "n_relevant", "n_web"]
+    key = "question_id"
+    assert ours[columns].sort_values(key).reset_index(drop=True).equals(theirs[columns].sort_values(key).reset_index(drop=True))
+    assert len(table(warehouse, "grades")) == len(table(classic, "grades"))
+    assert sorted(table(warehouse, "rejects")["reason"]) == sorted(table(classic, "rejects")["reason"])
+    assert table(warehouse, "runs").loc[0, "status"] == "succeeded"
+
+    crag(*_run_args(index_overrides, warehouse, "thresholds", "routing.policy=any_irrelevant"), url=connect_url)
+    evaluated = crag("eval", "--warehouse", str(warehouse), "--run", "same", "--format", "csv", url=connect_url)
+    metrics = pd.read_csv(pd.io.common.StringIO(evaluated.stdout))
+    stored = table(warehouse, "metrics")
+    assert set(metrics["metric"]) == set(stored[stored["run_id"] == "same"]["metric"])
+    report = tmp_path / "report.html"
+    crag("compare", "--warehouse", str(warehouse), "--base", "same", "--candidate", "thresholds", "--report", str(report),
+         "--no-mlflow", url=connect_url)
+    assert report.exists() and set(table(warehouse, "comparisons")["candidate_run"]) == {"thresholds"}
+    calibrated = crag("calibrate", "--warehouse", str(warehouse), "--run", "same", url=connect_url)
+    assert "routing" in calibrated.stdout
+
+
+def test_sigkill_then_resume_on_connect(connect_url, index_overrides, tmp_path):
+    """A `crag run` client killed with SIGKILL after its first batches are committed; `--resume`
+    (another client) finishes the run without answering a committed question again."""
+    warehouse = tmp_path / "wh"
+    args = _run_args(index_overrides, warehouse, "killed", "spark.batch_questions=6")
+    command = [sys.executable, "-m", "crag.cli", *args, "--set", f"spark.remote={connect_url}"]
+    first = subprocess.Popen(command, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline, staged = time.time() + 300, 0
+    while time.time() < deadline and first.poll() is None:
+        if (warehouse / "run_staging" / "_delta_log").is_dir():
+            staged = len(table(warehouse, "run_staging"))
+            if staged >= 12:
+                break
+        time.sleep(0.2)
+    assert first.poll() is None, "the run ended before it could be killed: " + first.stderr.read().decode()[-1500:]
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    done = set(table(warehouse, "run_staging")["question_id"])
+    assert 12 <= len(done) < 49
+    second = crag(*args[:-2], "--resume", "killed", url=connect_url)
+    assert f"resuming: {len(done)} questions already answered" in second.stderr
+    answers = table(warehouse, "answers")
+    assert len(answers) == 49 and answers["question_id"].is_unique
+    assert table(warehouse, "runs").loc[0, "status"] == "succeeded"
+    assert table(warehouse, "run_staging").empty  # finalised: the staging rows are gone
+
+
+def test_one_writer_per_run_id_on_connect(connect_url, index_overrides, tmp_path):
+    """Two clients start the same run id at once: one runs it, the other is refused with one line;
+    a third run id beside them is unaffected."""
+    warehouse = tmp_path / "wh"
+    procs = [subprocess.Popen([sys.executable, "-m", "crag.cli", *_run_args(index_overrides, warehouse, run_id),
+                               "--set", f"spark.remote={connect_url}"], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for run_id in ("twice", "twice", "beside")]
+    results = [p.communicate(timeout=600) + (p.returncode,) for p in procs]
+    codes = sorted(code for _, _, code in results[:2])
+    assert codes == [0, 2], [r[1][-800:] for r in results]
+    refused = next(err for _, err, code in results[:2] if code == 2)
+    assert "is being written by another crag process" in refused and "Traceback" not in refused
+    assert results[2][2] == 0, results[2][1][-1500:]
+    answers = table(warehouse, "answers")
+    assert answers.groupby("run_id").size().to_dict() == {"beside": 49, "twice": 49}
+    assert not answers.duplicated(["run_id", "question_id"]).any()
+
+
+def test_a_question_id_built_to_inject_sql_touches_no_other_run(connect_url, spark, index_overrides, tmp_path):
+    """Ids full of quotes, backslashes and SQL keywords are values in column expressions, never SQL text:
+    re-running one run leaves every other run's rows as they were (classic and Connect)."""
+    hostile = ["\\'') OR 1=1 --", "x' OR '1'='1", "a`; DROP TABLE answers; --", "\\\\' OR run_id <> '", "q\") OR (1=1"]
+    path = tmp_path / "hostile.jsonl"
+    path.write_text("\n".join(json.dumps({"question_id": q, "question": "How high is Mount Fuji?"}) for q in hostile))
+    warehouse = tmp_path / "wh"
+    from crag.job import run
+
+    base = [*index_overrides]
+    run(str(LOCAL_CONF), str(QUESTIONS), str(warehouse), run_id="bystander", overrides=base, spark=spark)
+    before = table(warehouse, "answers")
+    for attempt in range(2):  # the second time replaces the hostile run's own rows
+        run(str(LOCAL_CONF), str(path), str(warehouse), run_id="hostile", overrides=base, spark=spark)
+    sets = [a for o in base for a in ("--set", o)]
+    crag("run", "--conf", str(LOCAL_CONF), *sets, "--questions", str(path), "--warehouse", str(warehouse),
+         "--run-id", "hostile", url=connect_url)
+    after = table(warehouse, "answers")
+    bystander = after[after["run_id"] == "bystander"].sort_values("question_id").reset_index(drop=True)
+    assert bystander.equals(before[before["run_id"] == "bystander"].sort_values("question_id").reset_index(drop=True))
+    assert sorted(after[after["run_id"] == "hostile"]["question_id"]) == sorted(hostile)
