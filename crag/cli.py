@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import os
+import shlex
+import signal
 import sys
 import textwrap
+import threading
 
 from crag.errors import CragError
+from crag.secrets import scrub
 
 
 def _conf_args(p: argparse.ArgumentParser) -> None:
@@ -77,6 +83,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _print_stage(name: str, df) -> None:
+    # Error texts and reasons are scrubbed where they are made; the whole screen output is too, since
+    # it also shows what the services sent back.
+    print = _print_scrubbed  # noqa: A001
     row = df.iloc[0]
     if row["error"] is not None and name != "generate":
         print(f"[{name}] error: {row['error']}")
@@ -108,6 +117,10 @@ def _print_stage(name: str, df) -> None:
             print(f"    source: {s['source']} {s['doc_id']} {s['title']} {s['url'] or ''}".rstrip())
 
 
+def _print_scrubbed(*values, **kwargs) -> None:
+    print(*(scrub(str(v)) for v in values), **kwargs)
+
+
 def _active_spark():
     """Databricks' session when there is one (Unity Catalog tables); locally none is needed."""
     try:
@@ -128,7 +141,15 @@ def _emulate(args) -> None:
             from crag.backends.bm25 import load_index
 
             load_index(path)  # a missing index is a clear error now, not a 404 later
-    with Emulator(args.kb_index, args.web_index, token=args.token, port=args.port) as emulator:
+    try:
+        emulator = Emulator(args.kb_index, args.web_index, token=args.token, port=args.port)
+    except OverflowError:
+        raise CragError(f"--port {args.port}: a port is a number from 0 to 65535") from None
+    except OSError as exc:
+        reason = "is in use: stop what holds it or choose another with --port" if exc.errno == errno.EADDRINUSE \
+            else f"cannot be served: {exc.strerror or exc}"
+        raise CragError(f"port {args.port} {reason}") from None
+    with emulator:
         token = args.token or "local-token"
         print(f"emulating Databricks serving + Vector Search, OpenAI chat and Tavily at {emulator.url}")
         print("use them with:")
@@ -142,8 +163,7 @@ def _emulate(args) -> None:
             pass
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def _run_command(args) -> int:
     try:
         if args.command == "index":
             from crag.config import load_config
@@ -220,9 +240,85 @@ def main(argv: list[str] | None = None) -> int:
                 raise CragError(rejects.iloc[0]["reason"])
             run_pipeline(accepted, build_backends(cfg, resolve_credentials(cfg)), cfg, on_stage=_print_stage)
     except CragError as exc:
-        print(f"crag: error: {exc}", file=sys.stderr)
+        print(f"crag: error: {scrub(str(exc))}", file=sys.stderr)
         return 2
     return 0
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, taken the same way as Ctrl-C: the run records its failure and says how to resume."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    spark = sys.modules.get("pyspark")
+    context = getattr(spark, "SparkContext", None)
+    active = getattr(context, "_active_spark_context", None)
+    if active is not None:  # as pyspark's own Ctrl-C handler does: stop the running Spark jobs too
+        try:
+            active.cancelAllJobs()
+        except Exception:  # the JVM may already be going down with the same signal
+            pass
+    raise Terminated()
+
+
+def _resume_hint(args) -> str:
+    """The command that continues an interrupted `crag run`."""
+    run_id = args.resume or args.run_id
+    words = ["crag", "run", "--resume", run_id, "--conf", args.conf, "--questions", args.questions,
+             "--warehouse", args.warehouse]
+    if args.variant:
+        words += ["--variant", args.variant]
+    for item in _overrides(args):
+        words += ["--set", item]
+    if args.no_cache:
+        words.append("--no-cache")
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _known_errors() -> tuple[type[BaseException], ...]:
+    """Failures of the environment rather than bugs in crag, as one line each: the file system (a
+    warehouse that is a file or read-only, a full disk), unreadable Arrow / Parquet / Delta data, and
+    errors Spark reports. Only libraries already loaded are looked at, so none is imported for this."""
+    classes: list[type[BaseException]] = [OSError]
+    for module, name in (("pyarrow", "ArrowException"), ("deltalake.exceptions", "DeltaError"),
+                         ("pyspark.errors", "PySparkException"), ("py4j.protocol", "Py4JError")):
+        found = getattr(sys.modules.get(module), name, None)
+        if isinstance(found, type) and issubclass(found, BaseException):
+            classes.append(found)
+    return tuple(classes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command, with every way it can end reduced to one line on stderr: an error crag names (exit
+    2), a known failure of files, data or Spark (exit 2; CRAG_DEBUG=1 shows its traceback), or Ctrl-C /
+    SIGTERM (exit 130 / 143, with the command that resumes an interrupted run)."""
+    args = parser().parse_args(argv)
+    if args.command == "run" and not (args.run_id or args.resume):
+        from crag.job import new_run_id
+
+        args.run_id = new_run_id()  # chosen here, so that an interrupted run can be named in the resume line
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
+    try:
+        return _run_command(args)
+    except KeyboardInterrupt as exc:
+        how = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        if args.command == "run":
+            run_id = args.resume or args.run_id
+            print(f"crag: {how}: run {run_id} did not finish; continue it with: {_resume_hint(args)}", file=sys.stderr)
+        else:
+            print(f"crag: {how}", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
+    except Exception as exc:
+        if not isinstance(exc, _known_errors()) or os.environ.get("CRAG_DEBUG"):
+            raise
+        lines = str(exc).strip().splitlines()
+        detail = scrub(lines[0] if lines else "")[:500]
+        print(f"crag: error: {type(exc).__name__}: {detail} (CRAG_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 2
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

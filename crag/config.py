@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from crag.errors import ConfigError
+from crag.secrets import redact_config
 from crag.text import TOKENIZERS
 
 DEFAULT_REFUSAL = "I don't know: the available documents do not answer this question."
@@ -286,20 +287,10 @@ def stable_hash(value: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-_SECRET_WORDS = ("token", "secret", "password", "api_key", "apikey", "credential")
-
-
 def redacted(value: Any) -> Any:
-    """The config as JSON-able data with every secret-looking value replaced; names of environment
-    variables (keys ending in _env) are kept, since they say where a secret comes from, not what it is."""
-    if isinstance(value, dict):
-        return {
-            k: ("***" if v and any(w in k.lower() for w in _SECRET_WORDS) and not k.endswith("_env") else redacted(v))
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [redacted(v) for v in value]
-    return value
+    """The config as JSON-able data fit to store (runs table, MLflow): secret-bearing keys masked and
+    every value scrubbed of URL credentials and resolved secrets (crag.secrets.redact_config)."""
+    return redact_config(value)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

@@ -25,12 +25,13 @@ import pyarrow.parquet as pq
 from crag import schema
 from crag.errors import InputError
 
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 QUESTION_FILE_SUFFIXES = (".jsonl", ".parquet", ".csv")
 
 
 def check_run_id(run_id: str) -> str:
-    if not _RUN_ID.match(run_id):
+    # fullmatch, not match with "$": "$" also matches before a final newline, so "r1\n" would pass.
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
         raise InputError(
             f"invalid run id {run_id!r}: use 1-128 letters, digits, '_', '.' or '-', starting with a letter or digit"
         )

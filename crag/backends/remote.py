@@ -24,6 +24,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_at
 from crag.backends.base import Usage
 from crag.config import EndpointPolicy
 from crag.errors import ConfigError
+from crag.secrets import remember
 
 T = TypeVar("T")
 RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -132,9 +133,17 @@ def on_databricks() -> bool:
 def secret(env_name: str, secret_ref: str | None, what: str, secrets: dict[str, str] | None = None,
            optional_on_databricks: bool = False) -> str | None:
     """A credential: from `secrets` (resolved on the driver and shipped to workers), the environment
-    variable `env_name`, or a Databricks secret scope "scope/key". Never logged, never stored.
+    variable `env_name`, or a Databricks secret scope "scope/key". Never logged, never stored: every
+    value read here is remembered by crag.secrets, which masks it in every error text and stored config.
     `optional_on_databricks`: on a Databricks cluster the workspace URL and token may be left to the
     runtime's own authentication (None is returned)."""
+    value = _read_secret(env_name, secret_ref, what, secrets, optional_on_databricks)
+    remember([value])
+    return value
+
+
+def _read_secret(env_name: str, secret_ref: str | None, what: str, secrets: dict[str, str] | None,
+                 optional_on_databricks: bool) -> str | None:
     if secrets and env_name in secrets:
         return secrets[env_name]
     value = os.environ.get(env_name)
