@@ -229,6 +229,9 @@ def compare(warehouse: str, base_id: str, candidate_id: str, report: str | None,
     from crag.errors import InputError
     from crag.evaluation import question_scores
 
+    if report and Path(report).is_dir():  # checked first: not after both runs are read
+        raise InputError(f"--report {report} is a folder: give the path of the HTML file to write, "
+                         f"e.g. {Path(report) / f'compare_{base_id}_vs_{candidate_id}.html'}")
     runs = {}
     for run_id in (base_id, candidate_id):
         tables.check_run_id(run_id)
