@@ -68,7 +68,8 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sql", help="query a local warehouse's tables with SQL")
     p.add_argument("--warehouse", required=True, help="folder of Delta tables written by crag run")
-    p.add_argument("sql", help="e.g. \"SELECT route, count(*) FROM answers GROUP BY route\"")
+    p.add_argument("sql", help="one read-only statement, e.g. \"SELECT route, count(*) FROM answers GROUP BY route\"")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="stop the query after this long (default 60)")
 
     p = sub.add_parser("emulate", help="serve local emulators of model serving, Vector Search and Tavily")
     p.add_argument("--kb-index", help="crag index directory the Vector Search emulator searches")
@@ -216,11 +217,13 @@ def _run_command(args) -> int:
         elif args.command == "sql":
             import pandas as pd
 
-            from crag.tables import query
+            from crag.sql import query
 
+            if not 0 < args.timeout <= 86400:
+                raise CragError(f"--timeout {args.timeout:g}: give seconds, more than 0 and at most 86400")
             with pd.option_context("display.max_rows", 500, "display.max_columns", 50, "display.width", 200,
                                    "display.max_colwidth", 80):
-                print(query(args.warehouse, args.sql).to_pandas().to_string(index=False))
+                print(query(args.warehouse, args.sql, args.timeout).to_pandas().to_string(index=False))
         elif args.command == "emulate":
             _emulate(args)
         elif args.command == "ask":
