@@ -12,6 +12,7 @@ child sends its result back as an Arrow IPC stream.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,15 +44,20 @@ def check_read_only(sql: str) -> None:
     [statement] = statements
     kind = next(iter(statement))
     if kind not in READING_STATEMENTS:
-        raise InputError(f"SQL not run: crag sql only reads (SELECT, WITH, EXPLAIN, SHOW, DESCRIBE), got {kind.upper()}")
+        raise InputError(f"SQL not run: crag sql only reads (SELECT, WITH, EXPLAIN, SHOW, DESCRIBE), got {_words(kind)}")
     if kind == "Explain":  # EXPLAIN ANALYZE runs its statement: it must be a query too
         inner = statement["Explain"].get("statement")
         inner_kind = next(iter(inner)) if isinstance(inner, dict) and inner else None
         if inner_kind != "Query":
-            raise InputError(f"SQL not run: EXPLAIN only of a query, got {str(inner_kind).upper()}")
+            raise InputError(f"SQL not run: EXPLAIN only of a query, got {_words(str(inner_kind))}")
     writing = _find_writing(statement)
     if writing:
-        raise InputError(f"SQL not run: crag sql only reads; the query contains {writing.upper()}")
+        raise InputError(f"SQL not run: crag sql only reads; the query contains {_words(writing)}")
+
+
+def _words(kind: str) -> str:
+    """sqlparser's statement kind as SQL words: CreateTable -> CREATE TABLE."""
+    return re.sub(r"(?<!^)(?=[A-Z])", " ", kind).upper()
 
 
 def _find_writing(node: Any) -> str | None:
