@@ -8,7 +8,7 @@ import gc
 from dataclasses import dataclass
 
 from crag.backends.base import Generator, Grader, Retriever, Rewriter, WebSearch
-from crag.config import CragConfig, EndpointPolicy, LLMConfig
+from crag.config import CragConfig, EndpointPolicy, LLMConfig, stable_hash
 from crag.errors import ConfigError
 
 
@@ -177,7 +177,9 @@ _CACHE: dict[tuple, Backends] = {}
 def cached_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1) -> Backends:
     """One set of backends per config per Python process: Spark reuses its Python workers across
     tasks, so indexes and clients are built once per executor process, not once per partition."""
-    key = (cfg.hash(), concurrent_tasks)
+    # The credentials are part of the key: they name the workspace (DATABRICKS_HOST), which the config
+    # does not, so a run pointed at another workspace in the same worker process gets new clients.
+    key = (cfg.hash(), concurrent_tasks, stable_hash(sorted((secrets or {}).items())))
     if key not in _CACHE:
         _CACHE[key] = build_backends(cfg, secrets, concurrent_tasks)
         # The backends, and the modules and indexes loaded for them, live as long as the process: out
