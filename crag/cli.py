@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import logging
 import os
 import shlex
 import signal
@@ -253,15 +254,30 @@ class Terminated(KeyboardInterrupt):
 
 
 def _on_sigterm(signum, frame) -> None:
-    spark = sys.modules.get("pyspark")
-    context = getattr(spark, "SparkContext", None)
-    active = getattr(context, "_active_spark_context", None)
-    if active is not None:  # as pyspark's own Ctrl-C handler does: stop the running Spark jobs too
-        try:
-            active.cancelAllJobs()
-        except Exception:  # the JVM may already be going down with the same signal
-            pass
+    # No call into Spark from here: the main thread may be inside a py4j call on the same connection.
+    # The Spark jobs end with the process.
     raise Terminated()
+
+
+# py4j logs the interrupt it was in the middle of, traceback and all, through the root logger and
+# its own: crag says in one line what happened instead.
+_INTERRUPT_LOGGERS = ("", "py4j", "py4j.java_gateway", "py4j.clientserver")
+
+
+class _NoInterruptTracebacks(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and _interrupt_in(record.exc_info[1]) is not None)
+
+
+def _interrupt_in(exc: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM behind an error, if any: Spark's collect turns an interrupted read into an
+    error of the cancelled job, raised while the interrupt is handled."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 def _resume_hint(args) -> str:
@@ -302,26 +318,40 @@ def main(argv: list[str] | None = None) -> int:
         args.run_id = new_run_id()  # chosen here, so that an interrupted run can be named in the resume line
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
+    quiet = _NoInterruptTracebacks()
+    for name in _INTERRUPT_LOGGERS:
+        logging.getLogger(name).addFilter(quiet)
     try:
         return _run_command(args)
     except KeyboardInterrupt as exc:
-        how = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
-        if args.command == "run":
-            run_id = args.resume or args.run_id
-            print(f"crag: {how}: run {run_id} did not finish; continue it with: {_resume_hint(args)}", file=sys.stderr)
-        else:
-            print(f"crag: {how}", file=sys.stderr)
-        return 143 if isinstance(exc, Terminated) else 130
+        return _say_interrupted(args, exc)
     except Exception as exc:
-        if not isinstance(exc, _known_errors()) or os.environ.get("CRAG_DEBUG"):
+        if os.environ.get("CRAG_DEBUG"):
+            raise
+        interrupt = _interrupt_in(exc)
+        if interrupt is not None:
+            return _say_interrupted(args, interrupt)
+        if not isinstance(exc, _known_errors()):
             raise
         lines = str(exc).strip().splitlines()
         detail = scrub(lines[0] if lines else "")[:500]
         print(f"crag: error: {type(exc).__name__}: {detail} (CRAG_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 2
     finally:
+        for name in _INTERRUPT_LOGGERS:
+            logging.getLogger(name).removeFilter(quiet)
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _say_interrupted(args, exc: KeyboardInterrupt) -> int:
+    how = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+    if args.command == "run":
+        run_id = args.resume or args.run_id
+        print(f"crag: {how}: run {run_id} did not finish; continue it with: {_resume_hint(args)}", file=sys.stderr)
+    else:
+        print(f"crag: {how}", file=sys.stderr)
+    return 143 if isinstance(exc, Terminated) else 130
 
 
 if __name__ == "__main__":
