@@ -259,14 +259,18 @@ def _on_sigterm(signum, frame) -> None:
     raise Terminated()
 
 
-# py4j logs the interrupt it was in the middle of, traceback and all, through the root logger and
-# its own: crag says in one line what happened instead.
+# py4j logs, traceback and all, through the root logger and its own, each failure it then raises,
+# and the failures of pyspark's Ctrl-C handler calling into the JVM from inside a py4j call: crag
+# reports what it is given in one line (or with CRAG_DEBUG=1, in full) instead.
 _INTERRUPT_LOGGERS = ("", "py4j", "py4j.java_gateway", "py4j.clientserver")
 
 
 class _NoInterruptTracebacks(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and _interrupt_in(record.exc_info[1]) is not None)
+        if not record.exc_info:
+            return True
+        from_py4j = record.name.startswith("py4j") or f"{os.sep}py4j{os.sep}" in (record.pathname or "")
+        return not (from_py4j or _interrupt_in(record.exc_info[1]) is not None)
 
 
 def _interrupt_in(exc: BaseException) -> KeyboardInterrupt | None:
@@ -318,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         args.run_id = new_run_id()  # chosen here, so that an interrupted run can be named in the resume line
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
-    quiet = _NoInterruptTracebacks()
+    quiet = _NoInterruptTracebacks() if not os.environ.get("CRAG_DEBUG") else logging.Filter()
     for name in _INTERRUPT_LOGGERS:
         logging.getLogger(name).addFilter(quiet)
     try:
