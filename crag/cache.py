@@ -20,7 +20,7 @@ from dataclasses import asdict
 from typing import Any
 from urllib.parse import urlsplit
 
-from crag.backends import Backends
+from crag.backends import Backends, secrets_for
 from crag.backends.remote import on_databricks
 from crag.backends.base import Answer, Grade, current_question
 from crag.config import CragConfig, stable_hash
@@ -75,7 +75,10 @@ def endpoint_identity(section: Any, secrets: dict[str, str] | None = None) -> st
 def role_slices(cfg: CragConfig, secrets: dict[str, str] | None = None) -> dict[str, str]:
     """Hash of what determines each role's results: its config (without policy) and, for a remote role,
     the identity of the service that answers (`endpoint_identity`). `secrets`: the credentials the
-    driver resolved, which name the workspace on workers that lack the driver's environment."""
+    driver resolved, which name the workspace on workers that lack the driver's environment; by
+    default, the ones this process last built the config's backends with (crag.backends.cached_backends)."""
+    if secrets is None:
+        secrets = secrets_for(cfg)
     indexes = {"kb": _index_identity(getattr(cfg.retriever, "index", None)),
                "web": _index_identity(getattr(cfg.web_search, "index", None)),
                "tokenizer": cfg.indexing.tokenizer}

@@ -295,7 +295,7 @@ def _resume_hint(args) -> str:
         words += ["--set", item]
     if args.no_cache:
         words.append("--no-cache")
-    return " ".join(shlex.quote(w) for w in words)
+    return scrub(" ".join(shlex.quote(w) for w in words))  # a --set value may hold a credential
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:

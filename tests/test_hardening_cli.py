@@ -183,3 +183,14 @@ def test_a_signal_during_crag_run_ends_with_the_resume_line(tmp_path, sample_ind
 
         answers = DeltaTable(str(tmp_path / "wh" / "answers")).to_pandas()
         assert len(answers) == 49 and not answers["question_id"].duplicated().any()
+
+
+def test_the_resume_line_shows_no_credential(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_run_command", interrupted)
+    assert main(["run", "--conf", "c.yaml", "--questions", "q.jsonl", "--warehouse", "w", "--run-id", "r8",
+                 "--set", "web_search.api_base_url=http://proxy:pa55word-x@h:8080"]) == 130
+    err = capsys.readouterr().err
+    assert "crag run --resume r8" in err and "pa55word" not in err and "proxy" not in err

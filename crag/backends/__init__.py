@@ -172,6 +172,14 @@ def build_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concu
 
 
 _CACHE: dict[tuple, Backends] = {}
+# The credentials each config's backends were last built with in this process. They name the
+# workspace, which the stage cache's key needs (crag.cache.role_slices); the process environment does
+# not do, since every DatabricksServing built here rewrites DATABRICKS_HOST in it.
+_SECRETS: dict[str, dict[str, str]] = {}
+
+
+def secrets_for(cfg: CragConfig) -> dict[str, str] | None:
+    return _SECRETS.get(cfg.hash())
 
 
 def cached_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1) -> Backends:
@@ -180,6 +188,7 @@ def cached_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, conc
     # The credentials are part of the key: they name the workspace (DATABRICKS_HOST), which the config
     # does not, so a run pointed at another workspace in the same worker process gets new clients.
     key = (cfg.hash(), concurrent_tasks, stable_hash(sorted((secrets or {}).items())))
+    _SECRETS[cfg.hash()] = dict(secrets or {})
     if key not in _CACHE:
         _CACHE[key] = build_backends(cfg, secrets, concurrent_tasks)
         # The backends, and the modules and indexes loaded for them, live as long as the process: out
