@@ -73,3 +73,14 @@ def test_crag_ask_ends_with_one_line_and_exits_when_the_service_hangs(silent_ser
     assert done.returncode == 2
     assert done.stderr.startswith("crag: error: Vector Search endpoint") and done.stderr.count("\n") == 1, done.stderr
     assert time.monotonic() - started < 60  # it exits: the abandoned request thread does not hold it
+
+
+def test_crag_index_with_a_wrong_token_is_one_line(emulator, monkeypatch, tmp_path, capsys):
+    from crag.cli import main
+
+    monkeypatch.setenv("DATABRICKS_TOKEN", "not-the-token")
+    code = main(["index", "--conf", str(DBX), "--set", "retriever.policy.timeout_s=2",
+                 "--docs", str(REPO / "data" / "sample" / "kb"), "--out", str(tmp_path / "kb")])
+    assert code == 2
+    last = capsys.readouterr().err.splitlines()[-1]  # after the chunking's progress line
+    assert last.startswith("crag: error: Vector Search endpoint") and "HTTP 401" in last

@@ -25,17 +25,22 @@ def _open_index(client, cfg: VectorSearchRetrieverConfig):
     try:
         return endpoint.call(lambda: client.get_index(endpoint_name=cfg.endpoint, index_name=cfg.index_name))
     except Exception as exc:
-        status = http_status(exc)
-        if status in (401, 403):
-            reason = f"HTTP {status}: check the token ({cfg.token_env} or token_secret) and its permissions"
-        elif status == 404:
-            reason = "HTTP 404: no such endpoint or index"
-        else:
-            lines = str(exc).strip().splitlines()
-            reason = f"{type(exc).__name__}: {lines[0] if lines else 'no details'}"[:300]
-        where = getattr(client, "workspace_url", None) or "the workspace"
-        raise ConfigError(scrub(f"Vector Search endpoint {cfg.endpoint!r} (index {cfg.index_name!r}) at {where} "
-                                f"is not usable: {reason}")) from None
+        raise unusable(cfg, client, exc) from None
+
+
+def unusable(cfg: VectorSearchRetrieverConfig, client, exc: Exception) -> ConfigError:
+    """One line naming the endpoint, the index, the workspace and what went wrong."""
+    status = http_status(exc)
+    if status in (401, 403):
+        reason = f"HTTP {status}: check the token ({cfg.token_env} or token_secret) and its permissions"
+    elif status == 404:
+        reason = "HTTP 404: no such endpoint or index"
+    else:
+        lines = str(exc).strip().splitlines()
+        reason = f"{type(exc).__name__}: {lines[0] if lines else 'no details'}"[:300]
+    where = getattr(client, "workspace_url", None) or "the workspace"
+    return ConfigError(scrub(f"Vector Search endpoint {cfg.endpoint!r} (index {cfg.index_name!r}) at {where} "
+                             f"is not usable: {reason}"))
 
 
 class VectorSearchRetriever:
