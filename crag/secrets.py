@@ -82,7 +82,7 @@ def scrub(text: Any, extra: Iterable[str] = ()) -> Any:
 # Keys whose value is a secret. A suffix rule on the lower-cased key: "token", "api_key", "password"
 # and the like at the end of the name. `max_tokens` ends in "tokens" and is a number, not a secret.
 # Keys ending in _env name an environment variable (where a secret comes from), not the secret.
-_SECRET_KEY = re.compile(r"(token|secret|password|passwd|api_?key|private_?key|credentials?)$", re.I)
+_SECRET_KEY = re.compile(r"(token|secret|password|passwd|api[_-]?key|private[_-]?key|credentials?)$", re.I)
 
 
 def is_secret_key(key: str) -> bool:

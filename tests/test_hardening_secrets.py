@@ -83,10 +83,12 @@ def test_non_strings_pass():
 def test_secret_bearing_keys_are_masked_and_only_those():
     stored = redacted({"max_tokens": 300, "prompt_tokens": 4, "token_env": "DATABRICKS_TOKEN", "api_key_env": "K",
                        "access_token": "abc123", "client_secret": "s3cr3t", "apiKey": "k-123", "password": "pw1234",
-                       "token_secret": "scope/key", "guided_regex_key": "guided_regex", "nested": [{"auth_token": "zz99"}]})
+                       "token_secret": "scope/key", "guided_regex_key": "guided_regex", "x-api-key": "hk-1234",
+                       "nested": [{"auth_token": "zz99"}]})
     assert stored == {"max_tokens": 300, "prompt_tokens": 4, "token_env": "DATABRICKS_TOKEN", "api_key_env": "K",
                       "access_token": "***", "client_secret": "***", "apiKey": "***", "password": "***",
-                      "token_secret": "***", "guided_regex_key": "guided_regex", "nested": [{"auth_token": "***"}]}
+                      "token_secret": "***", "guided_regex_key": "guided_regex", "x-api-key": "***",
+                      "nested": [{"auth_token": "***"}]}
 
 
 def test_a_secret_in_a_tavily_base_url_is_not_stored(monkeypatch):
