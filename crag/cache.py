@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
+from urllib.parse import urlsplit
 
-from crag.backends import Backends
+from crag.backends import Backends, secrets_for
+from crag.backends.remote import on_databricks
 from crag.backends.base import Answer, Grade, current_question
 from crag.config import CragConfig, stable_hash
 
@@ -37,12 +40,54 @@ def _index_identity(path: str | None) -> str | None:
     return json.loads(manifest.read_text()).get("built_at") if manifest.is_file() else None
 
 
-def role_slices(cfg: CragConfig) -> dict[str, str]:
-    """Hash of the config that determines each role's results."""
+def service_url(url: str | None) -> str | None:
+    """A service's address as its identity: scheme, host, port and path, lower-cased where URLs are
+    case-blind, without credentials, query or trailing slash (the same service however it is written)."""
+    if not url:
+        return None
+    parts = urlsplit(url.strip() if "://" in url else f"https://{url.strip()}")
+    address = parts.netloc.rpartition("@")[2].lower()  # host[:port], credentials dropped
+    return f"{parts.scheme.lower()}://{address}{parts.path.rstrip('/')}"
+
+
+def _setting(env_name: str | None, secrets: dict[str, str] | None) -> str | None:
+    """A value the backends read from the environment (or the credentials shipped to workers)."""
+    if not env_name:
+        return None
+    return (secrets or {}).get(env_name) or os.environ.get(env_name)
+
+
+def endpoint_identity(section: Any, secrets: dict[str, str] | None = None) -> str | None:
+    """Which service answers for a role: the workspace, server or API it calls, never a token. Two
+    workspaces can serve endpoints of the same name with different models; their results must not
+    stand in for each other."""
+    backend = getattr(section, "backend", None)
+    if backend in ("databricks", "databricks_vector_search"):
+        # On a Databricks cluster with the runtime's own auth the host is the workspace itself.
+        return service_url(_setting(section.host_env, secrets)) or ("this-workspace" if on_databricks() else None)
+    if backend == "openai":
+        return service_url(section.base_url or _setting("OPENAI_BASE_URL", secrets)) or "https://api.openai.com/v1"
+    if backend == "tavily":
+        return service_url(section.api_base_url) or "https://api.tavily.com"
+    return None  # an in-process backend
+
+
+def role_slices(cfg: CragConfig, secrets: dict[str, str] | None = None) -> dict[str, str]:
+    """Hash of what determines each role's results: its config (without policy) and, for a remote role,
+    the identity of the service that answers (`endpoint_identity`). `secrets`: the credentials the
+    driver resolved, which name the workspace on workers that lack the driver's environment; by
+    default, the ones this process last built the config's backends with (crag.backends.cached_backends)."""
+    if secrets is None:
+        secrets = secrets_for(cfg)
     indexes = {"kb": _index_identity(getattr(cfg.retriever, "index", None)),
                "web": _index_identity(getattr(cfg.web_search, "index", None)),
                "tokenizer": cfg.indexing.tokenizer}
-    dump = lambda section: section.model_dump(mode="json", exclude={"policy"}) if section is not None else None  # noqa: E731
+
+    def dump(section):
+        if section is None:
+            return None
+        return {**section.model_dump(mode="json", exclude={"policy"}), "service": endpoint_identity(section, secrets)}
+
     web = dump(cfg.web_search)
     web.pop("verify", None)
     return {

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import logging
+import os
+import shlex
+import signal
 import sys
 import textwrap
+import threading
 
 from crag.errors import CragError
 from crag.ids import check_run_id
+from crag.secrets import scrub
 
 
 def _conf_args(p: argparse.ArgumentParser) -> None:
@@ -75,7 +82,8 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sql", help="query a local warehouse's tables with SQL (read-only, no JVM)")
     p.add_argument("--warehouse", required=True, help="folder of Delta tables written by crag run")
     _format_arg(p)
-    p.add_argument("sql", help="e.g. \"SELECT route, count(*) FROM answers GROUP BY route\"")
+    p.add_argument("sql", help="one read-only statement, e.g. \"SELECT route, count(*) FROM answers GROUP BY route\"")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="stop the query after this long (default 60)")
 
     p = sub.add_parser("emulate", help="serve local emulators of model serving, Vector Search and Tavily")
     p.add_argument("--kb-index", help="crag index directory the Vector Search emulator searches")
@@ -90,6 +98,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _print_stage(name: str, df) -> None:
+    # Error texts and reasons are scrubbed where they are made; the whole screen output is too, since
+    # it also shows what the services sent back.
+    print = _print_scrubbed  # noqa: A001
     row = df.iloc[0]
     if row["error"] is not None and name != "generate":
         print(f"[{name}] error: {row['error']}")
@@ -119,6 +130,10 @@ def _print_stage(name: str, df) -> None:
             print(textwrap.indent(textwrap.fill(row["answer"], 100), "    "))
         for s in row["sources"]:
             print(f"    source: {s['source']} {s['doc_id']} {s['title']} {s['url'] or ''}".rstrip())
+
+
+def _print_scrubbed(*values, **kwargs) -> None:
+    print(*(scrub(str(v)) for v in values), **kwargs)
 
 
 def _warehouse(args):
@@ -171,7 +186,15 @@ def _emulate(args) -> None:
             from crag.backends.bm25 import load_index
 
             load_index(path)  # a missing index is a clear error now, not a 404 later
-    with Emulator(args.kb_index, args.web_index, token=args.token, port=args.port) as emulator:
+    try:
+        emulator = Emulator(args.kb_index, args.web_index, token=args.token, port=args.port)
+    except OverflowError:
+        raise CragError(f"--port {args.port}: a port is a number from 0 to 65535") from None
+    except OSError as exc:
+        reason = "is in use: stop what holds it or choose another with --port" if exc.errno == errno.EADDRINUSE \
+            else f"cannot be served: {exc.strerror or exc}"
+        raise CragError(f"port {args.port} {reason}") from None
+    with emulator:
         token = args.token or "local-token"
         print(f"emulating Databricks serving + Vector Search, OpenAI chat and Tavily at {emulator.url}")
         print("use them with:")
@@ -185,9 +208,7 @@ def _emulate(args) -> None:
             pass
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    _setup_logging()
+def _run_command(args) -> int:
     try:
         if args.command == "index":
             from crag.config import load_config
@@ -238,9 +259,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"report: {path}")
         elif args.command == "sql":
             from crag.console import render
-            from crag.tables import query
+            from crag.sql import query
 
-            print(render(query(args.warehouse, args.sql), args.format))
+            if not 0 < args.timeout <= 86400:
+                raise CragError(f"--timeout {args.timeout:g}: give seconds, more than 0 and at most 86400")
+            print(render(query(args.warehouse, args.sql, args.timeout), args.format))
         elif args.command == "emulate":
             _emulate(args)
         elif args.command == "ask":
@@ -257,9 +280,119 @@ def main(argv: list[str] | None = None) -> int:
             question = pd.DataFrame({"question_id": ["ask"], "question": [args.question]})
             run_pipeline(question, build_backends(cfg, resolve_credentials(cfg)), cfg, on_stage=_print_stage)
     except CragError as exc:
-        print(f"crag: error: {exc}", file=sys.stderr)
+        print(f"crag: error: {scrub(str(exc))}", file=sys.stderr)
         return 2
     return 0
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, taken the same way as Ctrl-C: the run records its failure and says how to resume."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    # No call into Spark from here: the main thread may be inside a py4j call on the same connection.
+    # The Spark jobs end with the process.
+    raise Terminated()
+
+
+# py4j logs, traceback and all, through the root logger and its own, each failure it then raises,
+# and the failures of pyspark's Ctrl-C handler calling into the JVM from inside a py4j call: crag
+# reports what it is given in one line (or with CRAG_DEBUG=1, in full) instead.
+_INTERRUPT_LOGGERS = ("", "py4j", "py4j.java_gateway", "py4j.clientserver")
+
+
+class _NoInterruptTracebacks(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.exc_info:
+            return True
+        from_py4j = record.name.startswith("py4j") or f"{os.sep}py4j{os.sep}" in (record.pathname or "")
+        return not (from_py4j or _interrupt_in(record.exc_info[1]) is not None)
+
+
+def _interrupt_in(exc: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM behind an error, if any: Spark's collect turns an interrupted read into an
+    error of the cancelled job, raised while the interrupt is handled."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+def _resume_hint(args) -> str:
+    """The command that continues an interrupted `crag run`."""
+    run_id = args.resume or args.run_id
+    words = ["crag", "run", "--resume", run_id, "--conf", args.conf, "--questions", args.questions,
+             "--warehouse", args.warehouse]
+    if args.variant:
+        words += ["--variant", args.variant]
+    for item in _overrides(args):
+        words += ["--set", item]
+    if args.no_cache:
+        words.append("--no-cache")
+    return scrub(" ".join(shlex.quote(w) for w in words))  # a --set value may hold a credential
+
+
+def _known_errors() -> tuple[type[BaseException], ...]:
+    """Failures of the environment rather than bugs in crag, as one line each: the file system (a
+    warehouse that is a file or read-only, a full disk), unreadable Arrow / Parquet / Delta data, and
+    errors Spark reports. Only libraries already loaded are looked at, so none is imported for this."""
+    classes: list[type[BaseException]] = [OSError]
+    for module, name in (("pyarrow", "ArrowException"), ("deltalake.exceptions", "DeltaError"),
+                         ("pyspark.errors", "PySparkException"), ("py4j.protocol", "Py4JError")):
+        found = getattr(sys.modules.get(module), name, None)
+        if isinstance(found, type) and issubclass(found, BaseException):
+            classes.append(found)
+    return tuple(classes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command, with every way it can end reduced to one line on stderr: an error crag names (exit
+    2), a known failure of files, data or Spark (exit 2; CRAG_DEBUG=1 shows its traceback), or Ctrl-C /
+    SIGTERM (exit 130 / 143, with the command that resumes an interrupted run)."""
+    args = parser().parse_args(argv)
+    _setup_logging()
+    if args.command == "run" and not (args.run_id or args.resume):
+        from crag.job import new_run_id
+
+        args.run_id = new_run_id()  # chosen here, so that an interrupted run can be named in the resume line
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
+    quiet = _NoInterruptTracebacks() if not os.environ.get("CRAG_DEBUG") else logging.Filter()
+    for name in _INTERRUPT_LOGGERS:
+        logging.getLogger(name).addFilter(quiet)
+    try:
+        return _run_command(args)
+    except KeyboardInterrupt as exc:
+        return _say_interrupted(args, exc)
+    except Exception as exc:
+        if os.environ.get("CRAG_DEBUG"):
+            raise
+        interrupt = _interrupt_in(exc)
+        if interrupt is not None:
+            return _say_interrupted(args, interrupt)
+        if not isinstance(exc, _known_errors()):
+            raise
+        lines = str(exc).strip().splitlines()
+        detail = scrub(lines[0] if lines else "")[:500]
+        print(f"crag: error: {type(exc).__name__}: {detail} (CRAG_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 2
+    finally:
+        for name in _INTERRUPT_LOGGERS:
+            logging.getLogger(name).removeFilter(quiet)
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _say_interrupted(args, exc: KeyboardInterrupt) -> int:
+    how = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+    if args.command == "run":
+        run_id = args.resume or args.run_id
+        print(f"crag: {how}: run {run_id} did not finish; continue it with: {_resume_hint(args)}", file=sys.stderr)
+    else:
+        print(f"crag: {how}", file=sys.stderr)
+    return 143 if isinstance(exc, Terminated) else 130
 
 
 if __name__ == "__main__":

@@ -285,8 +285,9 @@ def compare(warehouse, base_id: str, candidate_id: str, report: str | None, trac
     from crag.ids import check_run_id
 
     path = Path(report or f"compare_{base_id}_vs_{candidate_id}.html")
-    if path.is_dir():
-        raise InputError(f"--report {path} is a folder: give the path of the HTML file to write")
+    if path.is_dir():  # checked first: not after both runs are read
+        raise InputError(f"--report {path} is a folder: give the path of the HTML file to write, "
+                         f"e.g. {path / f'compare_{base_id}_vs_{candidate_id}.html'}")
     runs = {}
     for run_id in (base_id, candidate_id):
         check_run_id(run_id)

@@ -16,15 +16,39 @@ from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from crag.errors import ConfigError
+from crag.secrets import redact_config
 from crag.text import TOKENIZERS
 
 DEFAULT_REFUSAL = "I don't know: the available documents do not answer this question."
 
 
+def _is_number(annotation: Any) -> bool:
+    from typing import get_args
+
+    return annotation in (int, float) or any(_is_number(a) for a in get_args(annotation))
+
+
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: .inf or .nan for a timeout or threshold is a mistake, not a setting.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, data: Any) -> Any:
+        """`k: true` would pass as 1 (a bool is an int to Python): a number key takes numbers only."""
+        if isinstance(data, dict):
+            for name, value in data.items():
+                field = cls.model_fields.get(name)
+                if isinstance(value, bool) and field is not None and _is_number(field.annotation):
+                    raise PydanticCustomError("boolean_number", "{field}: a boolean is not a number",
+                                              {"field": name, "value": value})
+        return data
+
+
+DAY_S = 86400  # bound on every duration: past it, a timeout or backoff is a mistake (1e300 s overflows clients)
 
 
 class InputConfig(Section):
@@ -34,11 +58,11 @@ class InputConfig(Section):
 class EndpointPolicy(Section):
     """How crag treats one remote endpoint."""
 
-    max_concurrency: int = Field(8, gt=0)  # requests in flight to this endpoint across the whole job
-    timeout_s: float = Field(60, gt=0)  # per call
-    max_attempts: int = Field(5, ge=1)  # tries per call on 429 / 5xx / timeouts (1 = no retry)
-    backoff_initial_s: float = Field(0.5, ge=0)  # exponential backoff with jitter, unless Retry-After says
-    backoff_max_s: float = Field(30, ge=0)
+    max_concurrency: int = Field(8, gt=0, le=10_000)  # requests in flight to this endpoint across the whole job
+    timeout_s: float = Field(60, gt=0, le=DAY_S)  # per call
+    max_attempts: int = Field(5, ge=1, le=100)  # tries per call on 429 / 5xx / timeouts (1 = no retry)
+    backoff_initial_s: float = Field(0.5, ge=0, le=DAY_S)  # exponential backoff with jitter, unless Retry-After says
+    backoff_max_s: float = Field(30, ge=0, le=DAY_S)
 
 
 class DatabricksAuth(Section):
@@ -299,6 +323,9 @@ class IndexingConfig(Section):
     embedding: Literal["none", "multilingual-e5-small"] = "none"
 
 
+_LOCAL_MASTER = re.compile(r"local\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\]")
+
+
 class SparkConfig(Section):
     master: str = "local[2]"  # classic Spark when no session is active and `remote` is not set
     # Spark Connect: a server URL (sc://host:15002) or local[N] for a local server started in-process,
@@ -312,6 +339,14 @@ class SparkConfig(Section):
     # instead of one stage's endpoint at a time. 1 for the in-process embedded backends.
     pipelines_per_task: int = Field(1, gt=0)
     questions_per_pipeline: int | None = Field(None, gt=0)  # None: the task's questions shared out equally
+
+    @field_validator("master")
+    @classmethod
+    def _local_threads(cls, master: str) -> str:
+        # Spark itself fails late, with a Java stack, on local[0] or local[x].
+        if master.startswith("local[") and not _LOCAL_MASTER.fullmatch(master):
+            raise ValueError(f"{master!r}: local mode takes local[N] or local[N,F] with N >= 1 threads, or local[*]")
+        return master
 
 
 class CacheConfig(Section):
@@ -374,20 +409,10 @@ def stable_hash(value: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-_SECRET_WORDS = ("token", "secret", "password", "api_key", "apikey", "credential")
-
-
 def redacted(value: Any) -> Any:
-    """The config as JSON-able data with every secret-looking value replaced; names of environment
-    variables (keys ending in _env) are kept, since they say where a secret comes from, not what it is."""
-    if isinstance(value, dict):
-        return {
-            k: ("***" if v and any(w in k.lower() for w in _SECRET_WORDS) and not k.endswith("_env") else redacted(v))
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [redacted(v) for v in value]
-    return value
+    """The config as JSON-able data fit to store (runs table, MLflow): secret-bearing keys masked and
+    every value scrubbed of URL credentials and resolved secrets (crag.secrets.redact_config)."""
+    return redact_config(value)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -396,7 +421,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not sep or not key.strip():
         raise ConfigError(f"--set expects key=value, got {item!r}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = safe_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
         raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({exc.__class__.__name__})") from None
     return key.strip().split("."), value
@@ -412,11 +437,56 @@ def deep_merge(base: dict, overlay: dict) -> dict:
     return merged
 
 
+# A config or prompt file is small: a few hundred values. Aliases can make a tiny file stand for an
+# exponential number of them (a "billion laughs" bomb), which then costs minutes and all memory to
+# expand; past this many values, once aliases are expanded, the file is refused.
+MAX_YAML_VALUES = 10_000
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """safe_load that refuses a document whose aliases refer to themselves or expand past
+    MAX_YAML_VALUES values, before anything is built from it."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        _count_values(node, {}, set())
+        return super().construct_document(node)
+
+
+def _count_values(node: yaml.Node, counted: dict[int, int], open_nodes: set[int]) -> int:
+    """How many values `node` stands for with every alias expanded (shared nodes are counted once per
+    use, but computed once)."""
+    if id(node) in counted:
+        return counted[id(node)]
+    if id(node) in open_nodes:
+        raise yaml.YAMLError(f"an alias refers to the value that contains it (line {node.start_mark.line + 1})")
+    open_nodes.add(id(node))
+    children: list = []
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [item for pair in node.value for item in pair]
+    total = 1 + sum(_count_values(child, counted, open_nodes) for child in children)
+    open_nodes.discard(id(node))
+    if total > MAX_YAML_VALUES:
+        raise yaml.YAMLError(f"aliases expand it to more than {MAX_YAML_VALUES} values")
+    counted[id(node)] = total
+    return total
+
+
+def safe_yaml(text: str) -> Any:
+    """yaml.safe_load for crag's configs and prompt templates: also refuses alias bombs, aliases that
+    contain themselves, and nesting too deep to read (yaml.YAMLError)."""
+    try:
+        return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 (a SafeLoader)
+    except RecursionError:
+        raise yaml.YAMLError("nested too deeply") from None
+
+
 def _read_yaml(path: Path, what: str) -> dict:
     if not path.is_file():
         raise ConfigError(f"{what} not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = safe_yaml(path.read_text(encoding="utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
         raise ConfigError(f"{what} {path} is not valid YAML: {first}") from None
@@ -454,9 +524,17 @@ def interpolate(value: Any, where: str = "") -> Any:
 BASE_VARIANT = "base"  # the name a run without an overlay records; --variant base applies none
 
 
+_VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+
+
 def variant_path(conf_path: Path, variant: str) -> Path:
-    """Variants live beside the config: conf/variants/<name>.yaml for conf/local.yaml."""
-    return conf_path.parent / "variants" / f"{variant}.yaml"
+    """Variants live beside the config: conf/variants/<name>.yaml for conf/local.yaml. A variant is
+    named, never given as a path: no folder, no "..", so only files in that folder can be loaded."""
+    folder = conf_path.parent / "variants"
+    if not _VARIANT_NAME.fullmatch(variant) or ".." in variant or len(variant) > 128:
+        raise ConfigError(f"--variant {variant!r}: give the name of a file in {folder} without .yaml "
+                          "(letters, digits, '_', '-', '.'), not a path")
+    return folder / f"{variant}.yaml"
 
 
 def load_config(path: str | Path | None, overrides: list[str] = (), variant: str | None = None) -> CragConfig:
@@ -548,6 +626,9 @@ def describe_validation_error(exc: ValidationError) -> str:
             lines.append(f"config key '{key}.backend': got {ctx['tag']!r}, expected one of {ctx['expected_tags']}")
         elif err["type"] == "literal_error":
             lines.append(f"config key {key!r}: got {err['input']!r}, expected {err['ctx']['expected']}")
+        elif err["type"] == "boolean_number":
+            ctx = err["ctx"]
+            lines.append(f"config key '{key + '.' if key else ''}{ctx['field']}': a boolean is not a number (got {ctx['value']})")
         elif err["type"] == "missing":
             lines.append(f"config key {key!r} is required here")
         else:

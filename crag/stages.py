@@ -24,6 +24,7 @@ from crag import schema
 from crag.backends import Backends
 from crag.backends.base import Document, Grade, Grader, Usage, current_question
 from crag.config import CragConfig, RefinementConfig, RoutingConfig
+from crag.secrets import scrub
 from crag.text import split_sentences, word_windows
 
 
@@ -109,7 +110,8 @@ def _per_row(df: pd.DataFrame, stage: str, fn: Callable[[object], object], when=
         try:
             results[i] = fn(rows[i])
         except Exception as exc:  # a backend failure is data for this question, not the end of the batch
-            errors[i] = f"{stage}: {type(exc).__name__}: {exc}"
+            # Client libraries put whole URLs, credentials included, into their messages.
+            errors[i] = scrub(f"{stage}: {type(exc).__name__}: {exc}")
         finally:
             current_question.reset(token)
         millis[i] = (time.perf_counter() - t0) * 1000

@@ -50,24 +50,3 @@ def read_whole_table(location: str | Path) -> pa.Table:
     from deltalake import DeltaTable
 
     return DeltaTable(str(location)).to_pyarrow_table()
-
-
-def query(warehouse: str | Path, sql: str) -> pa.Table:
-    """Run SQL (DataFusion dialect) over every crag table present in a local warehouse; each table is
-    registered under its name (answers, grades, decisions, runs, rejects, and comparisons later)."""
-    from deltalake import DeltaTable, QueryBuilder
-    from deltalake.exceptions import DeltaError
-
-    warehouse = Path(warehouse)
-    builder = QueryBuilder()
-    found = [p for p in sorted(warehouse.iterdir()) if (p / "_delta_log").is_dir()] if warehouse.is_dir() else []
-    if not found:
-        raise InputError(f"no Delta tables under {warehouse}")
-    for path in found:
-        builder.register(path.name, DeltaTable(str(path)))
-    try:
-        result = builder.execute(sql)
-    except (DeltaError, Exception) as exc:  # DataFusion reports SQL errors as plain exceptions
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(f"SQL failed: {first} (tables: {', '.join(p.name for p in found)})") from None
-    return pa.table(result.read_all())

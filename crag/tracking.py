@@ -13,6 +13,7 @@ from pathlib import Path
 
 from crag.backends.remote import on_databricks
 from crag.config import CragConfig, TrackingConfig
+from crag.secrets import scrub
 
 
 def tracking_uri(cfg: TrackingConfig, warehouse: str) -> str:
@@ -71,7 +72,7 @@ def log_run(cfg: CragConfig, warehouse: str, run_id: str, variant: str, counts: 
         values.update({f"eval.{m}": v for m, s, v in metrics[["metric", "slice", "value"]].itertuples(index=False) if s == "all"})
     client.log_batch(
         run.info.run_id,
-        params=[Param(k, str(v)) for k, v in params.items()],
+        params=[Param(k, scrub(str(v))) for k, v in params.items()],
         metrics=[Metric(k, float(v), 0, 0) for k, v in values.items()],
     )
     client.log_dict(run.info.run_id, config_json, "config.json")

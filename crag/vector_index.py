@@ -33,7 +33,9 @@ def sync_vector_index(cfg: VectorSearchRetrieverConfig, secrets: dict[str, str] 
         index = endpoint.call(lambda: client.get_index(endpoint_name=cfg.endpoint, index_name=cfg.index_name))
     except Exception as exc:
         if type(exc).__name__ != "NotFound":
-            raise
+            from crag.backends.vector_search import unusable
+
+            raise unusable(cfg, client, exc) from None
         endpoint.call(lambda: client.create_delta_sync_index(
             endpoint_name=cfg.endpoint, index_name=cfg.index_name, source_table_name=cfg.source_table,
             pipeline_type=cfg.pipeline_type, primary_key="chunk_id", embedding_source_column=cfg.columns.chunk_text,

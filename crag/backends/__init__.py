@@ -8,7 +8,7 @@ import gc
 from dataclasses import dataclass
 
 from crag.backends.base import Generator, Grader, Retriever, Rewriter, WebSearch
-from crag.config import CragConfig, LLMConfig
+from crag.config import CragConfig, EndpointPolicy, LLMConfig, stable_hash
 from crag.errors import ConfigError
 
 
@@ -55,12 +55,32 @@ def resolve_credentials(cfg: CragConfig) -> dict[str, str]:
     return {env: value for env, value in found.items() if value is not None}
 
 
-def _chat_model(role: LLMConfig, secrets, concurrent_tasks: int, shared: dict | None = None):
-    """One client per endpoint: roles that name the same endpoint share it, and so share its
-    concurrency budget (the first role's policy), since the endpoint's capacity is one."""
-    key = (role.backend, role.endpoint, role.base_url)
+def _endpoint_key(role: LLMConfig) -> tuple:
+    """What makes two roles' endpoint the same one: the service, where it is, and whose credentials."""
+    return (role.backend, role.endpoint, role.base_url, role.host_env, role.token_env, role.api_key_env)
+
+
+def shared_policies(cfg: CragConfig) -> dict[tuple, EndpointPolicy]:
+    """The policy of each chat endpoint. Roles that name the same endpoint share one client, and so one
+    policy, since the endpoint's capacity is one: each of its values is the largest any of those roles
+    sets (the generator's longer timeout holds for the rewriter that shares its endpoint), whatever
+    the order of the roles."""
+    policies: dict[tuple, list[EndpointPolicy]] = {}
+    for role in cfg.llm_roles().values():
+        policies.setdefault(_endpoint_key(role), []).append(role.policy)
+    return {key: EndpointPolicy(**{name: max(getattr(p, name) for p in group) for name in EndpointPolicy.model_fields})
+            for key, group in policies.items()}
+
+
+def _chat_model(role: LLMConfig, secrets, concurrent_tasks: int, shared: dict | None = None,
+                policies: dict[tuple, EndpointPolicy] | None = None):
+    """One client per endpoint: roles that name the same endpoint share it, with the policy
+    `shared_policies` merged for them."""
+    key = _endpoint_key(role)
     if shared is not None and key in shared:
         return shared[key]
+    if policies is not None and key in policies:
+        role = role.model_copy(update={"policy": policies[key]})
     model = _new_chat_model(role, secrets, concurrent_tasks)
     if shared is not None:
         shared[key] = model
@@ -83,6 +103,7 @@ def build_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concu
     from crag.text import TermWeights
 
     shared: dict = {}
+    policies = shared_policies(cfg)
     weights, tokenizer = TermWeights({}, 1), cfg.indexing.tokenizer
     r = cfg.retriever
     local_indexes = {}  # loaded local indexes by document source, for the semantic grader's dense vectors
@@ -140,14 +161,14 @@ def build_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concu
     else:
         from crag.backends.llm_roles import LLMGrader
 
-        grader = LLMGrader(_chat_model(cfg.grader, secrets, concurrent_tasks, shared), cfg.grader)
+        grader = LLMGrader(_chat_model(cfg.grader, secrets, concurrent_tasks, shared, policies), cfg.grader)
 
     if cfg.rewriter.backend == "keywords":
         rewriter = KeywordRewriter(cfg.rewriter.policy_keywords)
     else:
         from crag.backends.llm_roles import LLMRewriter
 
-        rewriter = LLMRewriter(_chat_model(cfg.rewriter, secrets, concurrent_tasks, shared), cfg.rewriter)
+        rewriter = LLMRewriter(_chat_model(cfg.rewriter, secrets, concurrent_tasks, shared, policies), cfg.rewriter)
 
     g = cfg.generator
     if g.backend == "extractive":
@@ -158,23 +179,34 @@ def build_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concu
     else:
         from crag.backends.llm_roles import LLMGenerator
 
-        generator = LLMGenerator(_chat_model(g, secrets, concurrent_tasks, shared), g)
+        generator = LLMGenerator(_chat_model(g, secrets, concurrent_tasks, shared, policies), g)
 
     source_check = None
     if w.verify is not None:
         from crag.backends.llm_roles import LLMSourceCheck
 
-        source_check = LLMSourceCheck(_chat_model(w.verify, secrets, concurrent_tasks, shared), w.verify)
+        source_check = LLMSourceCheck(_chat_model(w.verify, secrets, concurrent_tasks, shared, policies), w.verify)
     return Backends(retriever, grader, rewriter, web_search, generator, source_check)
 
 
 _CACHE: dict[tuple, Backends] = {}
+# The credentials each config's backends were last built with in this process. They name the
+# workspace, which the stage cache's key needs (crag.cache.role_slices); the process environment does
+# not do, since every DatabricksServing built here rewrites DATABRICKS_HOST in it.
+_SECRETS: dict[str, dict[str, str]] = {}
+
+
+def secrets_for(cfg: CragConfig) -> dict[str, str] | None:
+    return _SECRETS.get(cfg.hash())
 
 
 def cached_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1) -> Backends:
     """One set of backends per config per Python process: Spark reuses its Python workers across
     tasks, so indexes and clients are built once per executor process, not once per partition."""
-    key = (cfg.hash(), concurrent_tasks)
+    # The credentials are part of the key: they name the workspace (DATABRICKS_HOST), which the config
+    # does not, so a run pointed at another workspace in the same worker process gets new clients.
+    key = (cfg.hash(), concurrent_tasks, stable_hash(sorted((secrets or {}).items())))
+    _SECRETS[cfg.hash()] = dict(secrets or {})
     if key not in _CACHE:
         _CACHE[key] = build_backends(cfg, secrets, concurrent_tasks)
         # The backends, and the modules and indexes loaded for them, live as long as the process: out

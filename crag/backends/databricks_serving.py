@@ -22,20 +22,24 @@ class DatabricksServing:
         what = f"Databricks serving endpoint {cfg.endpoint!r}"
         host = secret(cfg.host_env, None, f"{what} (workspace URL)", secrets, optional_on_databricks=True)
         token = secret(cfg.token_env, cfg.token_secret, what, secrets, optional_on_databricks=True)
+        # mlflow reads the workspace, token and timeouts from the process environment at each request.
+        # They are this client's settings, set again before a request whenever another client (of
+        # another run in the same Spark worker process) has changed them since.
+        self._environment: dict[str, str] = {}
         if host and token:  # otherwise (on Databricks) mlflow uses the runtime's own auth
-            # mlflow reads the workspace and token from these variables only. With a token at hand
-            # mlflow's plain HTTP path is used: through the Databricks SDK, mlflow builds a new
-            # WorkspaceClient for every request (a host-metadata request and a new connection each,
-            # ~3.5 ms of CPU per call) and retries 429s itself, out of crag's sight.
-            os.environ.update(DATABRICKS_HOST=host, DATABRICKS_TOKEN=token, MLFLOW_ENABLE_DB_SDK="false")
+            # With a token at hand mlflow's plain HTTP path is used: through the Databricks SDK, mlflow
+            # builds a new WorkspaceClient for every request (a host-metadata request and a new
+            # connection each, ~3.5 ms of CPU per call) and retries 429s itself, out of crag's sight.
+            self._environment.update(DATABRICKS_HOST=host, DATABRICKS_TOKEN=token, MLFLOW_ENABLE_DB_SDK="false")
         # mlflow's own HTTP retries are switched off (crag's policy retries and counts them); the
         # per-call timeout is crag's.
         timeout = str(max(1, math.ceil(cfg.policy.timeout_s)))
-        os.environ.update(
+        self._environment.update(
             MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
             MLFLOW_DEPLOYMENT_PREDICT_TIMEOUT=timeout,
             MLFLOW_DEPLOYMENT_PREDICT_TOTAL_TIMEOUT=timeout,
         )
+        self._use_environment()
         from mlflow.deployments import get_deploy_client
 
         self._client = get_deploy_client("databricks")
@@ -44,8 +48,16 @@ class DatabricksServing:
         self._endpoint = Endpoint(self.name, cfg.policy, concurrent_tasks)
         self.concurrency = self._endpoint.concurrency
 
+    def _use_environment(self) -> None:
+        if any(os.environ.get(k) != v for k, v in self._environment.items()):
+            os.environ.update(self._environment)
+
     def _predict(self, body: dict, usage: Usage) -> dict:
-        reply = self._endpoint.call(lambda: self._client.predict(endpoint=self.endpoint_name, inputs=body), usage)
+        def predict():
+            self._use_environment()
+            return self._client.predict(endpoint=self.endpoint_name, inputs=body)
+
+        reply = self._endpoint.call(predict, usage)
         usage.llm_calls += 1
         return dict(reply)
 

@@ -1,8 +1,8 @@
 """The grader, rewriter, generator and web-source check played by a chat model (any ChatModel).
 
-Untrusted text (documents, web results) enters a prompt only inside its tags, truncated to
-`max_doc_chars`, with any copy of the closing tag inside it defused, so that it cannot end its block
-early and pose as instructions.
+Untrusted text (the question, documents, web results) enters a prompt only inside its tags, with any
+copy of a closing tag inside it defused, so that it cannot end its block early and pose as
+instructions; documents and web results are also truncated to `max_doc_chars`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import yaml
 
 from crag.backends.base import Answer, ChatModel, Document, Grade, Usage
 from crag.backends.parsing import clean_query, parse_answer, parse_binary, parse_score, parse_yes_no
-from crag.config import LLMConfig, LLMGeneratorConfig, LLMGraderConfig, SourceCheckConfig, stable_hash
+from crag.config import LLMConfig, LLMGeneratorConfig, LLMGraderConfig, SourceCheckConfig, safe_yaml, stable_hash
 from crag.errors import ConfigError
 
 GRADE_SCHEMA = {
@@ -36,7 +36,7 @@ class Prompt:
 
     def __init__(self, text: str, origin: str):
         try:
-            data = yaml.safe_load(text)
+            data = safe_yaml(text)
         except yaml.YAMLError:
             raise ConfigError(f"prompt {origin} is not valid YAML") from None
         if not isinstance(data, dict) or not isinstance(data.get("system"), str) or not isinstance(data.get("user"), str):
@@ -57,11 +57,15 @@ DELIMITERS = ("question", "document", "context", "web_result")
 _CLOSING = re.compile(rf"</\s*({'|'.join(DELIMITERS)})", re.I)
 
 
-def fenced(text: str, max_chars: int) -> str:
-    """Untrusted text made safe to place inside a delimited block: truncated, and every closing tag of
-    crag's delimiters in it defused (an injected "</context>" must not end the context block)."""
-    text = text if len(text) <= max_chars else text[:max_chars] + " [truncated]"
+def defused(text: str) -> str:
+    """Untrusted text made safe to place inside a delimited block: every closing tag of crag's
+    delimiters in it defused (an injected "</question>" must not end the question block)."""
     return _CLOSING.sub(lambda m: f"< /{m.group(1)}", text)
+
+
+def fenced(text: str, max_chars: int) -> str:
+    """A document made safe to place inside a delimited block: truncated, and defused."""
+    return defused(text if len(text) <= max_chars else text[:max_chars] + " [truncated]")
 
 
 def render_context(context: list[Document], max_chars: int) -> str:
@@ -113,6 +117,7 @@ class LLMGrader(_Role):
         return extra
 
     def _grade_all(self, question: str, documents: list[Document], usage: Usage) -> list[str]:
+        question = defused(question)
         texts = [fenced(f"{d.get('title') or ''}\n{d['text']}".strip(), self.cfg.max_doc_chars) for d in documents]
         if self.cfg.batch:
             [system, _] = self.prompt.messages(question=question)
@@ -138,7 +143,7 @@ class LLMRewriter(_Role):
         self.policy_keywords = cfg.policy_keywords
 
     def rewrite(self, question: str, usage: Usage) -> str:
-        query = clean_query(self._chat(self.prompt.messages(question=question), usage)) or question.strip()
+        query = clean_query(self._chat(self.prompt.messages(question=defused(question)), usage)) or question.strip()
         extra = [k for k in self.policy_keywords if k.lower() not in query.lower()]
         return " ".join([query, *extra])
 
@@ -151,7 +156,7 @@ class LLMGenerator(_Role):
     def generate(self, question: str, context: list[Document], usage: Usage) -> Answer:
         language = f"Reply in {self.cfg.reply_language}." if self.cfg.reply_language else ""
         messages = self.prompt.messages(
-            question=question, context=render_context(context, self.cfg.max_doc_chars),
+            question=defused(question), context=render_context(context, self.cfg.max_doc_chars),
             refusal=self.cfg.refusal_message, language_line=language,
         )
         text, cited = parse_answer(self._chat(messages, usage), self.cfg.refusal_message, len(context))
@@ -170,7 +175,7 @@ class LLMSourceCheck(_Role):
         verdicts = []
         for doc in results:
             messages = self.prompt.messages(
-                question=question, subject=self.subject,
+                question=defused(question), subject=self.subject,
                 web_result=fenced(f"{doc.get('title') or ''}\n{doc['text']}".strip(), self.cfg.max_doc_chars),
             )
             verdicts.append(parse_yes_no(self._chat(messages, usage)) is True)

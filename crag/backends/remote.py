@@ -15,8 +15,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TypeVar
 
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
@@ -24,6 +22,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_at
 from crag.backends.base import Usage
 from crag.config import EndpointPolicy
 from crag.errors import ConfigError
+from crag.secrets import remember
 
 T = TypeVar("T")
 RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -71,7 +70,27 @@ def retry_after_s(exc: BaseException) -> float | None:
         return max(0.0, parsed.timestamp() - time.time()) if parsed else None
 
 
-_TIMEOUT_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="crag-timeout")
+def _call_with_deadline(fn: Callable[[], T], timeout_s: float, name: str) -> T:
+    """fn() on a daemon thread, given up after timeout_s. The thread is abandoned, not killed: being a
+    daemon, a call that never answers cannot keep the process from exiting (a pool's threads would be
+    waited for at exit, and `crag` would hang after printing its error)."""
+    done = threading.Event()
+    outcome: dict = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:  # handed to the caller's thread
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="crag-timeout", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise CallTimeout(f"{name}: no answer within {timeout_s:g} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 class Endpoint:
@@ -117,12 +136,8 @@ class Endpoint:
         with self._slots:
             if not self.hard_timeout:
                 return fn()
-            future = _TIMEOUT_POOL.submit(fn)
-            try:
-                return future.result(timeout=self.policy.timeout_s)
-            except FutureTimeout:
-                # The request thread is abandoned, not killed; its slot is released now.
-                raise CallTimeout(f"{self.name}: no answer within {self.policy.timeout_s:g} s") from None
+            # On a timeout the request thread is abandoned, and its slot is released now.
+            return _call_with_deadline(fn, self.policy.timeout_s, self.name)
 
 
 def on_databricks() -> bool:
@@ -132,9 +147,17 @@ def on_databricks() -> bool:
 def secret(env_name: str, secret_ref: str | None, what: str, secrets: dict[str, str] | None = None,
            optional_on_databricks: bool = False) -> str | None:
     """A credential: from `secrets` (resolved on the driver and shipped to workers), the environment
-    variable `env_name`, or a Databricks secret scope "scope/key". Never logged, never stored.
+    variable `env_name`, or a Databricks secret scope "scope/key". Never logged, never stored: every
+    value read here is remembered by crag.secrets, which masks it in every error text and stored config.
     `optional_on_databricks`: on a Databricks cluster the workspace URL and token may be left to the
     runtime's own authentication (None is returned)."""
+    value = _read_secret(env_name, secret_ref, what, secrets, optional_on_databricks)
+    remember([value])
+    return value
+
+
+def _read_secret(env_name: str, secret_ref: str | None, what: str, secrets: dict[str, str] | None,
+                 optional_on_databricks: bool) -> str | None:
     if secrets and env_name in secrets:
         return secrets[env_name]
     value = os.environ.get(env_name)

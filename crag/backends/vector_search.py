@@ -5,8 +5,42 @@ embedded BM25 retriever does. The client is thread-safe, so one index object ser
 from __future__ import annotations
 
 from crag.backends.base import Document
-from crag.backends.remote import Endpoint
+from crag.backends.remote import Endpoint, http_status
 from crag.config import VectorSearchRetrieverConfig
+from crag.errors import ConfigError
+from crag.secrets import scrub
+
+# Opening the index happens before any work starts (on the driver first): a wrong token, a wrong host or
+# a service that does not answer should end the run in seconds with one line, not after the policy's
+# full retries of a long per-call timeout.
+STARTUP_TIMEOUT_S = 20.0
+STARTUP_ATTEMPTS = 2
+
+
+def _open_index(client, cfg: VectorSearchRetrieverConfig):
+    """The index object, or a ConfigError that names the endpoint, the index and what went wrong."""
+    policy = cfg.policy.model_copy(update={"timeout_s": min(cfg.policy.timeout_s, STARTUP_TIMEOUT_S),
+                                           "max_attempts": min(cfg.policy.max_attempts, STARTUP_ATTEMPTS)})
+    endpoint = Endpoint(f"vector_search:{cfg.index_name}", policy, hard_timeout=True)
+    try:
+        return endpoint.call(lambda: client.get_index(endpoint_name=cfg.endpoint, index_name=cfg.index_name))
+    except Exception as exc:
+        raise unusable(cfg, client, exc) from None
+
+
+def unusable(cfg: VectorSearchRetrieverConfig, client, exc: Exception) -> ConfigError:
+    """One line naming the endpoint, the index, the workspace and what went wrong."""
+    status = http_status(exc)
+    if status in (401, 403):
+        reason = f"HTTP {status}: check the token ({cfg.token_env} or token_secret) and its permissions"
+    elif status == 404:
+        reason = "HTTP 404: no such endpoint or index"
+    else:
+        lines = str(exc).strip().splitlines()
+        reason = f"{type(exc).__name__}: {lines[0] if lines else 'no details'}"[:300]
+    where = getattr(client, "workspace_url", None) or "the workspace"
+    return ConfigError(scrub(f"Vector Search endpoint {cfg.endpoint!r} (index {cfg.index_name!r}) at {where} "
+                             f"is not usable: {reason}"))
 
 
 class VectorSearchRetriever:
@@ -18,7 +52,7 @@ class VectorSearchRetriever:
         self._endpoint = Endpoint(f"vector_search:{cfg.index_name}", cfg.policy, concurrent_tasks, hard_timeout=True)
         self.concurrency = self._endpoint.concurrency
         client = vector_search_client(cfg, secrets)
-        self._index = self._endpoint.call(lambda: client.get_index(endpoint_name=cfg.endpoint, index_name=cfg.index_name))
+        self._index = _open_index(client, cfg)
         c = cfg.columns
         self._columns = list(dict.fromkeys([c.chunk_text, c.parent_id, c.parent_text, c.doc_id, c.title, c.url]))
         self.name = "databricks_vector_search"

@@ -1,0 +1,120 @@
+"""Keeping secrets out of every text crag writes: error texts, decision reasons, screen output and
+stored configs.
+
+Two things are scrubbed, whatever the exception type or config key they come in:
+- credentials inside URLs: the user:password@ part of any scheme://user:password@host, and the values
+  of query parameters named like a credential (?token=..., &api_key=...);
+- every secret value crag has resolved (`remember`, called where a credential is read), also in its
+  URL-encoded form.
+
+A credential that is itself a URL (DATABRICKS_HOST may be http://user:TOKEN@host) is not secret as a
+whole: only its user:password part is remembered, so error texts still name the host.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import quote, quote_plus, urlsplit
+
+MASK = "***"
+# Shorter values are not recognisable in free text: masking them would garble every message (a
+# one-letter "secret" would mask that letter everywhere) and protect nothing.
+MIN_SECRET_CHARS = 4
+
+# scheme://userinfo@ : the userinfo runs to the last "@" before the host part ends ("/", space, quote).
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/\s'\"<>@]*(?:@[^/\s'\"<>@]*)*)@")
+_CREDENTIAL_PARAM = re.compile(
+    r"(?P<name>[?&;](?:[A-Za-z0-9_\-]*(?:token|secret|password|passwd|api[_-]?key|apikey|signature|sig|auth))=)(?P<value>[^&#\s'\"<>]+)",
+    re.I,
+)
+
+_known: set[str] = set()
+_lock = threading.Lock()
+
+
+def secret_parts(value: str | None) -> list[str]:
+    """The parts of a credential's value that are secret: its user:password (and password) when it is
+    a URL, else the whole value."""
+    if not value:
+        return []
+    parts = urlsplit(value) if "://" in value else None
+    if parts is not None and parts.scheme and parts.netloc:
+        found = []
+        if "@" in parts.netloc:
+            userinfo = parts.netloc.rpartition("@")[0]
+            found.append(userinfo)
+            user, _, password = userinfo.partition(":")
+            found += [password] if password else [user]
+        return [p for p in found if len(p) >= MIN_SECRET_CHARS]
+    return [value] if len(value) >= MIN_SECRET_CHARS else []
+
+
+def remember(values: Iterable[str | None]) -> None:
+    """Add resolved credential values to the ones this process scrubs from every text."""
+    with _lock:
+        for value in values:
+            for part in secret_parts(value):
+                _known.update({part, quote(part, safe=""), quote_plus(part)})
+
+
+def known() -> frozenset[str]:
+    with _lock:
+        return frozenset(_known)
+
+
+def scrub(text: Any, extra: Iterable[str] = ()) -> Any:
+    """`text` with URL credentials and every known secret value masked; non-strings pass unchanged."""
+    if not isinstance(text, str) or not text:
+        return text
+    text = _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{MASK}@", text)
+    text = _CREDENTIAL_PARAM.sub(lambda m: f"{m.group('name')}{MASK}", text)
+    # Longest first, so a value that contains another is masked whole.
+    for value in sorted(known() | set(extra), key=len, reverse=True):
+        if value and value in text:
+            text = text.replace(value, MASK)
+    return text
+
+
+# Keys whose value is a secret. A suffix rule on the lower-cased key: "token", "api_key", "password"
+# and the like at the end of the name. `max_tokens` ends in "tokens" and is a number, not a secret.
+# Keys ending in _env name an environment variable (where a secret comes from), not the secret.
+_SECRET_KEY = re.compile(r"(token|secret|password|passwd|api[_-]?key|private[_-]?key|credentials?)$", re.I)
+
+
+def is_secret_key(key: str) -> bool:
+    return bool(_SECRET_KEY.search(str(key))) and not str(key).lower().endswith("_env")
+
+
+def _env_secrets(value: Any, found: set[str]) -> None:
+    """Secret parts of the environment variables a config names in its *_env keys."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if str(k).endswith("_env") and isinstance(v, str):
+                for part in secret_parts(os.environ.get(v)):
+                    found.update({part, quote(part, safe=""), quote_plus(part)})
+            else:
+                _env_secrets(v, found)
+    elif isinstance(value, list):
+        for v in value:
+            _env_secrets(v, found)
+
+
+def redact_config(value: Any) -> Any:
+    """A JSON-able config fit to store: secret-bearing keys masked, and every string value scrubbed of
+    URL credentials, of resolved secrets and of the values of the environment variables the config
+    names as credentials (token_env, api_key_env, host_env, ...)."""
+    extra: set[str] = set()
+    _env_secrets(value, extra)
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: (MASK if v and is_secret_key(k) else walk(v)) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return scrub(node, extra)
+
+    return walk(value)

@@ -1,0 +1,150 @@
+"""`crag sql`: read-only SQL over a local warehouse's Delta tables, with a time limit.
+
+DataFusion (through delta-rs) can write: `COPY t TO 'path'` overwrites any file, a Delta log
+included. So a query is parsed first, with sqlparser-rs (sqloxide), the parser DataFusion itself is
+built on, and only one statement that reads is run: a query (SELECT / WITH / VALUES), EXPLAIN of one,
+SHOW TABLES / COLUMNS or DESCRIBE. What the parser cannot read is refused, never guessed at.
+
+The query runs in a child process, so a runaway one (a cross join, generate_series over 1e11 rows) is
+stopped at the time limit by ending that process: a thread inside DataFusion cannot be stopped. The
+child sends its result back as an Arrow IPC stream.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from crag.errors import InputError
+
+DEFAULT_TIMEOUT_S = 60.0
+READING_STATEMENTS = frozenset({"Query", "Explain", "ExplainTable", "ShowTables", "ShowColumns"})
+# Anything that writes or changes state, also when nested in a query (a data-modifying CTE).
+_WRITING_NODES = frozenset({"Insert", "Update", "Delete", "Merge", "Copy", "CopyIntoSnowflake", "CreateTable",
+                            "CreateView", "CreateExternalTable", "Drop", "Truncate", "AlterTable", "Set",
+                            "SetVariable", "Unload", "Directory", "Call", "Execute"})
+
+
+def check_read_only(sql: str) -> None:
+    """Refuse, as an InputError, anything but a single statement that only reads."""
+    import sqloxide
+
+    try:
+        statements = sqloxide.parse_sql(sql, dialect="generic")
+    except ValueError as exc:
+        detail = " ".join(str(exc).split())
+        raise InputError(f"SQL not run: it could not be read as a query ({detail})") from None
+    if len(statements) != 1:
+        raise InputError(f"SQL not run: give exactly one statement, got {len(statements)}")
+    [statement] = statements
+    kind = next(iter(statement))
+    if kind not in READING_STATEMENTS:
+        raise InputError(f"SQL not run: crag sql only reads (SELECT, WITH, EXPLAIN, SHOW, DESCRIBE), got {_words(kind)}")
+    if kind == "Explain":  # EXPLAIN ANALYZE runs its statement: it must be a query too
+        inner = statement["Explain"].get("statement")
+        inner_kind = next(iter(inner)) if isinstance(inner, dict) and inner else None
+        if inner_kind != "Query":
+            raise InputError(f"SQL not run: EXPLAIN only of a query, got {_words(str(inner_kind))}")
+    writing = _find_writing(statement)
+    if writing:
+        raise InputError(f"SQL not run: crag sql only reads; the query contains {_words(writing)}")
+
+
+def _words(kind: str) -> str:
+    """sqlparser's statement kind as SQL words: CreateTable -> CREATE TABLE."""
+    return re.sub(r"(?<!^)(?=[A-Z])", " ", kind).upper()
+
+
+def _find_writing(node: Any) -> str | None:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _WRITING_NODES:
+                return key
+            found = _find_writing(value)
+            if found:
+                return found
+    elif isinstance(node, list):
+        for value in node:
+            found = _find_writing(value)
+            if found:
+                return found
+    return None
+
+
+def _tables(warehouse: Path) -> list[Path]:
+    found = [p for p in sorted(warehouse.iterdir()) if (p / "_delta_log").is_dir()] if warehouse.is_dir() else []
+    if not found:
+        raise InputError(f"no Delta tables under {warehouse}")
+    return found
+
+
+def query(warehouse: str | Path, sql: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> pa.Table:
+    """Run one read-only SQL statement (DataFusion dialect) over every crag table present in a local
+    warehouse, each registered under its folder's name (answers, grades, decisions, runs, ...). Stopped
+    after `timeout_s` seconds."""
+    warehouse = Path(warehouse)
+    check_read_only(sql)
+    _tables(warehouse)  # no tables: say so before starting a process
+    try:
+        child = subprocess.run([sys.executable, "-m", "crag.sql", str(warehouse)], input=sql.encode("utf-8"),
+                               capture_output=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:  # subprocess.run has killed the child
+        raise InputError(f"SQL stopped after {timeout_s:g} s (the time limit; raise it with --timeout)") from None
+    if child.returncode != 0:
+        lines = child.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise InputError(lines[-1] if lines else f"SQL failed: the query process ended with code {child.returncode}")
+    with pa.ipc.open_stream(child.stdout) as reader:
+        result = reader.read_all()
+    return result.cast(pa.schema([f.with_type(_plain(f.type)) for f in result.schema]))
+
+
+def _plain(kind: pa.DataType) -> pa.DataType:
+    """`kind` with DataFusion's view types (string_view, list_view, ..., also nested, as array_agg
+    returns them) made plain ones, which pandas can convert."""
+    if pa.types.is_string_view(kind):
+        return pa.large_string()
+    if pa.types.is_binary_view(kind):
+        return pa.large_binary()
+    if pa.types.is_list_view(kind) or pa.types.is_large_list_view(kind) or pa.types.is_large_list(kind):
+        return pa.large_list(_plain(kind.value_type))
+    if pa.types.is_list(kind):
+        return pa.list_(_plain(kind.value_type))
+    if pa.types.is_fixed_size_list(kind):
+        return pa.list_(_plain(kind.value_type), kind.list_size)
+    if pa.types.is_struct(kind):
+        return pa.struct([field.with_type(_plain(field.type)) for field in kind])
+    if pa.types.is_map(kind):
+        return pa.map_(_plain(kind.key_type), _plain(kind.item_type))
+    return kind
+
+
+def _run_in_child(warehouse: Path, sql: str) -> int:
+    """The child's side: run the query, write the result to stdout as an Arrow IPC stream, or one line
+    to stderr."""
+    from deltalake import DeltaTable, QueryBuilder
+
+    found = _tables(warehouse)
+    try:
+        builder = QueryBuilder()
+        for path in found:
+            builder.register(path.name, DeltaTable(str(path)))
+        # Reading the batches is where a query fails at run time (a cast of bad text, ...), so it is
+        # inside the same handler as planning.
+        result = pa.table(builder.execute(sql).read_all())
+    except Exception as exc:  # DataFusion reports SQL errors as plain exceptions
+        lines = str(exc).strip().splitlines()
+        first = lines[0] if lines else type(exc).__name__
+        print(f"SQL failed: {first} (tables: {', '.join(p.name for p in found)})", file=sys.stderr)
+        return 2
+    with pa.ipc.new_stream(sys.stdout.buffer, result.schema) as writer:
+        writer.write_table(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_run_in_child(Path(sys.argv[1]), sys.stdin.read()))

@@ -1,0 +1,102 @@
+"""The stage cache knows which service answered: results of one workspace or server never stand in for
+another's. Its key holds the service's address, never a credential."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from conftest import LOCAL_CONF, REPO, SAMPLE
+from crag.cache import endpoint_identity, role_slices, service_url
+from crag.config import load_config
+
+DBX = REPO / "conf" / "databricks.yaml"
+OPENAI = REPO / "conf" / "openai.yaml"
+
+
+@pytest.fixture
+def workspace(monkeypatch):
+    def point_at(host: str, token: str = "dapi-1111") -> dict[str, str]:
+        monkeypatch.setenv("DATABRICKS_HOST", host)
+        monkeypatch.setenv("DATABRICKS_TOKEN", token)
+        return role_slices(load_config(DBX))
+
+    return point_at
+
+
+def test_another_workspace_changes_every_remote_role(workspace):
+    first = workspace("https://adb-1.azuredatabricks.net")
+    second = workspace("https://adb-2.azuredatabricks.net")
+    assert {role for role in first if first[role] != second[role]} == {"retriever", "grader", "rewriter", "generator"}
+    assert first["web_search"] == second["web_search"]  # Tavily is not in the workspace
+
+
+def test_the_same_workspace_however_written_and_whatever_token(workspace):
+    plain = workspace("https://adb-1.azuredatabricks.net")
+    assert workspace("HTTPS://ADB-1.azuredatabricks.net/", token="dapi-2222") == plain  # a rotated token
+    assert workspace("https://token:dapi-3333@adb-1.azuredatabricks.net") == plain  # credentials in the URL
+
+
+def test_the_workers_credentials_name_the_workspace(monkeypatch):
+    # Serverless workers lack the driver's environment: the resolved credentials shipped to them count.
+    monkeypatch.delenv("DATABRICKS_HOST", raising=False)
+    cfg = load_config(DBX)
+    one = role_slices(cfg, {"DATABRICKS_HOST": "https://adb-1.azuredatabricks.net"})
+    two = role_slices(cfg, {"DATABRICKS_HOST": "https://adb-2.azuredatabricks.net"})
+    assert one["grader"] != two["grader"] and one["retriever"] != two["retriever"]
+
+
+def test_openai_base_url_counts_from_config_or_environment(monkeypatch):
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://10.0.0.1:8000/v1")
+    cfg = load_config(OPENAI)
+    assert endpoint_identity(cfg.generator) == "http://10.0.0.1:8000/v1"  # through ${OPENAI_BASE_URL}
+    unset = cfg.generator.model_copy(update={"base_url": None})
+    assert endpoint_identity(unset) == "http://10.0.0.1:8000/v1"  # the client reads the variable itself
+    monkeypatch.delenv("OPENAI_BASE_URL")
+    assert endpoint_identity(unset) == "https://api.openai.com/v1"
+
+
+def test_tavily_base_url_counts(monkeypatch):
+    monkeypatch.setenv("TAVILY_API_BASE_URL", "http://127.0.0.1:8765")
+    proxied = role_slices(load_config(DBX))["web_search"]
+    monkeypatch.setenv("TAVILY_API_BASE_URL", "")
+    assert role_slices(load_config(DBX))["web_search"] != proxied
+
+
+def test_local_roles_have_no_service(sample_config):
+    assert endpoint_identity(sample_config.grader) is None and endpoint_identity(sample_config.retriever) is None
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("https://u:p@Host.Example.com:443/x/", "https://host.example.com:443/x"),
+    ("host.example.com", "https://host.example.com"),
+    ("http://h:notaport", "http://h:notaport"),
+])
+def test_service_url(url, expected):
+    assert service_url(url) == expected
+
+
+def test_a_run_against_another_host_does_not_reuse_the_first_hosts_results(spark, emulator, monkeypatch, tmp_path,
+                                                                         sample_indexes):
+    """The failure this guards against: after DATABRICKS_HOST was pointed at another workspace that
+    refused every call, a run reported no errors and served the first workspace's stored grades."""
+    from crag.job import run
+
+    questions = tmp_path / "q.jsonl"
+    lines = [l for l in (SAMPLE / "questions.jsonl").read_text(encoding="utf-8").splitlines() if l.strip()][:4]
+    questions.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    overrides = [f"retriever.index={sample_indexes['kb']}", f"web_search.index={sample_indexes['web']}",
+                 "mlflow.enabled=false", "grader.backend=databricks", "grader.endpoint=grader-x",
+                 "grader.prompt=prompts/grade_binary.yaml", "grader.policy.max_attempts=1", "grader.policy.timeout_s=5"]
+    first = run(str(LOCAL_CONF), str(questions), str(tmp_path / "wh"), run_id="first", overrides=overrides, spark=spark)
+    assert first.answers["error"].isna().all() and first.answers["llm_calls"].sum() > 0
+
+    with socket.socket() as s:  # a host where nothing answers
+        s.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("DATABRICKS_HOST", f"http://127.0.0.1:{s.getsockname()[1]}")
+    second = run(str(LOCAL_CONF), str(questions), str(tmp_path / "wh"), run_id="second", overrides=overrides, spark=spark)
+    graded = second.answers["n_retrieved"] > 0
+    assert graded.any()
+    errors = second.answers.loc[graded, "error"].fillna("").tolist()
+    assert all(e.startswith("grade: ") for e in errors), errors  # asked the new host, which failed

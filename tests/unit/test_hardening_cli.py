@@ -1,0 +1,196 @@
+"""Every way a command ends is one line: run ids, ports, report paths, failures of files and data, and
+Ctrl-C / SIGTERM during `crag run`, which say how to resume."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import LOCAL_CONF, REPO, SAMPLE
+from crag import cli
+from crag.cli import main
+from crag.errors import InputError
+from crag.tables import check_run_id
+
+
+@pytest.mark.parametrize("run_id", ["r1\n", "r1\r\n", "r1\n\n", "\nr1", "r 1", "r1/..", "", "-r1", "r1\x00"])
+def test_a_run_id_with_a_line_break_or_other_junk_is_refused(run_id):
+    with pytest.raises(InputError, match="invalid run id"):
+        check_run_id(run_id)
+
+
+@pytest.mark.parametrize("run_id", ["r1", "base-2026.11.29_a", "A" * 128])
+def test_good_run_ids_pass(run_id):
+    assert check_run_id(run_id) == run_id
+
+
+def test_the_cli_refuses_a_run_id_with_a_trailing_newline(tmp_path, capsys, index_overrides):
+    code = main(["run", "--conf", str(LOCAL_CONF), "--questions", str(SAMPLE / "questions.jsonl"),
+                 "--warehouse", str(tmp_path), "--run-id", "r1\n", *[x for o in index_overrides for x in ("--set", o)]])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("crag: error: invalid run id 'r1\\n'") and err.count("\n") == 1
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_emulate_on_a_port_in_use_is_one_line(capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        assert main(["emulate", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"crag: error: port {port} is in use: stop what holds it or choose another with --port\n"
+
+
+def test_emulate_on_an_impossible_port_is_one_line(capsys):
+    assert main(["emulate", "--port", "70000"]) == 2
+    assert capsys.readouterr().err == "crag: error: --port 70000: a port is a number from 0 to 65535\n"
+
+
+def test_compare_report_given_a_folder_is_one_line_before_any_work(tmp_path, capsys):
+    code = main(["compare", "--warehouse", str(tmp_path / "nowhere"), "--base", "a", "--candidate", "b",
+                 "--report", str(tmp_path), "--no-mlflow"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"crag: error: --report {tmp_path} is a folder") and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------- the last-resort handler
+
+
+def _bad_parquet(tmp_path, content: bytes):
+    path = tmp_path / "questions.parquet"
+    path.write_bytes(content)
+    return path
+
+
+@pytest.mark.parametrize("content", [b"", b"PAR1 not really parquet"])
+def test_unreadable_parquet_input_is_one_line(tmp_path, capsys, index_overrides, content):
+    questions = _bad_parquet(tmp_path, content)
+    code = main(["run", "--conf", str(LOCAL_CONF), "--questions", str(questions), "--warehouse", str(tmp_path / "wh"),
+                 *[x for o in index_overrides for x in ("--set", o)]])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"crag: error: \w+: .*\(CRAG_DEBUG=1 shows the traceback\)\n", err), err
+
+
+def test_a_delta_folder_with_an_empty_log_is_one_line(tmp_path, capsys, index_overrides):
+    (tmp_path / "questions" / "_delta_log").mkdir(parents=True)
+    code = main(["run", "--conf", str(LOCAL_CONF), "--questions", str(tmp_path / "questions"),
+                 "--warehouse", str(tmp_path / "wh"), *[x for o in index_overrides for x in ("--set", o)]])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("crag: error: ") and err.count("\n") == 1, err
+
+
+def test_crag_debug_shows_the_traceback(tmp_path, monkeypatch, index_overrides):
+    monkeypatch.setenv("CRAG_DEBUG", "1")
+    questions = _bad_parquet(tmp_path, b"")
+    import pyarrow as pa
+
+    with pytest.raises(pa.ArrowException):
+        main(["run", "--conf", str(LOCAL_CONF), "--questions", str(questions), "--warehouse", str(tmp_path / "wh"),
+              *[x for o in index_overrides for x in ("--set", o)]])
+
+
+def test_a_file_system_error_is_one_scrubbed_line(monkeypatch, capsys):
+    def fail(args):
+        raise PermissionError(13, "Permission denied", "http://u:pa55word-x@host/warehouse/runs")
+
+    monkeypatch.setattr(cli, "_run_command", fail)
+    assert main(["eval", "--warehouse", "w", "--run", "r"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("crag: error: PermissionError: [Errno 13] Permission denied") and "pa55word" not in err
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    def fail(args):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(cli, "_run_command", fail)
+    with pytest.raises(ZeroDivisionError):
+        main(["eval", "--warehouse", "w", "--run", "r"])
+
+
+def test_an_interrupt_behind_a_cancelled_spark_job_is_an_interrupt(monkeypatch, capsys):
+    def fail(args):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("An error occurred while calling o102.getResult")  # as Spark's collect does
+
+    monkeypatch.setattr(cli, "_run_command", fail)
+    assert main(["run", "--conf", "c.yaml", "--questions", "q.jsonl", "--warehouse", "w", "--run-id", "r7"]) == 130
+    err = capsys.readouterr().err
+    assert err == ("crag: interrupted: run r7 did not finish; continue it with: "
+                   "crag run --resume r7 --conf c.yaml --questions q.jsonl --warehouse w\n")
+
+
+# ---------------------------------------------------------------- Ctrl-C and SIGTERM, for real
+
+
+def _start_run(tmp_path, sample_indexes, extra: list[str]):
+    sets = [f"retriever.index={sample_indexes['kb']}", f"web_search.index={sample_indexes['web']}",
+            "mlflow.enabled=false", "spark.batch_questions=3", "routing.policy=thresholds"]
+    args = [sys.executable, "-m", "crag.cli", "run", "--conf", str(LOCAL_CONF), "--questions", str(SAMPLE / "questions.jsonl"),
+            "--warehouse", str(tmp_path / "wh"), "--no-cache", *[x for o in sets for x in ("--set", o)], *extra]
+    err = open(tmp_path / "stderr.txt", "w+", encoding="utf-8")
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, cwd=REPO, env={**os.environ, "CRAG_DEBUG": ""}), err
+
+
+def _wait_for(err, text: str, proc, limit_s: float = 180) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        err.seek(0)
+        if text in err.read():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} never appeared")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, code, how", [(signal.SIGTERM, 143, "terminated (SIGTERM)"), (signal.SIGINT, 130, "interrupted")])
+def test_a_signal_during_crag_run_ends_with_the_resume_line(tmp_path, sample_indexes, signum, code, how):
+    proc, err = _start_run(tmp_path, sample_indexes, ["--run-id", "sig"])
+    try:
+        _wait_for(err, "batch 2/", proc)
+        proc.send_signal(signum)
+        assert proc.wait(timeout=120) == code
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err.seek(0)
+    text = err.read()
+    assert "Traceback" not in text and "Exception" not in text, text
+    last = text.strip().splitlines()[-1]
+    assert last.startswith(f"crag: {how}: run sig did not finish; continue it with: crag run --resume sig ")
+    if signum == signal.SIGTERM:  # the line works: resuming finishes the run
+        resume = shlex.split(last.split("continue it with: ", 1)[1])
+        done = subprocess.run([sys.executable, "-m", "crag.cli", *resume[1:]], cwd=REPO, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert "49 accepted" in done.stderr
+        from deltalake import DeltaTable
+
+        answers = DeltaTable(str(tmp_path / "wh" / "answers")).to_pandas()
+        assert len(answers) == 49 and not answers["question_id"].duplicated().any()
+
+
+def test_the_resume_line_shows_no_credential(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_run_command", interrupted)
+    assert main(["run", "--conf", "c.yaml", "--questions", "q.jsonl", "--warehouse", "w", "--run-id", "r8",
+                 "--set", "web_search.api_base_url=http://proxy:pa55word-x@h:8080"]) == 130
+    err = capsys.readouterr().err
+    assert "crag run --resume r8" in err and "pa55word" not in err and "proxy" not in err

@@ -1,0 +1,202 @@
+"""Config robustness: hostile YAML, numbers that are not numbers, variant names, Spark's local
+master, and the policy of an endpoint that several roles share."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from conftest import LOCAL_CONF, REPO
+from crag.cli import main
+from crag.config import MAX_YAML_VALUES, EndpointPolicy, load_config, safe_yaml
+from crag.errors import ConfigError
+
+DBX = REPO / "conf" / "databricks.yaml"
+
+
+def _write(tmp_path, text: str, name: str = "c.yaml"):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _bomb(levels: int, width: int) -> str:
+    lines = [f"l0: &l0 [{', '.join(['x'] * width)}]"]
+    for i in range(1, levels):
+        lines.append(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_before_it_is_expanded(tmp_path):
+    path = _write(tmp_path, _bomb(levels=9, width=9))  # 9**9 values once expanded: a "billion laughs"
+    with pytest.raises(ConfigError, match=f"is not valid YAML: aliases expand it to more than {MAX_YAML_VALUES} values"):
+        load_config(path)
+
+
+def test_an_alias_bomb_in_a_prompt_template_is_refused(tmp_path):
+    shutil.copytree(REPO / "conf" / "prompts", tmp_path / "prompts")
+    (tmp_path / "prompts" / "bomb.yaml").write_text(_bomb(9, 9) + "system: s\nuser: u\n", encoding="utf-8")
+    conf = _write(tmp_path, "generator: {backend: openai, endpoint: m, prompt: prompts/bomb.yaml}\n")
+    from crag.backends.llm_roles import LLMGenerator
+
+    class Model:  # never called: the template is refused first
+        name, concurrency = "m", 1
+
+    cfg = load_config(conf).generator
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        LLMGenerator(Model(), cfg)
+
+
+@pytest.mark.parametrize("text", [
+    "spark: &s\n  master: *s\n",  # a mapping that contains itself
+    "a: &a [1, *a]\n",  # a list that contains itself
+])
+def test_a_self_referencing_alias_is_one_line(tmp_path, text):
+    with pytest.raises(ConfigError, match="an alias refers to the value that contains it"):
+        load_config(_write(tmp_path, text))
+
+
+def test_nesting_too_deep_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_config(_write(tmp_path, "a: " + "[" * 20000 + "]" * 20000 + "\n"))
+
+
+def test_modest_aliases_still_work(tmp_path):
+    text = ("grader: {threshold: 0.4}\n"
+            "x-policy: &p {max_concurrency: 3, timeout_s: 7}\n")
+    assert safe_yaml(text)["x-policy"]["timeout_s"] == 7
+    shared = ("retriever: {k: 4}\n"
+              "routing: &r {policy: thresholds, upper: 0.7, lower: 0.2}\n")
+    data = safe_yaml(shared)
+    assert data["routing"] == {"policy": "thresholds", "upper": 0.7, "lower": 0.2}
+
+
+def test_the_cli_prints_one_line_for_a_bomb(tmp_path, capsys):
+    path = _write(tmp_path, _bomb(9, 9))
+    assert main(["ask", "--conf", str(path), "q?"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("crag: error: config file") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("override, message", [
+    ("retriever.k=true", "config key 'retriever.k': a boolean is not a number (got True)"),
+    ("routing.max_relevant_docs=false", "config key 'routing.max_relevant_docs': a boolean is not a number"),
+    ("grader.threshold=true", "config key 'grader.threshold': a boolean is not a number"),
+    ("spark.partitions=true", "config key 'spark.partitions': a boolean is not a number"),
+    ("grader.threshold=.nan", "config key 'grader.threshold': Input should be a finite number"),
+    ("routing.upper=.inf", "config key 'routing.upper': Input should be a finite number"),
+    ("generator.min_sentence_score=-.inf", "config key 'generator.min_sentence_score': Input should be a finite number"),
+])
+def test_numbers_must_be_finite_numbers(index_overrides, override, message):
+    with pytest.raises(ConfigError) as caught:
+        load_config(LOCAL_CONF, [*index_overrides, override])
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("retriever.policy.timeout_s=.inf", "Input should be a finite number"),
+    ("retriever.policy.timeout_s=1e300", "less than or equal to 86400"),
+    ("grader.policy.timeout_s=100000", "less than or equal to 86400"),
+    ("grader.policy.backoff_max_s=1e12", "less than or equal to 86400"),
+    ("grader.policy.max_attempts=true", "a boolean is not a number"),
+    ("generator.temperature=false", "a boolean is not a number"),
+    ("generator.max_tokens=true", "a boolean is not a number"),
+    ("web_search.policy.max_concurrency=.nan", "max_concurrency"),
+])
+def test_endpoint_policies_are_bounded(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(DBX, [override])
+
+
+def test_a_day_long_timeout_is_allowed():
+    assert load_config(DBX, ["grader.policy.timeout_s=86400"]).grader.policy.timeout_s == 86400
+
+
+def test_the_whole_timeout_path_is_bounded_from_a_file(tmp_path):
+    conf = _write(tmp_path, "retriever:\n  backend: databricks_vector_search\n  endpoint: e\n  index_name: a.b.c\n"
+                            "  policy: {timeout_s: .inf}\n")
+    with pytest.raises(ConfigError, match="retriever.policy.timeout_s"):
+        load_config(conf)
+
+
+@pytest.mark.parametrize("master", ["local[0]", "local[-1]", "local[x]", "local[]", "local[0,2]", "local[2,0]"])
+def test_a_local_master_without_threads_is_one_line(index_overrides, master):
+    with pytest.raises(ConfigError, match=r"config key 'spark.master'.*local\[N\]"):
+        load_config(LOCAL_CONF, [*index_overrides, f"spark.master={master}"])
+
+
+@pytest.mark.parametrize("master", ["local", "local[1]", "local[*]", "local[4,3]", "local[*,2]", "spark://h:7077", "yarn"])
+def test_valid_masters_pass(index_overrides, master):
+    assert load_config(LOCAL_CONF, [*index_overrides, f"spark.master={master}"]).spark.master == master
+
+
+@pytest.mark.parametrize("variant", ["../local", "/etc/passwd", "variants/paper_thresholds", "..", "a/../paper_thresholds",
+                                     "paper_thresholds\n", ".hidden", "x\\y", "~/v", ""])
+def test_a_variant_is_a_name_not_a_path(variant):
+    if variant == "":
+        return  # an empty --variant means none
+    with pytest.raises(ConfigError, match=r"--variant .*not a path"):
+        load_config(LOCAL_CONF, [], variant)
+
+
+def test_a_variant_outside_the_folder_is_never_read(tmp_path, capsys):
+    conf_dir = tmp_path / "conf"
+    (conf_dir / "variants").mkdir(parents=True)
+    shutil.copy(LOCAL_CONF, conf_dir / "local.yaml")
+    (tmp_path / "outside.yaml").write_text("routing: {policy: thresholds}\n", encoding="utf-8")
+    for variant in ("../../outside", str(tmp_path / "outside")):
+        assert main(["ask", "--conf", str(conf_dir / "local.yaml"), "--variant", variant, "q?"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("crag: error: --variant") and err.count("\n") == 1
+
+
+def test_a_variant_by_name_still_loads():
+    assert load_config(LOCAL_CONF, [], "paper_thresholds").routing.policy == "thresholds"
+
+
+def test_max_tokens_is_stored_as_a_number():
+    from crag.config import redacted
+
+    stored = redacted(load_config(DBX).model_dump(mode="json"))
+    assert stored["generator"]["max_tokens"] == 300
+    assert stored["rewriter"]["max_tokens"] == 100
+
+
+# ---------------------------------------------------------------- one endpoint, several roles
+
+
+def _shared_endpoint_conf(tmp_path, kb_index: str, rewriter_policy: str, generator_policy: str):
+    prompts = REPO / "conf" / "prompts"
+    return _write(tmp_path, f"""
+retriever: {{index: {kb_index}}}
+web_search: {{backend: none}}
+rewriter: {{backend: databricks, endpoint: chat, prompt: {prompts / 'rewrite.yaml'}, policy: {rewriter_policy}}}
+generator: {{backend: databricks, endpoint: chat, prompt: {prompts / 'answer_concise.yaml'}, policy: {generator_policy}}}
+""")
+
+
+def test_roles_sharing_an_endpoint_get_one_merged_policy(tmp_path):
+    from crag.backends import shared_policies
+
+    # as in conf/databricks.yaml: the rewriter and the generator share one chat endpoint
+    conf = _shared_endpoint_conf(tmp_path, "kb", "{timeout_s: 60, max_concurrency: 3, max_attempts: 4}",
+                                 "{timeout_s: 120, max_attempts: 2}")
+    [merged] = [p for key, p in shared_policies(load_config(conf)).items() if key[1] == "chat"]
+    assert merged == EndpointPolicy(max_concurrency=8, timeout_s=120, max_attempts=4, backoff_initial_s=0.5, backoff_max_s=30)
+    # the same whichever role sets which value
+    swapped = _shared_endpoint_conf(tmp_path, "kb", "{timeout_s: 120, max_attempts: 2}",
+                                    "{timeout_s: 60, max_concurrency: 3, max_attempts: 4}")
+    [again] = [p for key, p in shared_policies(load_config(swapped)).items() if key[1] == "chat"]
+    assert again == merged
+
+
+def test_the_shared_client_uses_the_merged_policy(tmp_path, monkeypatch, sample_indexes):
+    from crag.backends import build_backends
+
+    monkeypatch.setenv("DATABRICKS_HOST", "http://127.0.0.1:9")
+    monkeypatch.setenv("DATABRICKS_TOKEN", "local-token")
+    conf = _shared_endpoint_conf(tmp_path, sample_indexes["kb"], "{timeout_s: 60}", "{timeout_s: 120}")
+    backends = build_backends(load_config(conf))
+    assert backends.rewriter.model is backends.generator.model  # one client for the shared endpoint
+    assert backends.generator.model._endpoint.policy.timeout_s == 120  # not only the first role's 60
