@@ -110,7 +110,7 @@ def _partition_task(config_json: str, secrets: dict[str, str], concurrent_tasks:
 
         cfg = CragConfig.model_validate_json(config_json)
         backends = cached_backends(cfg, secrets, concurrent_tasks)
-        slices = role_slices(cfg) if cfg.cache.enabled else None
+        slices = role_slices(cfg, secrets) if cfg.cache.enabled else None
         for batch in batches:
             if not batch.num_rows:
                 continue
