@@ -29,3 +29,10 @@ def require_dataset(name: str) -> Path:
 def read_jsonl(path: Path) -> list[dict]:
     with path.open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def run_rows(warehouse: str | Path, name: str, run_id: str):
+    """One run's rows of a table in a local warehouse, read with delta-rs as any Delta reader would."""
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(Path(warehouse) / name)).to_pyarrow_table(filters=[("run_id", "=", run_id)]).to_pandas()

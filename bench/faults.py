@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.datasets import REPO
+from bench.datasets import REPO, read_jsonl, run_rows
 
 SERVICES = ("serving", "vector_search", "tavily")
 
@@ -28,7 +28,7 @@ def run_scenario(rate: float, questions: str, workdir: Path, spark=None, hang_s:
     from crag.emulators import Emulator
     from crag.indexing import build_index
     from crag.job import run
-    from crag.tables import read_questions
+
 
     cfg = load_config(REPO / "conf" / "local.yaml")
     build_index(REPO / "data" / "sample" / "kb", workdir / "kb", cfg.indexing)
@@ -46,20 +46,21 @@ def run_scenario(rate: float, questions: str, workdir: Path, spark=None, hang_s:
                      run_id="faults", overrides=fast, spark=spark)
         requests = len(emulator.requests)
         faults = dict(emulator.faults_injected)
-    inputs = read_questions(questions)
-    answers = result.answers
+    inputs = read_jsonl(Path(questions))
+    answers = run_rows(result.warehouse, "answers", result.run_id)
+    rejects = run_rows(result.warehouse, "rejects", result.run_id)
     unanswered = answers[answers["answer"].isna() & (answers["route"] != "error")]
     errors_without_text = answers[(answers["route"] == "error") & answers["error"].isna()]
     return {
         "questions": len(inputs),
         "accepted": len(answers),
-        "rejected": len(result.rejects),
+        "rejected": len(rejects),
         "requests": requests,
         "faults_injected": faults,
         "retries": int(answers["retries"].sum()),
         "errors": int((answers["route"] == "error").sum()),
         "unreadable_grades": result.counts.get("grade_parse_failed", 0),
-        "rows_lost": len(inputs) - len(answers) - len(result.rejects),
+        "rows_lost": len(inputs) - len(answers) - len(rejects),
         "duplicates": int(answers["question_id"].duplicated().sum()),
         "unanswered_without_error": len(unanswered) + len(errors_without_text),
         "summary": result.summary(),

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.datasets import REPO, read_jsonl, require_dataset
+from bench.datasets import REPO, read_jsonl, require_dataset, run_rows
 
 CONF = REPO / "conf" / "local.yaml"
 URL_BASE = {"squad_v2": "https://en.wikipedia.org/wiki/", "jsquad": "https://ja.wikipedia.org/wiki/", "jaquad": "https://ja.wikipedia.org/wiki/"}
@@ -157,8 +157,9 @@ def main() -> None:
         values = {f"{m}|{s}": v for m, s, v in metrics[["metric", "slice", "value"]].itertuples(index=False)}
         gold = pd.read_json(folder / "questions.jsonl", lines=True)[["question_id", "answers", "is_impossible", "expected_route", "gold_doc_ids"]]
         no_grades = pd.DataFrame(columns=["question_id", "source", "doc_id"])  # the confusion needs no grades
-        confusion = action_confusion(question_scores(result.answers, no_grades, gold))
-        refused = int(result.answers["refused"].sum())
+        answers = run_rows(result.warehouse, "answers", result.run_id)
+        confusion = action_confusion(question_scores(answers, no_grades, gold))
+        refused = int(answers["refused"].sum())
         print(f"action confusion (expected route x action):\n{confusion.to_string()}")
         answerable_refused = values.get("answerable_refused|answerable=yes")
         counts = {f"{m}|{s}": n for m, s, n in metrics[["metric", "slice", "n"]].itertuples(index=False)}
@@ -180,9 +181,9 @@ def main() -> None:
                                        "targets": checks}
     if args.calibrate:
         from crag.calibration import calibrate, report as calibration_report
-        from crag.evaluation import read_run
 
-        runs = [read_run(str(out / "warehouse"), f"quality-{dataset}") for dataset in args.datasets.split(",")]
+        runs = [{name: run_rows(out / "warehouse", name, f"quality-{dataset}") for name in ("grades", "gold")}
+                for dataset in args.datasets.split(",")]
         result = calibrate(pd.concat([r["grades"] for r in runs], ignore_index=True),
                            pd.concat([r["gold"] for r in runs], ignore_index=True), cfg.routing.lower, cfg.routing.upper)
         print(f"\ncalibration over {', '.join(args.datasets.split(','))} together:\n{calibration_report(result)}")

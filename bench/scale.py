@@ -25,10 +25,11 @@ DATASETS = ("squad_v2", "jsquad", "jaquad")
 
 
 class PeakMemory:
-    """Peak RSS of this process and all its descendants."""
+    """Peak RSS of this process and all its descendants (`peak`), and of this process alone, the
+    Python driver (`driver_peak`)."""
 
     def __init__(self, interval: float = 0.2):
-        self.interval, self.peak, self._stop = interval, 0, threading.Event()
+        self.interval, self.peak, self.driver_peak, self._stop = interval, 0, 0, threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self):
@@ -41,6 +42,7 @@ class PeakMemory:
                 except psutil.Error:
                     pass
             self.peak = max(self.peak, total)
+            self.driver_peak = max(self.driver_peak, me.memory_info().rss)
             time.sleep(self.interval)
 
     def __enter__(self):
@@ -73,7 +75,8 @@ def prepare(workdir: Path, n_questions: int, copies: int = 3) -> tuple[Path, Pat
     return kb, web, questions
 
 
-def run_scale(n_questions: int, child_chars: int, child_overlap: int, workdir: Path, spark=None, copies: int = 3) -> dict:
+def run_scale(n_questions: int, child_chars: int, child_overlap: int, workdir: Path, spark=None, copies: int = 3,
+              reuse_index: bool = False) -> dict:
     from bench.datasets import REPO
     from crag.config import load_config
     from crag.indexing import build_index
@@ -84,40 +87,55 @@ def run_scale(n_questions: int, child_chars: int, child_overlap: int, workdir: P
     sets = [f"indexing.child_chars={child_chars}", f"indexing.child_overlap={child_overlap}"]
     cfg = load_config(REPO / "conf" / "local.yaml", sets)
     t0 = time.perf_counter()
-    kb_manifest = build_index(kb, workdir / "kb_index", cfg.indexing)
-    build_index(web, workdir / "web_index", cfg.indexing)
+    if reuse_index and (workdir / "kb_index" / "manifest.json").exists():
+        kb_manifest = json.loads((workdir / "kb_index" / "manifest.json").read_text())
+    else:
+        kb_manifest = build_index(kb, workdir / "kb_index", cfg.indexing)
+        build_index(web, workdir / "web_index", cfg.indexing)
     index_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     spark = spark or get_spark(cfg.spark)
-    spark.sparkContext.setLogLevel("ERROR")
     spark.range(1).count()
     startup_s = time.perf_counter() - t0
     overrides = [*sets, f"retriever.index={workdir / 'kb_index'}", f"web_search.index={workdir / 'web_index'}",
                  "cache.enabled=false", "mlflow.enabled=false"]
     with PeakMemory() as memory:
         t0 = time.perf_counter()
-        result = run(str(REPO / "conf" / "local.yaml"), str(questions), str(workdir / "warehouse"), run_id="scale",
-                     overrides=overrides, spark=spark)
+        result = run(str(REPO / "conf" / "local.yaml"), str(questions), str(workdir / "warehouse"),
+                     run_id=f"scale-{n_questions}", overrides=overrides, spark=spark)
         wall_s = time.perf_counter() - t0
     return {
         "questions": n_questions, "corpus_copies": copies, "kb_chunks": kb_manifest["n_chunks"], "kb_parents": kb_manifest["n_parents"],
         "index_build_s": round(index_s, 1), "spark_startup_s": round(startup_s, 1), "wall_s_after_startup": round(wall_s, 1),
         "questions_per_s": round(n_questions / wall_s, 1), "peak_memory_gb": round(memory.peak / 2**30, 2),
-        "answered": int((~result.answers["refused"]).sum()), "errors": int((result.answers["route"] == "error").sum()),
+        "driver_peak_rss_gb": round(memory.driver_peak / 2**30, 3),
+        "answered": result.counts["accepted"] - result.counts["refused"] - result.counts["errors"],
+        "errors": result.counts["errors"],
         "cores": psutil.cpu_count(),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--questions", type=int, default=10_000)
+    parser.add_argument("--questions", default="10000",
+                        help="question counts, comma-separated (e.g. 10000,50000,100000): one run each, one session")
     parser.add_argument("--child-chars", type=int, default=100)
     parser.add_argument("--child-overlap", type=int, default=50)
     parser.add_argument("--copies", type=int, default=3)
     args = parser.parse_args()
+    reports = []
     with tempfile.TemporaryDirectory() as tmp:
-        report = run_scale(args.questions, args.child_chars, args.child_overlap, Path(tmp), copies=args.copies)
-    print(json.dumps(report, indent=2))
+        for i, n in enumerate(int(x) for x in args.questions.split(",")):
+            reports.append(run_scale(n, args.child_chars, args.child_overlap, Path(tmp), copies=args.copies,
+                                     reuse_index=i > 0))
+            print(json.dumps(reports[-1]), flush=True)
+    if len(reports) > 1:
+        first, last = reports[0], reports[-1]
+        print(json.dumps({
+            "driver_rss_growth": round(last["driver_peak_rss_gb"] / first["driver_peak_rss_gb"] - 1, 3),
+            "time_ratio": round(last["wall_s_after_startup"] / first["wall_s_after_startup"], 2),
+            "questions_ratio": round(last["questions"] / first["questions"], 1),
+        }, indent=2))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench.datasets import REPO
+from bench.datasets import REPO, run_rows
 
 LLM_LATENCY_S = 0.2
 SEARCH_LATENCY_S = 0.08
@@ -263,11 +263,12 @@ def run_benchmark(n: int, graph_n: int, capacity: int, workdir: Path, spark=None
         calls = _endpoint_calls(emulator)
         bound, busiest = lower_bound(calls, capacity)
         batch_requests = sum(1 for r in emulator.of("serving") if isinstance(r.body, dict) and "inputs" in r.body)
+        answers = run_rows(result.warehouse, "answers", result.run_id)
         report["ours"] = {
             "wall_s": round(ours, 2), "questions_per_s": round(n / ours, 1), "calls": dict(calls),
-            "errors": int((result.answers["route"] == "error").sum()), "retries": int(result.answers["retries"].sum()),
+            "errors": result.counts["errors"], "retries": result.counts["retries"],
             "capacity_429": emulator.faults_injected.get("capacity_429", 0),
-            "grading_requests_per_question": round(batch_requests / max(1, int((result.answers["n_retrieved"] > 0).sum())), 3),
+            "grading_requests_per_question": round(batch_requests / max(1, int((answers["n_retrieved"] > 0).sum())), 3),
             "peak_in_flight": {e: v for e, v in emulator.peak_in_flight.items() if ":" in e or e == "tavily"},
             # share of the machine's CPU busy during the run (clients, Spark and the emulators together)
             "machine_cpu_busy": round((busy1 - busy0) / max(total1 - total0, 1), 3),

@@ -28,7 +28,7 @@ QUESTION_FILE_SUFFIXES = (".jsonl", ".parquet", ".csv")
 # C0/C1 control characters except tab, newline and carriage return, which are ordinary whitespace.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 _TRUE, _FALSE = {"true", "1", "yes"}, {"false", "0", "no", ""}
-# What a JSONL line becomes before it is checked: its text, parsed in the workers (Spark's own JSON
+# What a JSONL line becomes before it is checked: its bytes, decoded and parsed in the workers (Spark's JSON
 # reader would turn a number in a text column into text, and one bad line into nulls).
 JSONL_LINE = "value"
 # The checked rows, before repeated ids are marked (RUN_INPUTS without run_id).
@@ -45,8 +45,6 @@ def _catalog_name(source: str) -> bool:
 def read_questions(spark, source: str):
     """A Spark DataFrame of the raw rows: a catalog table name, a Delta folder, or a .jsonl / .parquet /
     .csv file (CSV columns are read as text: ids such as 007 stay as they are)."""
-    from pyspark.errors import PySparkException
-
     try:
         if _catalog_name(source):
             if not spark.catalog.tableExists(source):
@@ -64,7 +62,9 @@ def read_questions(spark, source: str):
             return _require_columns(spark.read.format("delta").load(str(path.resolve())), source)
         suffix = path.suffix.lower()
         if suffix == ".jsonl":
-            return spark.read.text(str(path.resolve())).where(f"trim({JSONL_LINE}) != ''")
+            # The raw bytes of each line: a line that is not UTF-8 is rejected in the workers, alone.
+            lines = spark.read.text(str(path.resolve()))
+            return lines.where(f"trim({JSONL_LINE}) != ''").selectExpr(f"cast({JSONL_LINE} AS binary) AS {JSONL_LINE}")
         if suffix == ".parquet":
             if path.stat().st_size == 0:
                 raise InputError(f"{path} is empty: not a Parquet file")
@@ -72,14 +72,28 @@ def read_questions(spark, source: str):
         if suffix == ".csv":
             frame = spark.read.options(header=True, inferSchema=False, multiLine=True, escape='"').csv(str(path.resolve()))
             return _require_columns(frame, source)
-    except PySparkException as exc:
+    except spark_errors() as exc:
         raise InputError(f"cannot read questions from {source}: {_first_line(exc)}") from None
     raise InputError(f"unsupported questions file {source}: expected a Delta folder or {', '.join(QUESTION_FILE_SUFFIXES)}")
 
 
+def spark_errors() -> tuple[type[BaseException], ...]:
+    """What Spark raises for unreadable data: its own errors, and on classic Spark a Java error that
+    pyspark did not translate."""
+    from pyspark.errors import PySparkException
+
+    try:
+        from py4j.protocol import Py4JJavaError
+    except ImportError:  # Spark Connect clients have no py4j
+        return (PySparkException,)
+    return (PySparkException, Py4JJavaError)
+
+
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    """The line that says what went wrong (py4j puts "An error occurred while calling ..." first)."""
+    lines = [line.strip() for line in str(exc).splitlines()
+             if line.strip() and not line.startswith("An error occurred while calling")]
+    return re.sub(r"^[\w.$]+(Exception|Error): ", "", lines[0]) if lines else type(exc).__name__
 
 
 def _require_columns(frame, source: str):
@@ -196,8 +210,10 @@ def gold_of(row: dict) -> dict:
     return gold
 
 
-def _parse_line(line: str) -> tuple[dict | None, str | None]:
-    if "\ufffd" in line:
+def _parse_line(raw: bytes | str) -> tuple[dict | None, str | None]:
+    try:
+        line = raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw
+    except UnicodeDecodeError:
         return None, "line is not valid UTF-8"
     try:
         row = json.loads(line)
@@ -273,12 +289,10 @@ def _numbered(spark, raw):
     aggregate) and the row's offset in its partition, without moving the rows."""
     from pyspark.sql import functions as F
 
-    from pyspark.errors import PySparkException
-
     tagged = raw.withColumn("_id", F.monotonically_increasing_id()).withColumn("_part", F.spark_partition_id())
     try:
         counts = sorted((r["_part"], r["count"]) for r in tagged.groupBy("_part").count().collect())
-    except PySparkException as exc:
+    except spark_errors() as exc:
         raise InputError(f"cannot read questions: {_first_line(exc)}") from None
     offsets, total = [], 0
     for part, count in counts:

@@ -6,3 +6,11 @@ REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
 LOCAL_CONF = REPO / "conf" / "local.yaml"
 TOKEN = "test-token-4f9a"  # recognisable, so tests can search outputs for it
+
+
+def run_rows(warehouse, name: str, run_id: str | None = None):
+    """A table of a local warehouse (one run's rows, when given), read with delta-rs."""
+    from deltalake import DeltaTable
+
+    filters = [("run_id", "=", run_id)] if run_id else None
+    return DeltaTable(str(Path(warehouse) / name)).to_pyarrow_table(filters=filters).to_pandas()

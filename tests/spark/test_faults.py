@@ -4,7 +4,7 @@ error text, accepted + rejected = input rows, and retries and errors are counted
 import pandas as pd
 
 from bench.faults import run_scenario
-from tests.support import REPO, SAMPLE
+from tests.support import REPO, SAMPLE, run_rows
 
 
 def test_twenty_percent_faults_on_every_endpoint(spark, tmp_path, restore_env):
@@ -25,7 +25,7 @@ def test_an_endpoint_that_always_fails_errors_its_questions_and_the_job_goes_on(
             for key in ("max_attempts=2", "backoff_initial_s=0.01")]
     result = run(str(REPO / "conf" / "databricks.yaml"), str(SAMPLE / "questions.jsonl"), str(tmp_path),
                  run_id="down", overrides=fast, spark=spark)
-    answers = result.answers
+    answers = run_rows(result.warehouse, "answers", result.run_id)
     assert len(answers) == 49
     errored = answers[answers["route"] == "error"]
     # every question that needed the model failed, with the reason; the others (nothing retrieved,

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from conftest import LOCAL_CONF, REPO, SAMPLE
+from tests.support import LOCAL_CONF, REPO, SAMPLE, run_rows
 from crag.cache import endpoint_identity, role_slices, service_url
 from crag.config import load_config
 
@@ -90,13 +90,15 @@ def test_a_run_against_another_host_does_not_reuse_the_first_hosts_results(spark
                  "mlflow.enabled=false", "grader.backend=databricks", "grader.endpoint=grader-x",
                  "grader.prompt=prompts/grade_binary.yaml", "grader.policy.max_attempts=1", "grader.policy.timeout_s=5"]
     first = run(str(LOCAL_CONF), str(questions), str(tmp_path / "wh"), run_id="first", overrides=overrides, spark=spark)
-    assert first.answers["error"].isna().all() and first.answers["llm_calls"].sum() > 0
+    first_answers = run_rows(first.warehouse, "answers", first.run_id)
+    assert first_answers["error"].isna().all() and first_answers["llm_calls"].sum() > 0
 
     with socket.socket() as s:  # a host where nothing answers
         s.bind(("127.0.0.1", 0))
         monkeypatch.setenv("DATABRICKS_HOST", f"http://127.0.0.1:{s.getsockname()[1]}")
     second = run(str(LOCAL_CONF), str(questions), str(tmp_path / "wh"), run_id="second", overrides=overrides, spark=spark)
-    graded = second.answers["n_retrieved"] > 0
+    second_answers = run_rows(second.warehouse, "answers", second.run_id)
+    graded = second_answers["n_retrieved"] > 0
     assert graded.any()
-    errors = second.answers.loc[graded, "error"].fillna("").tolist()
+    errors = second_answers.loc[graded, "error"].fillna("").tolist()
     assert all(e.startswith("grade: ") for e in errors), errors  # asked the new host, which failed

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import LOCAL_CONF, REPO, SAMPLE
+from tests.support import LOCAL_CONF, REPO, SAMPLE
 from crag import cli
 from crag.cli import main
 from crag.errors import InputError

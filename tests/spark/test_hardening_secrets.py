@@ -9,7 +9,7 @@ import socket
 import pytest
 from deltalake import DeltaTable
 
-from conftest import LOCAL_CONF, REPO, SAMPLE
+from tests.support import LOCAL_CONF, REPO, SAMPLE
 from crag import secrets
 from crag.cli import main
 from crag.config import load_config, redacted

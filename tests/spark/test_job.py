@@ -93,14 +93,14 @@ def test_runs_table_records_config_and_counts(sample_run):
     assert len(runs) == 1 and runs.loc[0, "status"] == "succeeded"
     counts = dict(runs.loc[0, "counts"])
     assert counts["input_rows"] == 51 and counts["accepted"] == 49 and counts["rejected"] == 2
-    assert counts["route_web"] == (result.answers["route"] == "web").sum()
+    assert counts["route_web"] == (table(warehouse, "answers", "sample-1")["route"] == "web").sum()
     assert json.loads(runs.loc[0, "config"])["routing"]["policy"] == "any_irrelevant"
     assert runs.loc[0, "finished_at"] >= runs.loc[0, "started_at"]
 
 
 def test_tables_are_readable_by_any_delta_reader(sample_run):
     _, warehouse = sample_run
-    written = [name for name in schema.TABLES if (warehouse / name / "_delta_log").is_dir()]
+    written = [name for name in schema.ALL_TABLES if (warehouse / name / "_delta_log").is_dir()]
     assert {"answers", "grades", "decisions", "runs", "rejects", "gold", "metrics", "stage_cache"} <= set(written)
     for name in written:
         protocol = DeltaTable(str(warehouse / name)).protocol()
@@ -130,15 +130,30 @@ def test_bad_run_id(spark, index_overrides, tmp_path):
         run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="x'; drop", overrides=index_overrides, spark=spark)
 
 
-@pytest.mark.parametrize("rows,partitions", [(2000, None), (7, None), (2000, 3), (2000, 1)])
-def test_questions_are_split_into_the_partitions_asked_for(spark, rows, partitions):
-    """The default count (the session's parallelism) is made without a shuffle; any count keeps every row once."""
-    import pyarrow as pa
+def test_a_finished_run_leaves_no_staging_rows_and_the_catalog_names_its_tables(sample_run, spark):
+    _, warehouse = sample_run
+    for name in ("run_staging", "run_inputs"):
+        assert table(warehouse, name, "sample-1").empty, name
+    from crag.warehouse import Warehouse
 
-    from crag.spark import _question_frame
+    wh = Warehouse(spark, str(warehouse))
+    assert wh.name("answers") == "`spark_catalog`.`crag`.`answers`"
+    assert wh.load_run("answers", "sample-1").count() == 49  # Spark reads what delta-rs reads
 
-    partitions = partitions or spark.sparkContext.defaultParallelism
-    frame = _question_frame(spark, pa.table({"question_id": [f"q{i}" for i in range(rows)]}), partitions)
-    sizes = frame.rdd.glom().map(len).collect()
-    assert len(sizes) == partitions and sum(sizes) == rows and max(sizes) - min(sizes) <= -(-rows // partitions)
-    assert sorted(r.question_id for r in frame.collect()) == sorted(f"q{i}" for i in range(rows))
+
+def test_a_rerun_keeps_the_old_rows_until_it_has_committed(spark, index_overrides, tmp_path, monkeypatch):
+    """Re-running a run id that then fails leaves the first run's rows as they were."""
+    run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="kept", overrides=index_overrides, spark=spark)
+    before = table(tmp_path, "answers", "kept")
+    import crag.job
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the second attempt dies")
+
+    monkeypatch.setattr(crag.job, "run_stages", broken)
+    with pytest.raises(RuntimeError, match="second attempt"):
+        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="kept", overrides=[*index_overrides, "retriever.k=3"],
+            spark=spark)
+    after = table(tmp_path, "answers", "kept")
+    assert after.sort_values("question_id").reset_index(drop=True).equals(before.sort_values("question_id").reset_index(drop=True))
+    assert table(tmp_path, "runs", "kept").loc[0, "status"] == "failed"

@@ -13,7 +13,7 @@ import pytest
 from deltalake import DeltaTable
 
 from tests.support import LOCAL_CONF, REPO, SAMPLE
-from crag import spark as crag_spark
+from crag import job as crag_job
 from crag.errors import CragError
 from crag.job import run
 
@@ -26,23 +26,24 @@ def table(warehouse, name):
 
 def test_resume_after_a_failure_mid_run(spark, tmp_path, index_overrides, monkeypatch):
     sent: list[list[str]] = []
-    real = crag_spark.run_stages
+    real = crag_job.run_stages
     failures = [3]  # the batch to die on, once
 
-    def dies_on_third_batch(spark_, batch, cfg, secrets=None):
-        sent.append(list(batch["question_id"]))
+    def dies_on_third_batch(batch, cfg, secrets, partitions, slots):
+        sent.append([r["question_id"] for r in batch.select("question_id").collect()])
         if failures and len(sent) == failures[0]:
             failures.clear()
             raise RuntimeError("driver lost")
-        return real(spark_, batch, cfg, secrets)
+        return real(batch, cfg, secrets, partitions, slots)
 
-    monkeypatch.setattr(crag_spark, "run_stages", dies_on_third_batch)
+    monkeypatch.setattr(crag_job, "run_stages", dies_on_third_batch)
     sets = [*index_overrides, "spark.batch_questions=10"]
     with pytest.raises(RuntimeError, match="driver lost"):
         run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r1", overrides=sets, spark=spark)
     assert table(tmp_path, "runs").loc[0, "status"] == "failed"
-    answered = set(table(tmp_path, "answers")["question_id"])
+    answered = set(table(tmp_path, "run_staging")["question_id"])  # committed batches, not yet final
     assert answered == set(sent[0] + sent[1])
+    assert not (tmp_path / "answers").exists()  # nothing half-done reaches the final tables
 
     sent.clear()
     result = run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r1", overrides=sets, spark=spark, resume=True)
@@ -62,6 +63,27 @@ def test_resume_refuses_a_different_config(spark, tmp_path, index_overrides):
             spark=spark, resume=True)
     with pytest.raises(CragError, match="no run 'nope' to resume"):
         run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="nope", overrides=index_overrides, spark=spark, resume=True)
+    with pytest.raises(CragError, match="has already succeeded: nothing to resume"):
+        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r2", overrides=index_overrides, spark=spark, resume=True)
+
+
+def test_resume_refuses_other_questions(spark, tmp_path, index_overrides, monkeypatch):
+    """--resume over input that changed (a question edited, a row removed) is refused, saying so."""
+    def dies(*args, **kwargs):
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(crag_job, "run_stages", dies)
+    with pytest.raises(RuntimeError):
+        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r3", overrides=index_overrides, spark=spark)
+    monkeypatch.undo()
+    rows = [json.loads(line) for line in QUESTIONS.read_text().splitlines() if line.strip()]
+    edited = tmp_path / "edited.jsonl"
+    rows[0]["question"] = "A different question?"
+    edited.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows[:-1]))
+    with pytest.raises(CragError, match=r"started on other questions: 1 row\(s\) here are not in its input and 2 of its rows"):
+        run(str(LOCAL_CONF), str(edited), str(tmp_path), run_id="r3", overrides=index_overrides, spark=spark, resume=True)
+    result = run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r3", overrides=index_overrides, spark=spark, resume=True)
+    assert result.counts["accepted"] == 49
 
 
 @pytest.mark.slow
@@ -80,15 +102,15 @@ def test_sigkill_of_the_driver_then_resume(emulator, sample_indexes, tmp_path):
     deadline = time.time() + 240
     answered = 0
     while time.time() < deadline and first.poll() is None:
-        if (warehouse / "answers" / "_delta_log").is_dir():
-            answered = len(DeltaTable(str(warehouse / "answers")).to_pandas())
+        if (warehouse / "run_staging" / "_delta_log").is_dir():
+            answered = len(DeltaTable(str(warehouse / "run_staging")).to_pandas())
             if answered >= 16:
                 break
         time.sleep(0.2)
     assert first.poll() is None, "the run finished before it could be killed: " + first.stderr.read().decode()[-500:]
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
-    done = set(DeltaTable(str(warehouse / "answers")).to_pandas()["question_id"])
+    done = set(DeltaTable(str(warehouse / "run_staging")).to_pandas()["question_id"])
     assert 16 <= len(done) < 49
     runs = DeltaTable(str(warehouse / "runs")).to_pandas()
     assert runs.loc[0, "status"] == "running"  # nobody could mark it otherwise

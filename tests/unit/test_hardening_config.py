@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from conftest import LOCAL_CONF, REPO
+from tests.support import LOCAL_CONF, REPO
 from crag.cli import main
 from crag.config import MAX_YAML_VALUES, EndpointPolicy, load_config, safe_yaml
 from crag.errors import ConfigError

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from conftest import REPO
+from tests.support import REPO
 from crag.backends.base import Usage
 from crag.backends.llm_roles import DELIMITERS, LLMGenerator, LLMGrader, LLMRewriter, LLMSourceCheck
 from crag.config import LLMGeneratorConfig, LLMGraderConfig, LLMRewriterConfig, SourceCheckConfig

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import REPO
+from tests.support import REPO
 from crag.backends.vector_search import VectorSearchRetriever
 from crag.config import load_config
 from crag.errors import ConfigError

@@ -151,7 +151,7 @@ def test_extractive_answer_from_the_best_document_instead_of_a_refusal():
 
 
 def test_semantic_grader_config_overrides_one_language_and_keeps_the_other(tmp_path):
-    from conftest import LOCAL_CONF
+    from tests.support import LOCAL_CONF
 
     cfg = load_config(LOCAL_CONF, ["grader.backend=semantic", "grader.languages.en.lexical=1", "grader.languages.en.semantic=2",
                                    "grader.languages.en.bias=-3"])
