@@ -255,25 +255,29 @@ def read_run(warehouse, run_id: str, names=("answers", "grades", "gold")) -> dic
 _ANSWER_COLUMNS = ("question_id", "question", "answer", "action", "route", "refused", "web_query", "sources")
 
 
-def evaluate_run(warehouse, run_id: str, variant: str | None = None) -> pd.DataFrame:
-    """`crag eval`: the run's metrics from its stored tables, computed in Spark, and stored. Each
+def evaluate_run(warehouse, run_id: str, variant: str | None = None, tables: dict | None = None,
+                 replace: bool = True) -> pd.DataFrame:
+    """`crag eval`: the run's metrics from its stored tables (or from `tables`, the DataFrames of its
+    answers, grades and gold that crag run is about to store), computed in Spark, and stored. Each
     partition of questions (with their grades and gold) is evaluated by `evaluate`; every metric is a
-    mean, so the partitions' values weighted by their n combine into exactly the run's."""
+    mean, so the partitions' values weighted by their n combine into exactly the run's. `replace`:
+    replace the run's earlier metrics (False: a new run's, appended)."""
     from pyspark.sql import functions as F
 
     from crag import schema
     from crag.errors import InputError
 
-    answers = warehouse.load_run("answers", run_id)
-    first = answers.select("variant").limit(1).collect()
-    if not first:
-        raise InputError(f"run {run_id!r} has no answers in {warehouse.location}")
-    gold = warehouse.load_run("gold", run_id).drop("run_id", "variant")
-    if not gold.limit(1).count():
-        raise InputError(f"run {run_id!r} has no gold columns (answers, is_impossible, expected_route, gold_doc_ids) to evaluate against")
-    grades = (warehouse.load_run("grades", run_id)
-              .groupBy("question_id").agg(F.collect_list(F.struct("source", "doc_id", "grade")).alias("graded")))
-    joined = answers.select(*_ANSWER_COLUMNS).join(gold, "question_id").join(grades, "question_id", "left")
+    if tables is None:
+        tables = {name: warehouse.load_run(name, run_id) for name in ("answers", "grades", "gold")}
+        first = tables["answers"].select("variant").limit(1).collect()
+        if not first:
+            raise InputError(f"run {run_id!r} has no answers in {warehouse.location}")
+        if not tables["gold"].limit(1).count():
+            raise InputError(f"run {run_id!r} has no gold columns (answers, is_impossible, expected_route, gold_doc_ids) to evaluate against")
+        variant = variant or first[0]["variant"]
+    gold = tables["gold"].drop("run_id", "variant")
+    grades = tables["grades"].groupBy("question_id").agg(F.collect_list(F.struct("source", "doc_id", "grade")).alias("graded"))
+    joined = tables["answers"].select(*_ANSWER_COLUMNS).join(gold, "question_id").join(grades, "question_id", "left")
 
     def per_partition(frames):
         for frame in frames:
@@ -287,8 +291,10 @@ def evaluate_run(warehouse, run_id: str, variant: str | None = None) -> pd.DataF
               .groupBy("metric", "slice").agg((F.sum("total") / F.sum("n")).alias("value"), F.sum("n").alias("n")))
     metrics = totals.toPandas()  # metrics x slices: a few hundred rows at most
     metrics.attrs.clear()  # Spark Connect leaves its plan metrics there, which Arrow cannot carry
-    variant = variant or first[0]["variant"]
-    rows = metrics.assign(run_id=run_id, variant=variant)
-    warehouse.replace("metrics", warehouse.frame("metrics", pa.Table.from_pandas(rows, schema=schema.METRICS, preserve_index=False)),
-                      F.col("run_id") == F.lit(run_id))
+    rows = warehouse.frame("metrics", pa.Table.from_pandas(metrics.assign(run_id=run_id, variant=variant),
+                                                           schema=schema.METRICS, preserve_index=False))
+    if replace:
+        warehouse.replace("metrics", rows, F.col("run_id") == F.lit(run_id))
+    else:
+        warehouse.append("metrics", rows)
     return metrics[["metric", "slice", "value", "n"]]

@@ -1,12 +1,12 @@
 """`crag run`: a table of questions in, the run's Delta tables out, every step in Spark.
 
 prepare   config, credentials and backends checked; the run id claimed (one writer at a time); the
-          questions read, validated and de-duplicated by Spark into `run_inputs`
+          questions read, validated and de-duplicated by Spark into the run's `run_inputs__<run>` table
 answer    the accepted questions not yet answered go through the stages in batches; each batch's
-          stage output is committed to `run_staging` once (a killed run resumes after the last one)
+          stage output is committed once to `run_staging__<run>` (a killed run resumes after the last one)
 finalise  answers, grades, decisions, rejects, gold and cache rows derived from the staged output,
           each table's rows of the run replaced in one commit; the row invariant and the counts
-          checked with Spark aggregates; metrics, MLflow; the staging rows dropped
+          checked with Spark aggregates; metrics, MLflow; the run's two work tables dropped
 
 The driver plans, commits and prints aggregates: it never holds the questions, answers or grades.
 """
@@ -74,6 +74,15 @@ class RunPlan:
     rejected: int = 0
     gold_rows: int = 0
     t0: float = field(default_factory=time.perf_counter)
+    fresh: bool = True  # no earlier rows of this run id in the run tables: appends need not replace
+
+    @property
+    def inputs(self) -> str:
+        return Warehouse.staging("run_inputs", self.run_id)
+
+    @property
+    def staging(self) -> str:
+        return Warehouse.staging("run_staging", self.run_id)
 
     def runs_row(self, status: str, counts: dict[str, int] | None = None, finished: datetime | None = None) -> pa.Table:
         return pa.Table.from_pylist([{
@@ -147,26 +156,27 @@ def prepare(conf: str | None, questions: str, warehouse: str, variant: str | Non
     wh = Warehouse(spark or get_spark(cfg.spark), warehouse, cfg.tables)
     plan = RunPlan(cfg, run_id, variant or "base", wh, secrets, uuid.uuid4().hex, datetime.now(timezone.utc))
     previous = _previous_run(plan, resume)
+    plan.fresh = previous is None
     raw = read_questions(wh.spark, questions)
     checked = validate(wh.spark, raw, cfg.input.max_question_chars)
     if previous is not None and resume:
         plan.started = previous["started_at"]
-        stored = wh.load_run("run_inputs", run_id)
+        stored = wh.load(plan.inputs)
         _check_same_input(checked, stored, run_id)
         plan.input_hash = previous["input_hash"]
     claim_run(plan, previous)
     if not resume:
         from pyspark.sql import functions as F
 
-        wh.replace("run_inputs", checked.withColumn("run_id", F.lit(run_id)), F.col("run_id") == F.lit(run_id))
-        wh.delete("run_staging", F.col("run_id") == F.lit(run_id))  # what an earlier attempt left
-    inputs = wh.load_run("run_inputs", run_id)
+        for table in (plan.inputs, plan.staging):  # what an earlier attempt of this run id left
+            wh.drop(table)
+        wh.append(plan.inputs, checked.withColumn("run_id", F.lit(run_id)))
+    inputs = wh.load(plan.inputs)
     totals = inputs.selectExpr("count(*) AS rows", "count_if(reason IS NULL) AS accepted",
                                "count_if(reason IS NULL AND has_gold) AS gold_rows", f"{_HASH} AS input_hash").collect()[0]
     plan.input_rows, plan.accepted, plan.gold_rows = int(totals["rows"]), int(totals["accepted"]), int(totals["gold_rows"])
     plan.rejected = plan.input_rows - plan.accepted
     plan.input_hash = str(totals["input_hash"])
-    plan.record("running")
     log.info("run %s: %d input rows, %d accepted, %d rejected", run_id, plan.input_rows, plan.accepted, plan.rejected)
     return plan
 
@@ -190,7 +200,7 @@ def _previous_run(plan: RunPlan, resume: bool):
         )
     if previous["status"] == "succeeded":
         raise CragError(f"run {plan.run_id!r} has already succeeded: nothing to resume")
-    if not plan.warehouse.load_run("run_inputs", plan.run_id).limit(1).count():
+    if not plan.warehouse.exists(plan.inputs):
         raise CragError(f"run {plan.run_id!r} left no record of its input to resume from: start it again without --resume")
     return previous
 
@@ -279,8 +289,8 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
     from crag.progress import ProgressReporter
 
     wh, cfg = plan.warehouse, plan.cfg
-    inputs = wh.load_run("run_inputs", plan.run_id).where(F.col("reason").isNull()).select("question_id", "question")
-    done = wh.load_run("run_staging", plan.run_id).select("question_id")
+    inputs = wh.load(plan.inputs).where(F.col("reason").isNull()).select("question_id", "question")
+    done = wh.load(plan.staging).select("question_id")
     todo = inputs.join(done, "question_id", "left_anti")
     remaining = todo.count()
     if remaining < plan.accepted:
@@ -303,8 +313,9 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
         output = run_stages(batch, cfg, plan.secrets, partitions, slots)
         staged = output.select(F.lit(plan.run_id).alias("run_id"), F.lit(i).cast("int").alias("batch"), "*",
                                F.current_timestamp().alias("created_at"))
-        wh.append("run_staging", staged)
-        plan.record("running")  # heartbeat
+        wh.append(plan.staging, staged)
+        if i + 1 < batches:
+            plan.record("running")  # heartbeat: this process still holds the run
         # Batches are hash buckets of about equal size: progress is estimated, not counted again.
         done_now = round(remaining * (i + 1) / batches)
         reporter.advance(done_now - reported)
@@ -333,7 +344,7 @@ def _derived_tables(plan: RunPlan) -> dict:
     from pyspark.sql import functions as F
 
     wh = plan.warehouse
-    staged = wh.load_run("run_staging", plan.run_id).dropDuplicates(["question_id"])
+    staged = wh.load(plan.staging).dropDuplicates(["question_id"])
     run_cols = [F.lit(plan.run_id).alias("run_id"), F.lit(plan.variant).alias("variant")]
     created = F.col("created_at")
 
@@ -342,7 +353,7 @@ def _derived_tables(plan: RunPlan) -> dict:
         fields = [f for f in target.names if f not in ("run_id", "variant", "question_id", "created_at")]
         return items.select(*run_cols, "question_id", *[F.col(f"item.{f}").alias(f) for f in fields])
 
-    inputs = wh.load_run("run_inputs", plan.run_id)
+    inputs = wh.load(plan.inputs)
     gold_fields = [f for f in schema.GOLD.names if f not in ("run_id", "variant")]
     return {
         "answers": staged.select(*run_cols, *[c for c in schema.ANSWERS.names if c not in ("run_id", "variant")]),
@@ -360,25 +371,30 @@ def finalise(plan: RunPlan) -> RunResult:
     from pyspark.sql import functions as F
 
     wh, run_id = plan.warehouse, plan.run_id
-    counts = run_counts(wh.load_run("run_staging", run_id), plan)
+    counts = run_counts(wh.load(plan.staging), plan)
     check_invariant(counts, plan)
     derived = _derived_tables(plan)
     is_run = F.col("run_id") == F.lit(run_id)
-    # Independent tables: their commits overlap (each is one atomic replace of the run's rows).
-    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="crag-commit") as pool:
-        writes = [pool.submit(wh.replace, name, frame, is_run) for name, frame in derived.items()]
+    # Independent tables: their commits overlap. Each is one atomic replace of the run's rows (an
+    # append when the run id is new, which need not look for rows to replace).
+    with ThreadPoolExecutor(max_workers=len(derived) + 1, thread_name_prefix="crag-commit") as pool:
+        if plan.fresh:
+            writes = [pool.submit(wh.append, name, frame) for name, frame in derived.items()]
+        else:
+            writes = [pool.submit(wh.replace, name, frame, is_run) for name, frame in derived.items()]
         writes.append(pool.submit(_store_cache_rows, plan))
+        evaluated = None
+        if plan.gold_rows:  # from the same derived rows, beside their commits
+            from crag.evaluation import evaluate_run
+
+            evaluated = pool.submit(evaluate_run, wh, run_id, plan.variant, derived, not plan.fresh)
         for write in writes:
             write.result()
-    metrics = None
-    if plan.gold_rows:
-        from crag.evaluation import evaluate_run
-
-        metrics = evaluate_run(wh, run_id, plan.variant)
+        metrics = evaluated.result() if evaluated else None
     seconds = time.perf_counter() - plan.t0
     plan.record("succeeded", counts, datetime.now(timezone.utc))
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="crag-cleanup") as pool:
-        list(pool.map(lambda name: wh.delete(name, is_run), ("run_staging", "run_inputs")))
+    for table in (plan.staging, plan.inputs):
+        wh.drop(table)
     from crag.tracking import log_run
 
     mlflow_run = log_run(plan.cfg, wh.location, run_id, plan.variant, counts, metrics, seconds,
@@ -395,7 +411,7 @@ def _store_cache_rows(plan: RunPlan) -> None:
     if not plan.cfg.cache.enabled:
         return
     wh = plan.warehouse
-    staged = wh.load_run("run_staging", plan.run_id)
+    staged = wh.load(plan.staging)
     rows = (staged.select(F.explode("cache_entries").alias("e"), "created_at")
             .select("e.key", "e.question_key", "e.role", "e.value", F.lit(plan.run_id).alias("run_id"), "created_at")
             .dropDuplicates(["key"]))

@@ -14,7 +14,9 @@ from __future__ import annotations
 import math
 import os
 import sys
+import tempfile
 import warnings
+from contextlib import contextmanager
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,8 +38,11 @@ LOCAL_SETTINGS = {
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     # a Delta snapshot of crag's small tables needs no 50-partition state reconstruction
     "spark.databricks.delta.snapshotPartitions": "2",
-    "spark.driver.extraJavaOptions": "-Dlog4j2.level=ERROR",
+    "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={(Path(__file__).parent / 'log4j2.properties').as_uri()}",
 }
+# Where a local JVM writes what it prints (its start-up notices, and errors, which also reach crag as
+# exceptions): not on the console between crag's own lines.
+SPARK_LOG = Path(tempfile.gettempdir()) / "crag-spark.log"
 
 
 def _jars(cfg: SparkConfig) -> list[str]:
@@ -82,11 +87,29 @@ def get_spark(cfg: SparkConfig):
         settings = {**LOCAL_SETTINGS, "spark.jars": ",".join(_jars(cfg))}
     for key, value in settings.items():
         builder = builder.config(key, value)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _stderr_to(SPARK_LOG if "spark.jars" in settings else None):
         # A local Connect server is started with these settings; the client then tries to set the static
         # ones again on the session and warns that it cannot.
         warnings.simplefilter("ignore", UserWarning)
         return builder.getOrCreate()
+
+
+@contextmanager
+def _stderr_to(path: Path | None):
+    """The JVM a local session starts inherits this process's stderr: point it at `path` while the
+    JVM starts, then give crag its console back."""
+    if path is None:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def parallelism(spark, cfg: SparkConfig) -> int:

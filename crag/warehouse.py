@@ -84,26 +84,40 @@ class Warehouse:
         return None if self.folder is None else self.folder / table
 
     def _attach_folder(self) -> None:
-        """A local catalog lives only as long as its session: register the folder's tables in it,
-        replacing what another folder registered under the same names in this session."""
         self.spark.sql(f"CREATE SCHEMA IF NOT EXISTS {quote(self.catalog)}.{quote(self.schema)}")
-        for table in (*schema.TABLES, *schema.STAGING_TABLES):
-            name, path = self.name(table), self.path(table)
-            if self.spark.catalog.tableExists(name):
-                registered = self._registered_location(name)
-                if registered == path.as_uri() or registered == str(path):
-                    continue
-                self.spark.sql(f"DROP TABLE {name}")  # an external table: its files stay where they are
-            if (path / "_delta_log").is_dir() and any((path / "_delta_log").glob("*.json")):
-                self.spark.catalog.createTable(name, path=str(path), source="delta")
+        self._attached: set[str] = set()
 
-    def _registered_location(self, name: str) -> str | None:
-        rows = self.spark.sql(f"DESCRIBE TABLE EXTENDED {name}").where("col_name = 'Location'").collect()
-        return rows[0]["data_type"].rstrip("/") if rows else None
+    def _attach(self, table: str) -> None:
+        """A local catalog lives only as long as its session, and one session may open several
+        folders: (re-)register the table's name for this folder's files the first time it is used."""
+        if table in self._attached:
+            return
+        name, path = self.name(table), self.path(table)
+        if self.spark.catalog.tableExists(name):
+            rows = self.spark.sql(f"DESCRIBE TABLE EXTENDED {name}").where("col_name = 'Location'").collect()
+            registered = rows[0]["data_type"].rstrip("/") if rows else None
+            if registered not in (path.as_uri(), str(path)):
+                self.spark.sql(f"DROP TABLE {name}")  # an external table: its files stay where they are
+        if not self.spark.catalog.tableExists(name) and any((path / "_delta_log").glob("*.json")):
+            self.spark.catalog.createTable(name, path=str(path), source="delta")
+        if self.spark.catalog.tableExists(name):
+            self._attached.add(table)
+
+    @staticmethod
+    def staging(kind: str, run_id: str) -> str:
+        """The name of a run's own work table (`run_inputs` or `run_staging`, see crag.schema): one
+        table per run, dropped whole when the run is finalised."""
+        return f"{kind}__{run_id}"
+
+    @staticmethod
+    def _schema(table: str) -> pa.Schema:
+        return schema.ALL_TABLES[table.split("__", 1)[0]]
 
     # ------------------------------------------------------------------ reading
 
     def exists(self, table: str) -> bool:
+        if self.folder is not None:
+            self._attach(table)
         return self.spark.catalog.tableExists(self.name(table))
 
     def load(self, table: str):
@@ -121,12 +135,12 @@ class Warehouse:
     def empty(self, table: str):
         """No rows, the table's columns. Built from one row of nulls: Spark Connect cannot create a
         DataFrame from an empty Arrow table."""
-        target = schema.ALL_TABLES[table]
+        target = self._schema(table)
         return self.spark.createDataFrame(pa.Table.from_pylist([{}], schema=target)).limit(0)
 
     def frame(self, table: str, rows: pa.Table):
         """Driver-side rows (small: a run's row, metrics, a comparison) as a DataFrame of the table."""
-        target = schema.ALL_TABLES[table]
+        target = self._schema(table)
         return self.spark.createDataFrame(rows.select(target.names).cast(target))
 
     # ------------------------------------------------------------------ writing
@@ -144,8 +158,20 @@ class Warehouse:
         if self.exists(table):
             self._write(table, self.empty(table), lambda writer: writer.overwrite(condition))
 
+    def drop(self, table: str) -> None:
+        """Remove a table and its data (a run's work tables, once the run is finalised)."""
+        if self.exists(table):
+            self.spark.sql(f"DROP TABLE {self.name(table)}")
+        if self.folder is not None:
+            self._attached.discard(table)
+        path = self.path(table)
+        if path is not None and path.is_dir():
+            import shutil
+
+            shutil.rmtree(path)  # an external table's files outlive DROP TABLE
+
     def _write(self, table: str, df, action, attempts: int = 8) -> None:
-        target = schema.ALL_TABLES[table]
+        target = self._schema(table)
         df = df.select(*target.names)
         for attempt in range(attempts):
             try:
@@ -158,14 +184,11 @@ class Warehouse:
                 time.sleep(0.05 * 2**attempt * (1 + random.random()))  # jitter: colliding writers drift apart
 
     def ensure(self, table: str) -> None:
-        """Create the table if it does not exist (in a local folder: register it if another process has
-        created it since this session attached the folder)."""
+        """Create the table if it does not exist (`exists` registers one that another process has
+        created in a local folder since this session first looked)."""
         if self.exists(table):
             return
         path = self.path(table)
-        if path is not None and any((path / "_delta_log").glob("*.json")):
-            self.spark.catalog.createTable(self.name(table), path=str(path), source="delta")
-            return
         writer = self.empty(table).writeTo(self.name(table)).using("delta")
         if path is not None:
             writer = writer.tableProperty("location", str(path))

@@ -18,7 +18,7 @@ from tests.support import LOCAL_CONF, REPO, SAMPLE
 from crag import cli
 from crag.cli import main
 from crag.errors import InputError
-from crag.tables import check_run_id
+from crag.ids import check_run_id
 
 
 @pytest.mark.parametrize("run_id", ["r1\n", "r1\r\n", "r1\n\n", "\nr1", "r 1", "r1/..", "", "-r1", "r1\x00"])
