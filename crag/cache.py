@@ -37,7 +37,10 @@ def _index_identity(path: str | None) -> str | None:
     from pathlib import Path
 
     manifest = Path(path) / "manifest.json"
-    return json.loads(manifest.read_text()).get("built_at") if manifest.is_file() else None
+    if not manifest.is_file():
+        return None
+    built = json.loads(manifest.read_text())
+    return f"{built.get('built_at')}/{built.get('data')}"
 
 
 def service_url(url: str | None) -> str | None:

@@ -218,13 +218,14 @@ def build_knowledge_base(docs: str | Path, out: str | Path, cfg: CragConfig) -> 
     from crag.backends import resolve_credentials
     from crag.vector_index import sync_vector_index
 
+    from crag.backends.bm25 import index_data
     from crag.backends.remote import on_databricks
     from crag.spark import get_spark
 
     if on_databricks():  # the Vector Search index syncs from a Unity Catalog table
         if not r.source_table:
             raise InputError("config key 'retriever.source_table' is required: the Unity Catalog chunk table to write")
-        tables.write_uc_chunk_table(r.source_table, tables.read_whole_table(Path(out) / "chunks"), get_spark(cfg.spark))
+        tables.write_uc_chunk_table(r.source_table, tables.read_whole_table(index_data(out) / "chunks"), get_spark(cfg.spark))
         manifest["source_table"] = r.source_table
         print(f"crag index: chunk table written to {r.source_table}", file=sys.stderr)
     manifest["vector_index"] = f"{sync_vector_index(r, resolve_credentials(cfg))} {r.index_name} on endpoint {r.endpoint}"

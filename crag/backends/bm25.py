@@ -1,10 +1,15 @@
 """Embedded lexical search: BM25 (bm25s) over the child chunks of an index directory.
 
 Index directory layout (written by `crag index`):
-    manifest.json   format, version, tokenizer, counts
-    chunks/         the chunk table (Delta), one row per child chunk with its parent's text
-    bm25/           the bm25s index over the child chunks
-    dense.npy       only with indexing.embedding: one unit vector per child chunk, in chunk-table order
+    manifest.json   format, version, tokenizer, counts, and `data`: the build folder it describes
+    build-<id>/     one complete build:
+      chunks/       the chunk table (Delta), one row per child chunk with its parent's text
+      bm25/         the bm25s index over the child chunks
+      dense.npy     only with indexing.embedding: one unit vector per child chunk, in chunk-table order
+A build is written aside and switched to by replacing manifest.json in one rename, so a reader sees
+the old build or the new one, never half of each; a build killed midway leaves the index as it was,
+and two builds into one folder at once each stay whole (the last switch wins). A loaded index checks
+that its chunk table, BM25 index and vectors agree with the manifest, and names what does not.
 Serves both the `bm25` retriever (the knowledge base) and the `offline_corpus` web search (a second
 collection standing in for the web).
 """
@@ -13,6 +18,10 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import shutil
+import time
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -26,27 +35,33 @@ from crag.errors import IndexError_
 from crag.text import TermWeights, tokenize
 
 INDEX_FORMAT = "crag-bm25"
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: builds written aside and switched by the manifest
 DENSE_FILE = "dense.npy"
+# A build folder no manifest names is removed once it is this old: a complete one may be another
+# process's build about to be switched to, an incomplete one another process's build in progress.
+STALE_COMPLETE_BUILD_S = 120
+STALE_BUILD_S = 3600
 
 
 def write_index(chunks: pa.Table, out: Path, tokenizer: str, embedding: str = "none") -> dict:
     """`embedding`: a model name from crag.backends.embedding to store dense vectors of the child chunks
     too (the hybrid retriever and the semantic grader read them), or "none"."""
     out.mkdir(parents=True, exist_ok=True)
-    tables.write_table(out / "chunks", chunks)
+    data = f"build-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+    build = out / data
+    build.mkdir()
+    tables.write_table(build / "chunks", chunks)
     corpus_tokens = [tokenize(t, tokenizer) for t in chunks.column("chunk_text").to_pylist()]
     index = bm25s.BM25()
     index.index(corpus_tokens, show_progress=False)
-    index.save(str(out / "bm25"), show_progress=False)
-    dense_path = out / DENSE_FILE
+    index.save(str(build / "bm25"), show_progress=False)
     if embedding != "none":
         from crag.backends.embedding import load_embedder
 
-        np.save(dense_path, load_embedder(embedding).passages(chunks.column("chunk_text").to_pylist()))
-    elif dense_path.exists():
-        dense_path.unlink()  # a rebuild without embeddings must not leave stale vectors behind
+        np.save(build / DENSE_FILE, load_embedder(embedding).passages(chunks.column("chunk_text").to_pylist()))
+    previous = _read_manifest(out).get("data") if (out / "manifest.json").is_file() else None
     manifest = {
+        "data": data,
         "format": INDEX_FORMAT,
         "version": INDEX_VERSION,
         "tokenizer": tokenizer,
@@ -56,8 +71,42 @@ def write_index(chunks: pa.Table, out: Path, tokenizer: str, embedding: str = "n
         "n_documents": len(set(chunks.column("doc_id").to_pylist())),
         "built_at": datetime.now(timezone.utc).isoformat(),
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    staged = out / f".manifest-{uuid.uuid4().hex}.json"
+    staged.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    os.replace(staged, out / "manifest.json")  # the switch: one rename
+    _remove_old_builds(out, keep={data, previous})
     return manifest
+
+
+def _read_manifest(path: Path) -> dict:
+    try:
+        return json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+
+
+def _remove_old_builds(out: Path, keep: set) -> None:
+    """Builds no manifest names any more: the one before the previous (a reader that loaded the previous
+    build keeps it), and those of builds that died, once they are old enough not to be another
+    process's build in progress."""
+    now = time.time()
+    for folder in out.glob("build-*"):
+        if folder.name not in keep and now - folder.stat().st_mtime > (
+                STALE_COMPLETE_BUILD_S if _is_complete(folder) else STALE_BUILD_S):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _is_complete(folder: Path) -> bool:
+    return (folder / "bm25").is_dir() and (folder / "chunks" / "_delta_log").is_dir()
+
+
+def index_data(path: str | Path) -> Path:
+    """The build folder an index directory's manifest names (its chunk table, BM25 index, vectors)."""
+    path = Path(path)
+    data = _read_manifest(path).get("data")
+    if not data:
+        raise IndexError_(f"no crag index at {path} (build one with: crag index --docs PATH --out {path})")
+    return path / data
 
 
 class LexicalIndex:
@@ -78,10 +127,18 @@ class LexicalIndex:
                 f"{INDEX_FORMAT} version {INDEX_VERSION}: rebuild it with crag index"
             )
         self.path = path
+        self.data = path / manifest["data"]
         self.tokenizer = manifest["tokenizer"]
-        self.embedding = manifest.get("embedding", "none")  # indexes built before dense vectors existed have none
-        chunks = self._chunks = tables.read_whole_table(path / "chunks")
-        self._bm25 = bm25s.BM25.load(str(path / "bm25"), show_progress=False)
+        self.embedding = manifest.get("embedding", "none")
+        rebuild = f"rebuild it with crag index --out {path}"
+        if not _is_complete(self.data):
+            raise IndexError_(f"index {path}: its manifest names build {manifest['data']}, which is missing or incomplete: {rebuild}")
+        chunks = self._chunks = tables.read_whole_table(self.data / "chunks")
+        self._bm25 = bm25s.BM25.load(str(self.data / "bm25"), show_progress=False)
+        n_bm25 = int(self._bm25.scores["num_docs"])
+        if not chunks.num_rows == n_bm25 == manifest["n_chunks"]:
+            raise IndexError_(f"index {path} does not agree with itself: {chunks.num_rows} chunks in the table, "
+                              f"{n_bm25} in the BM25 index, {manifest['n_chunks']} in the manifest: {rebuild}")
         self._vocab = self._bm25.vocab_dict
         self._chunk_parent = np.asarray(chunks.column("parent_id").to_pylist(), dtype=object)
         parents = chunks.select(["parent_id", "doc_id", "title", "url", "parent_text"]).to_pylist()
@@ -93,7 +150,7 @@ class LexicalIndex:
         if self.embedding == "none":
             raise IndexError_(f"index {self.path} has no dense vectors: rebuild it with indexing.embedding set "
                               "(e.g. --set indexing.embedding=multilingual-e5-small)")
-        vectors = np.load(self.path / DENSE_FILE)
+        vectors = np.load(self.data / DENSE_FILE)
         if len(vectors) != len(self._chunk_parent):
             raise IndexError_(f"index {self.path}: {len(vectors)} dense vectors for {len(self._chunk_parent)} chunks: rebuild it")
         return vectors

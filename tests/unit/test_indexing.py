@@ -45,7 +45,46 @@ def test_build_index_writes_chunk_table_bm25_and_manifest(tmp_path):
     manifest = build_index(_write_docs(tmp_path), tmp_path / "idx", IndexingConfig())
     assert manifest["version"] == INDEX_VERSION and manifest["n_documents"] == 3
     saved = json.loads((tmp_path / "idx" / "manifest.json").read_text())
-    assert saved["n_chunks"] == read_whole_table(tmp_path / "idx" / "chunks").num_rows
+    assert saved["n_chunks"] == read_whole_table(tmp_path / "idx" / saved["data"] / "chunks").num_rows
+
+
+def test_a_rebuild_switches_whole_builds_and_a_killed_one_changes_nothing(tmp_path):
+    """A build is written aside and switched by the manifest: an interrupted build (its folder left
+    half-written) leaves the index serving the last complete one; old builds are removed."""
+    import os
+
+    from crag.backends.bm25 import LexicalIndex, index_data
+
+    docs = _write_docs(tmp_path)
+    first = build_index(docs, tmp_path / "idx", IndexingConfig())
+    dead = tmp_path / "idx" / "build-dead"
+    (dead / "chunks").mkdir(parents=True)  # what a SIGKILL midway leaves
+    os.utime(dead, (0, 0))
+    assert LexicalIndex(tmp_path / "idx").data.name == first["data"]
+    second = build_index(docs, tmp_path / "idx", IndexingConfig(child_chars=80, child_overlap=0))
+    os.utime(tmp_path / "idx" / first["data"], (0, 0))  # long enough ago not to be a build in flight
+    third = build_index(docs, tmp_path / "idx", IndexingConfig())
+    builds = sorted(p.name for p in (tmp_path / "idx").glob("build-*"))
+    assert builds == sorted([second["data"], third["data"]])  # the one before stays for its readers
+    assert index_data(tmp_path / "idx").name == third["data"]
+
+
+def test_an_index_that_disagrees_with_itself_is_named_not_served(tmp_path):
+    import shutil
+
+    from crag.backends.bm25 import LexicalIndex, index_data
+
+    docs = _write_docs(tmp_path)
+    build_index(docs, tmp_path / "a", IndexingConfig())
+    build_index(docs, tmp_path / "b", IndexingConfig(child_chars=80, child_overlap=0))
+    data = index_data(tmp_path / "a")
+    shutil.rmtree(data / "bm25")
+    shutil.copytree(index_data(tmp_path / "b") / "bm25", data / "bm25")  # another build's BM25 index
+    with pytest.raises(IndexError_, match="does not agree with itself"):
+        LexicalIndex(tmp_path / "a")
+    shutil.rmtree(data)
+    with pytest.raises(IndexError_, match="missing or incomplete"):
+        LexicalIndex(tmp_path / "a")
 
 
 def test_jsonl_documents_and_their_errors(tmp_path):

@@ -56,7 +56,9 @@ def test_crag_index_writes_dense_vectors_and_a_rebuild_without_them_removes_them
     plain = tmp_path / "plain"
     build_index(dense_index / "docs.jsonl", plain, IndexingConfig(embedding=MODEL))
     build_index(dense_index / "docs.jsonl", plain, IndexingConfig())
-    assert not (plain / "dense.npy").exists()
+    from crag.backends.bm25 import index_data
+
+    assert not (index_data(plain) / "dense.npy").exists()
     with pytest.raises(IndexError_, match="needs dense vectors"):
         HybridRetriever(HybridRetrieverConfig(backend="hybrid"), str(plain))
 
