@@ -26,7 +26,7 @@ REJECTED = {
     "bad-answers": ({"question": "ok?", "answers": 5}, "answers must be a list of strings (got 5"),
     "bad-route": ({"question": "ok?", "expected_route": "sideways"}, "expected_route must be one of internal, web, none"),
     "bad-impossible": ({"question": "ok?", "is_impossible": "perhaps"}, "is_impossible must be true or false"),
-    "bad-gold-docs": ({"question": "ok?", "gold_doc_ids": [1, 2]}, "gold_doc_ids must be a list of strings"),
+    "bad-gold-docs": ({"question": "ok?", "gold_doc_ids": [1, 2]}, "gold_doc_ids must be a list of valid strings"),
 }
 
 
@@ -71,13 +71,7 @@ def _write(tmp_path, name, content: bytes):
 
 
 ERRORS = {
-    "invalid UTF-8": (lambda t: ["--questions", _write(t, "q.jsonl", b'{"question_id": "1", "question": "caf\xe9"}\n')], "q.jsonl:1: not valid UTF-8"),
-    "invalid JSON": (lambda t: ["--questions", _write(t, "q.jsonl", b'{"question_id": "1",\n')], "q.jsonl:1: not valid JSON"),
-    "not an object": (lambda t: ["--questions", _write(t, "q.jsonl", b'["a"]\n')], "q.jsonl:1: expected a JSON object per line"),
-    "invalid UTF-8 in CSV": (lambda t: ["--questions", _write(t, "q.csv", b"question_id,question\n1,caf\xe9\n")], "column(s) question not valid UTF-8"),
-    "missing column": (lambda t: ["--questions", _write(t, "q.jsonl", b'{"question_id": "1", "text": "?"}\n')], "questions lack column(s) question (found: question_id, text)"),
-    "missing id column": (lambda t: ["--questions", _write(t, "q.jsonl", b'{"question": "?"}\n')], "questions lack column(s) question_id"),
-    "empty table": (lambda t: ["--questions", _write(t, "q.jsonl", b"\n")], "questions lack column(s) question_id, question (found: none)"),
+    "empty table": (lambda t: ["--questions", _write(t, "q.jsonl", b"\n")], "the questions table has no rows"),
     "empty CSV table": (lambda t: ["--questions", _write(t, "q.csv", b"question_id,question\n")], "the questions table has no rows"),
     "path does not exist": (lambda t: ["--questions", str(t / "nope.jsonl")], "questions not found"),
     "unsupported file": (lambda t: ["--questions", _write(t, "q.xlsx", b"x")], "unsupported questions file"),
@@ -104,10 +98,35 @@ ERRORS = {
 }
 
 
+# A file whose every row is unreadable: each row is a reject row with its reason, and the run ends with
+# one line saying that nothing was accepted.
+UNREADABLE = {
+    "invalid UTF-8": ("q.jsonl", b'{"question_id": "1", "question": "caf\xe9"}\n', "line is not valid UTF-8"),
+    "invalid JSON": ("q.jsonl", b'{"question_id": "1",\n', "line is not valid JSON"),
+    "not an object": ("q.jsonl", b'["a"]\n', "line is not a JSON object (got list)"),
+    "invalid UTF-8 in CSV": ("q.csv", b"question_id,question\n1,caf\xe9\n", "question holds U+FFFD: the input was not valid UTF-8"),
+    "missing question field": ("q.jsonl", b'{"question_id": "1", "text": "?"}\n', "question is missing (null)"),
+    "missing id field": ("q.jsonl", b'{"question": "?"}\n', "question_id is missing"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNREADABLE))
+def test_a_file_of_unreadable_rows_is_reject_rows_and_one_line(case, tmp_path, index_overrides, capsys):
+    name, content, reason = UNREADABLE[case]
+    sets = [a for o in index_overrides for a in ("--set", o)]
+    argv = ["run", "--conf", str(LOCAL_CONF), "--questions", _write(tmp_path, name, content), "--warehouse",
+            str(tmp_path / "wh"), "--run-id", "unreadable", *sets]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "crag: error: no question was accepted: all 1 input rows were rejected" in err and "Traceback" not in err, err
+    rejects = DeltaTable(str(tmp_path / "wh" / "rejects")).to_pandas()
+    assert list(rejects["reason"]) == [reason] and list(rejects["input_row"]) == [0]
+
+
 def _old_index(tmp_path):
     index = tmp_path / "old"
     index.mkdir()
-    (index / "manifest.json").write_text('{"format": "crag-bm25", "version": 0}')
+    (index / "manifest.json").write_text('{"format": "crag-bm25", "version": 1}')
     return index
 
 
