@@ -15,6 +15,7 @@ Values never enter SQL text: writes and deletes take Column conditions (DataFram
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 import time
@@ -106,8 +107,10 @@ class Warehouse:
     @staticmethod
     def staging(kind: str, run_id: str) -> str:
         """The name of a run's own work table (`run_inputs` or `run_staging`, see crag.schema): one
-        table per run, dropped whole when the run is finalised."""
-        return f"{kind}__{run_id}"
+        table per run, dropped whole when the run is finalised. Catalogs allow only letters, digits and
+        '_' in table names: the run id is spelt with those, and its hash keeps two ids apart."""
+        readable = re.sub(r"[^A-Za-z0-9_]", "_", run_id)[:60]
+        return f"{kind}__{readable}_{hashlib.sha256(run_id.encode()).hexdigest()[:8]}".lower()
 
     @staticmethod
     def _schema(table: str) -> pa.Schema:

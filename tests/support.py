@@ -14,3 +14,10 @@ def run_rows(warehouse, name: str, run_id: str | None = None):
 
     filters = [("run_id", "=", run_id)] if run_id else None
     return DeltaTable(str(Path(warehouse) / name)).to_pyarrow_table(filters=filters).to_pandas()
+
+
+def staging_folder(warehouse, run_id: str, kind: str = "run_staging") -> Path:
+    """Where an unfinished run keeps its committed batches (or, kind run_inputs, its validated input)."""
+    from crag.warehouse import Warehouse
+
+    return Path(warehouse) / Warehouse.staging(kind, run_id)

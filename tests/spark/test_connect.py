@@ -17,7 +17,7 @@ import pytest
 from deltalake import DeltaTable
 
 from tests import connect_server
-from tests.support import LOCAL_CONF, REPO, SAMPLE
+from tests.support import LOCAL_CONF, REPO, SAMPLE, staging_folder
 
 QUESTIONS = SAMPLE / "questions.jsonl"
 
@@ -114,22 +114,22 @@ def test_sigkill_then_resume_on_connect(connect_url, index_overrides, tmp_path):
     first = subprocess.Popen(command, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline, staged = time.time() + 300, 0
     while time.time() < deadline and first.poll() is None:
-        if (warehouse / "run_staging" / "_delta_log").is_dir():
-            staged = len(table(warehouse, "run_staging"))
+        if (staging_folder(warehouse, "killed") / "_delta_log").is_dir():
+            staged = len(DeltaTable(str(staging_folder(warehouse, "killed"))).to_pandas())
             if staged >= 12:
                 break
         time.sleep(0.2)
     assert first.poll() is None, "the run ended before it could be killed: " + first.stderr.read().decode()[-1500:]
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
-    done = set(table(warehouse, "run_staging")["question_id"])
+    done = set(DeltaTable(str(staging_folder(warehouse, "killed"))).to_pandas()["question_id"])
     assert 12 <= len(done) < 49
     second = crag(*args[:-2], "--resume", "killed", url=connect_url)
     assert f"resuming: {len(done)} questions already answered" in second.stderr
     answers = table(warehouse, "answers")
     assert len(answers) == 49 and answers["question_id"].is_unique
     assert table(warehouse, "runs").loc[0, "status"] == "succeeded"
-    assert table(warehouse, "run_staging").empty  # finalised: the staging rows are gone
+    assert not staging_folder(warehouse, "killed").exists()  # finalised: its work tables are gone
 
 
 def test_one_writer_per_run_id_on_connect(connect_url, index_overrides, tmp_path):

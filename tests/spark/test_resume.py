@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from deltalake import DeltaTable
 
-from tests.support import LOCAL_CONF, REPO, SAMPLE
+from tests.support import LOCAL_CONF, REPO, SAMPLE, staging_folder
 from crag import job as crag_job
 from crag.errors import CragError
 from crag.job import run
@@ -41,7 +41,7 @@ def test_resume_after_a_failure_mid_run(spark, tmp_path, index_overrides, monkey
     with pytest.raises(RuntimeError, match="driver lost"):
         run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r1", overrides=sets, spark=spark)
     assert table(tmp_path, "runs").loc[0, "status"] == "failed"
-    answered = set(table(tmp_path, "run_staging")["question_id"])  # committed batches, not yet final
+    answered = set(DeltaTable(str(staging_folder(tmp_path, "r1"))).to_pandas()["question_id"])  # committed batches, not yet final
     assert answered == set(sent[0] + sent[1])
     assert not (tmp_path / "answers").exists()  # nothing half-done reaches the final tables
 
@@ -102,15 +102,15 @@ def test_sigkill_of_the_driver_then_resume(emulator, sample_indexes, tmp_path):
     deadline = time.time() + 240
     answered = 0
     while time.time() < deadline and first.poll() is None:
-        if (warehouse / "run_staging" / "_delta_log").is_dir():
-            answered = len(DeltaTable(str(warehouse / "run_staging")).to_pandas())
+        if (staging_folder(warehouse, "killed") / "_delta_log").is_dir():
+            answered = len(DeltaTable(str(staging_folder(warehouse, "killed"))).to_pandas())
             if answered >= 16:
                 break
         time.sleep(0.2)
     assert first.poll() is None, "the run finished before it could be killed: " + first.stderr.read().decode()[-500:]
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
-    done = set(DeltaTable(str(warehouse / "run_staging")).to_pandas()["question_id"])
+    done = set(DeltaTable(str(staging_folder(warehouse, "killed"))).to_pandas()["question_id"])
     assert 16 <= len(done) < 49
     runs = DeltaTable(str(warehouse / "runs")).to_pandas()
     assert runs.loc[0, "status"] == "running"  # nobody could mark it otherwise
