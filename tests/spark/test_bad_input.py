@@ -120,7 +120,8 @@ def test_a_file_of_unreadable_rows_is_reject_rows_and_one_line(case, tmp_path, i
     err = capsys.readouterr().err
     assert "crag: error: no question was accepted: all 1 input rows were rejected" in err and "Traceback" not in err, err
     rejects = DeltaTable(str(tmp_path / "wh" / "rejects")).to_pandas()
-    assert list(rejects["reason"]) == [reason] and list(rejects["input_row"]) == [0]
+    assert len(rejects) == 1 and rejects.loc[0, "reason"].startswith(reason), rejects["reason"]
+    assert list(rejects["input_row"]) == [0]
 
 
 def _old_index(tmp_path):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import LOCAL_CONF, SAMPLE
+from tests.support import LOCAL_CONF, REPO, SAMPLE
 from crag.cli import main
 
 
@@ -83,10 +83,13 @@ def test_sql_over_the_warehouse(capsys, spark, tmp_path, index_overrides):
     sql = ("SELECT a.route, count(DISTINCT a.question_id) AS questions, count(g.doc_id) AS graded "
            "FROM answers a LEFT JOIN grades g ON a.run_id = g.run_id AND a.question_id = g.question_id "
            "WHERE a.run_id = 'sql' GROUP BY a.route ORDER BY a.route")
-    assert main(["sql", "--warehouse", str(tmp_path), sql]) == 0
+    assert main(["sql", "--warehouse", str(tmp_path), "--format", "csv", sql]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["route", "questions", "graded"]
-    assert sum(int(l.split()[1]) for l in lines[1:]) == 49
+    assert lines[0].split(",") == ["route", "questions", "graded"]
+    assert sum(int(line.split(",")[1]) for line in lines[1:]) == 49
+    assert main(["sql", "--warehouse", str(tmp_path), sql]) == 0  # the terminal table: a header, a rule, rows
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["route", "questions", "graded"] and set(table[1]) <= {"-", " "} and len(table) == len(lines) + 1
     assert main(["sql", "--warehouse", str(tmp_path), "SELECT nope FROM answers"]) == 2
     assert capsys.readouterr().err.startswith("crag: error: SQL failed:")
     assert main(["sql", "--warehouse", str(tmp_path / "empty"), "SELECT 1"]) == 2
