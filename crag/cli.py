@@ -246,8 +246,10 @@ def _run_command(args) -> int:
             parts = read_run(wh, check_run_id(args.run_id), ("grades", "gold"))
             if parts["gold"].empty:
                 raise CragError(f"run {args.run_id!r} has no gold columns to calibrate against")
-            routing = json.loads(wh.load_run("runs", args.run_id).select("config").collect()[0]["config"])["routing"]
-            print(report(calibrate(parts["grades"], parts["gold"], routing["lower"], routing["upper"])))
+            config = json.loads(wh.load_run("runs", args.run_id).select("config").collect()[0]["config"])
+            routing = config["routing"]
+            print(report(calibrate(parts["grades"], parts["gold"], routing["lower"], routing["upper"],
+                                   config["grader"].get("threshold"), routing["policy"])))
         elif args.command == "compare":
             from crag.compare import compare
             from crag.config import TrackingConfig
