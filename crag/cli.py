@@ -18,8 +18,9 @@ from crag.secrets import scrub
 
 
 def _conf_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--conf", required=True, help="YAML config file, e.g. conf/local.yaml")
-    p.add_argument("--variant", help="overlay conf/variants/NAME.yaml (next to --conf) on the config; base: none")
+    p.add_argument("--conf", required=True, help="YAML config file, e.g. conf/local.yaml, or the name of a config shipped "
+                                               "with crag (local, databricks, openai) when no such file exists")
+    p.add_argument("--variant", help="overlay variants/NAME.yaml (next to the --conf file) on the config; base: none")
     p.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override one config key, e.g. --set routing.policy=thresholds (repeatable)",
@@ -149,7 +150,8 @@ def _warehouse(args):
 
 def _session_args(p: argparse.ArgumentParser) -> None:
     """For commands that only read and write tables: which Spark session (e.g. --set spark.remote=...)."""
-    p.add_argument("--conf", help="YAML config file whose spark and tables sections to use (default: built-in)")
+    p.add_argument("--conf", help="YAML config file (or the name of a shipped one) whose spark and tables sections to use "
+                                  "(default: built-in)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config key, e.g. --set spark.remote=sc://localhost:15002 (repeatable)")
     p.add_argument("--overrides", dest="override_list", default="", metavar="'K=V;K=V'", help=argparse.SUPPRESS)
