@@ -291,9 +291,12 @@ def test_each_metric_delta_is_coloured_by_its_direction(browser, report):
     })""")
     seen = set()
     for metric, better_when, delta, color in cells:
-        assert better_when == {1: "higher", -1: "lower"}[METRIC_DIRECTIONS[metric]]
         value = float(delta.split()[0])
         r, g, _ = _rgb(color)
+        if METRIC_DIRECTIONS[metric] is None:  # the share of an action: neither better nor worse, so neither colour
+            assert better_when == "–" and not (g > r + 40 or r > g + 40), (metric, delta, color)
+            continue
+        assert better_when == {1: "higher", -1: "lower"}[METRIC_DIRECTIONS[metric]]
         if value == 0:
             continue
         better = (value > 0) == (better_when == "higher")
