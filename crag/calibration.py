@@ -166,9 +166,11 @@ def question_best_relevance(grades: pd.DataFrame, gold: pd.DataFrame) -> pd.Data
 
 
 def calibrate(grades: pd.DataFrame, gold: pd.DataFrame, current_lower: float, current_upper: float,
-              current_threshold: float | None = None, current_policy: str = "thresholds") -> dict:
+              current_threshold: float | None = None, current_policy: str = "thresholds", binary_grader: bool = False) -> dict:
     """Proposed thresholds, each with the figures of the run's own setting next to it. The current
-    grader threshold is scored on the relevance the run stored (its own weights, if semantic)."""
+    grader threshold is scored on the relevance the run stored (its own weights, if semantic). A
+    binary grader's relevance is its yes (1) or no (0): there is no threshold to fit, only its grades
+    to score."""
     from crag.evaluation import _as_list
 
     result: dict = {"routing_policy": current_policy}
@@ -186,6 +188,9 @@ def calibrate(grades: pd.DataFrame, gold: pd.DataFrame, current_lower: float, cu
     docs = grades[grades["question_id"].map(lambda q: bool(gold_docs.get(q)))]
     if len(docs):
         is_gold = [d in gold_docs[q] for q, d in zip(docs["question_id"], docs["doc_id"])]
+        if binary_grader:
+            result["grade_binary"] = grade_threshold_scores(docs["relevance"].to_numpy(), np.array(is_gold), 0.5)
+            return result
         result["grade_threshold"] = propose_grade_threshold(docs["relevance"].to_numpy(), np.array(is_gold))
         if current_threshold is not None:
             stored_relevance = stored.loc[docs.index, "relevance"].to_numpy()
@@ -218,6 +223,11 @@ def report(result: dict) -> str:
             lines.append(f"  proposed lower = upper: no ambiguous band. Every question is either internal (best relevance >= "
                          f"{p.upper:.3f}: answered from the knowledge base alone) or web (below it: answered from a web search)")
         lines.append(f"  use: --set routing.policy=thresholds --set routing.lower={p.lower:.3f} --set routing.upper={p.upper:.3f}")
+    if "grade_binary" in result:
+        _, precision, recall, f = result["grade_binary"]
+        lines.append(f"grader: answers yes or no (format binary), so there is no threshold to fit; its grades against "
+                     f"gold_doc_ids: precision {precision:.3f}, recall {recall:.3f}, F1 {f:.3f} "
+                     "(format score gives a 0-5 score that a threshold can be fitted on)")
     if "grade_threshold" in result:
         lines.append("grader yes/no threshold, against gold_doc_ids:")
         named = [(current, result.get("grade_threshold_current")), ("proposed", result["grade_threshold"])]

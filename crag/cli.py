@@ -249,9 +249,9 @@ def _run_command(args) -> int:
             if parts["gold"].empty:
                 raise CragError(f"run {args.run_id!r} has no gold columns to calibrate against")
             config = json.loads(wh.load_run("runs", args.run_id).select("config").collect()[0]["config"])
-            routing = config["routing"]
+            routing, grader = config["routing"], config["grader"]
             print(report(calibrate(parts["grades"], parts["gold"], routing["lower"], routing["upper"],
-                                   config["grader"].get("threshold"), routing["policy"])))
+                                   grader.get("threshold"), routing["policy"], grader.get("format") == "binary")))
         elif args.command == "compare":
             from crag.compare import compare
             from crag.config import TrackingConfig

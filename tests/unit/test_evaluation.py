@@ -169,6 +169,19 @@ def test_calibrate_says_what_lower_equal_to_upper_means():
     assert "no ambiguous band" not in report({"routing": band, "routing_current": band})
 
 
+def test_calibrate_fits_no_threshold_to_a_binary_grader():
+    """An LLM grader of format binary stores relevance 1 (yes) or 0 (no): its grades are scored, and no
+    threshold is proposed, since none would change them."""
+    grades, gold = _calibration_frames()
+    grades["relevance"] = [1.0, 1.0, 0.0, 0.0, 1.0, 0.0]  # g1 yes, x1 yes, g2 no, x2 no, x3 yes, x4 no
+    result = calibrate(grades, gold, 0.3, 0.6, current_threshold=0.6, binary_grader=True)
+    assert "grade_threshold" not in result
+    text = report(result)
+    # over q1 and q2 (the questions with gold documents): yes = g1, x1 -> precision 1/2, recall 1/2
+    assert "no threshold to fit; its grades against gold_doc_ids: precision 0.500, recall 0.500, F1 0.500" in text
+    assert "grader.threshold" not in text
+
+
 def test_grade_threshold():
     t, precision, recall, score = propose_grade_threshold(np.array([0.9, 0.8, 0.3, 0.2]), np.array([True, True, False, False]))
     assert 0.3 < t <= 0.8 and (precision, recall, score) == (1.0, 1.0, 1.0)
