@@ -185,7 +185,8 @@ def main() -> None:
         runs = [{name: run_rows(out / "warehouse", name, f"quality-{dataset}") for name in ("grades", "gold")}
                 for dataset in args.datasets.split(",")]
         result = calibrate(pd.concat([r["grades"] for r in runs], ignore_index=True),
-                           pd.concat([r["gold"] for r in runs], ignore_index=True), cfg.routing.lower, cfg.routing.upper)
+                           pd.concat([r["gold"] for r in runs], ignore_index=True), cfg.routing.lower, cfg.routing.upper,
+                           cfg.grader.threshold, cfg.routing.policy, getattr(cfg.grader, "format", None) == "binary")
         print(f"\ncalibration over {', '.join(args.datasets.split(','))} together:\n{calibration_report(result)}")
     (out / "quality.json").write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
     print(f"\nwritten: {out / 'quality.json'}")

@@ -80,18 +80,24 @@ def propose_routing(best: np.ndarray, internal: np.ndarray) -> RoutingProposal:
     return routing_scores(best, internal, lo[i, j], up[i, j])
 
 
-def propose_grade_threshold(relevance: np.ndarray, is_gold: np.ndarray) -> tuple[float, float, float, float]:
+def grade_threshold_scores(relevance: np.ndarray, is_gold: np.ndarray, threshold: float) -> tuple[float, float, float, float]:
     """(threshold, precision, recall, F1) of "relevance >= threshold" against gold relevance."""
     relevance, is_gold = np.asarray(relevance, float), np.asarray(is_gold, bool)
+    yes = relevance >= threshold
+    tp = (yes & is_gold).sum()
+    precision = tp / yes.sum() if yes.sum() else 0.0
+    recall = tp / is_gold.sum() if is_gold.sum() else 0.0
+    f = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return float(threshold), float(precision), float(recall), float(f)
+
+
+def propose_grade_threshold(relevance: np.ndarray, is_gold: np.ndarray) -> tuple[float, float, float, float]:
+    """The (threshold, precision, recall, F1) with the best F1 of "relevance >= threshold"."""
     best = (0.5, 0.0, 0.0, -1.0)
-    for t in _candidates(relevance):
-        yes = relevance >= t
-        tp = (yes & is_gold).sum()
-        precision = tp / yes.sum() if yes.sum() else 0.0
-        recall = tp / is_gold.sum() if is_gold.sum() else 0.0
-        f = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-        if f > best[3]:
-            best = (float(t), float(precision), float(recall), float(f))
+    for t in _candidates(np.asarray(relevance, float)):
+        scores = grade_threshold_scores(relevance, is_gold, t)
+        if scores[3] > best[3]:
+            best = scores
     return best
 
 
@@ -159,11 +165,17 @@ def question_best_relevance(grades: pd.DataFrame, gold: pd.DataFrame) -> pd.Data
     })
 
 
-def calibrate(grades: pd.DataFrame, gold: pd.DataFrame, current_lower: float, current_upper: float) -> dict:
+def calibrate(grades: pd.DataFrame, gold: pd.DataFrame, current_lower: float, current_upper: float,
+              current_threshold: float | None = None, current_policy: str = "thresholds", binary_grader: bool = False) -> dict:
+    """Proposed thresholds, each with the figures of the run's own setting next to it. The current
+    grader threshold is scored on the relevance the run stored (its own weights, if semantic). A
+    binary grader's relevance is its yes (1) or no (0): there is no threshold to fit, only its grades
+    to score."""
     from crag.evaluation import _as_list
 
-    result: dict = {}
+    result: dict = {"routing_policy": current_policy}
     gold_docs = gold.set_index("question_id")["gold_doc_ids"].map(lambda v: set(_as_list(v)))
+    stored = grades
     refit = refit_semantic(grades, gold_docs)
     if refit is not None:
         result["semantic"], grades = refit
@@ -171,16 +183,25 @@ def calibrate(grades: pd.DataFrame, gold: pd.DataFrame, current_lower: float, cu
     if len(table):
         internal = (table["expected_route"] == "internal").to_numpy()
         result["routing"] = propose_routing(table["best"].to_numpy(), internal)
-        result["routing_current"] = routing_scores(table["best"].to_numpy(), internal, current_lower, current_upper)
+        stored_best = question_best_relevance(stored, gold)["best"].to_numpy()  # same questions, in the same order
+        result["routing_current"] = routing_scores(stored_best, internal, current_lower, current_upper)
     docs = grades[grades["question_id"].map(lambda q: bool(gold_docs.get(q)))]
     if len(docs):
         is_gold = [d in gold_docs[q] for q, d in zip(docs["question_id"], docs["doc_id"])]
+        if binary_grader:
+            result["grade_binary"] = grade_threshold_scores(docs["relevance"].to_numpy(), np.array(is_gold), 0.5)
+            return result
         result["grade_threshold"] = propose_grade_threshold(docs["relevance"].to_numpy(), np.array(is_gold))
+        if current_threshold is not None:
+            stored_relevance = stored.loc[docs.index, "relevance"].to_numpy()
+            result["grade_threshold_current"] = grade_threshold_scores(stored_relevance, np.array(is_gold), current_threshold)
     return result
 
 
 def report(result: dict) -> str:
     lines = []
+    # with refitted weights, the run's own settings are scored on the relevance its own weights gave
+    current = "current (the run's weights)" if result.get("semantic") else "current "
     if result.get("semantic"):
         lines.append("semantic grader weights per language (logistic fit against gold_doc_ids); the thresholds below "
                      "assume them:")
@@ -190,15 +211,29 @@ def report(result: dict) -> str:
     if "routing" in result:
         p, c = result["routing"], result["routing_current"]
         lines.append(f"routing thresholds over {p.n} questions with expected_route (ambiguous = half credit):")
-        for name, r in (("current ", c), ("proposed", p)):
+        for name, r in ((current, c), ("proposed", p)):
             lines.append(
                 f"  {name} lower {r.lower:.3f} upper {r.upper:.3f}: route accuracy {r.accuracy:.3f}, "
                 f"correct P/R {r.correct_precision:.3f}/{r.correct_recall:.3f}, "
                 f"incorrect P/R {r.incorrect_precision:.3f}/{r.incorrect_recall:.3f}, ambiguous {r.ambiguous_share:.3f}"
             )
+        if result.get("routing_policy", "thresholds") != "thresholds":
+            lines.append(f"  (the run routed by policy {result['routing_policy']}: its lower and upper were set but not used)")
+        if p.lower == p.upper:
+            lines.append(f"  proposed lower = upper: no ambiguous band. Every question is either internal (best relevance >= "
+                         f"{p.upper:.3f}: answered from the knowledge base alone) or web (below it: answered from a web search)")
         lines.append(f"  use: --set routing.policy=thresholds --set routing.lower={p.lower:.3f} --set routing.upper={p.upper:.3f}")
+    if "grade_binary" in result:
+        _, precision, recall, f = result["grade_binary"]
+        lines.append(f"grader: answers yes or no (format binary), so there is no threshold to fit; its grades against "
+                     f"gold_doc_ids: precision {precision:.3f}, recall {recall:.3f}, F1 {f:.3f} "
+                     "(format score gives a 0-5 score that a threshold can be fitted on)")
     if "grade_threshold" in result:
-        t, precision, recall, f = result["grade_threshold"]
-        lines.append(f"grader yes/no threshold: {t:.3f} (precision {precision:.3f}, recall {recall:.3f}, F1 {f:.3f} against gold_doc_ids)")
-        lines.append(f"  use: --set grader.threshold={t:.3f}")
+        lines.append("grader yes/no threshold, against gold_doc_ids:")
+        named = [(current, result.get("grade_threshold_current")), ("proposed", result["grade_threshold"])]
+        for name, scores in named:
+            if scores is not None:
+                t, precision, recall, f = scores
+                lines.append(f"  {name} {t:.3f}: precision {precision:.3f}, recall {recall:.3f}, F1 {f:.3f}")
+        lines.append(f"  use: --set grader.threshold={result['grade_threshold'][0]:.3f}")
     return "\n".join(lines) or "nothing to calibrate: the run has no expected_route or gold_doc_ids"

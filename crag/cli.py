@@ -18,8 +18,9 @@ from crag.secrets import scrub
 
 
 def _conf_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--conf", required=True, help="YAML config file, e.g. conf/local.yaml")
-    p.add_argument("--variant", help="overlay conf/variants/NAME.yaml (next to --conf) on the config; base: none")
+    p.add_argument("--conf", required=True, help="YAML config file, e.g. conf/local.yaml, or the name of a config shipped "
+                                               "with crag (local, databricks, openai) when no such file exists")
+    p.add_argument("--variant", help="overlay variants/NAME.yaml (next to the --conf file) on the config; base: none")
     p.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override one config key, e.g. --set routing.policy=thresholds (repeatable)",
@@ -149,7 +150,8 @@ def _warehouse(args):
 
 def _session_args(p: argparse.ArgumentParser) -> None:
     """For commands that only read and write tables: which Spark session (e.g. --set spark.remote=...)."""
-    p.add_argument("--conf", help="YAML config file whose spark and tables sections to use (default: built-in)")
+    p.add_argument("--conf", help="YAML config file (or the name of a shipped one) whose spark and tables sections to use "
+                                  "(default: built-in)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config key, e.g. --set spark.remote=sc://localhost:15002 (repeatable)")
     p.add_argument("--overrides", dest="override_list", default="", metavar="'K=V;K=V'", help=argparse.SUPPRESS)
@@ -246,8 +248,10 @@ def _run_command(args) -> int:
             parts = read_run(wh, check_run_id(args.run_id), ("grades", "gold"))
             if parts["gold"].empty:
                 raise CragError(f"run {args.run_id!r} has no gold columns to calibrate against")
-            routing = json.loads(wh.load_run("runs", args.run_id).select("config").collect()[0]["config"])["routing"]
-            print(report(calibrate(parts["grades"], parts["gold"], routing["lower"], routing["upper"])))
+            config = json.loads(wh.load_run("runs", args.run_id).select("config").collect()[0]["config"])
+            routing, grader = config["routing"], config["grader"]
+            print(report(calibrate(parts["grades"], parts["gold"], routing["lower"], routing["upper"],
+                                   grader.get("threshold"), routing["policy"], grader.get("format") == "binary")))
         elif args.command == "compare":
             from crag.compare import compare
             from crag.config import TrackingConfig

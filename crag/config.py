@@ -537,12 +537,30 @@ def variant_path(conf_path: Path, variant: str) -> Path:
     return folder / f"{variant}.yaml"
 
 
+PACKAGED_CONF = Path(__file__).parent / "conf"  # the checkout's conf/ (a symlink), shipped inside the wheel
+
+
+def config_path(conf: str | Path) -> Path:
+    """--conf: a config file, or, when there is no such file, the name of a config shipped with crag
+    ("local", "databricks.yaml"), so that an installed wheel runs without a checkout. Its variants
+    and prompts are then the shipped ones too (they resolve next to the file loaded)."""
+    path = Path(conf)
+    if path.is_file() or len(path.parts) != 1:
+        return path
+    packaged = PACKAGED_CONF / (path.name if path.suffix == ".yaml" else f"{path.name}.yaml")
+    if packaged.is_file():
+        return packaged
+    known = ", ".join(sorted(p.stem for p in PACKAGED_CONF.glob("*.yaml"))) or "none"
+    raise ConfigError(f"config file not found: {conf} (nor is it the name of a config shipped with crag: {known})")
+
+
 def load_config(path: str | Path | None, overrides: list[str] = (), variant: str | None = None) -> CragConfig:
-    data: dict = _read_yaml(Path(path), "config file") if path else {}
+    path = config_path(path) if path else None
+    data: dict = _read_yaml(path, "config file") if path else {}
     if variant and variant != BASE_VARIANT:
         if not path:
             raise ConfigError("--variant needs --conf: variants are overlays on a config file")
-        vpath = variant_path(Path(path), variant)
+        vpath = variant_path(path, variant)
         if not vpath.is_file():
             known = sorted(p.stem for p in vpath.parent.glob("*.yaml"))
             raise ConfigError(f"unknown variant {variant!r}: no {vpath} (known: {', '.join(known) or 'none'})")
@@ -562,7 +580,7 @@ def load_config(path: str | Path | None, overrides: list[str] = (), variant: str
         cfg = CragConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc)) from None
-    load_prompts(cfg, Path(path).parent if path else Path.cwd())
+    load_prompts(cfg, path.parent if path else Path.cwd())
     return cfg
 
 

@@ -100,12 +100,18 @@ def _is_complete(folder: Path) -> bool:
     return (folder / "bm25").is_dir() and (folder / "chunks" / "_delta_log").is_dir()
 
 
+def build_command(path: str | Path) -> str:
+    """The command that (re)builds the index directory `path`: the config matters (its indexing
+    section sets the tokenizer and chunking the retriever must match), so the hint names it."""
+    return f"crag index --conf CONF --docs PATH --out {path}"
+
+
 def index_data(path: str | Path) -> Path:
     """The build folder an index directory's manifest names (its chunk table, BM25 index, vectors)."""
     path = Path(path)
     data = _read_manifest(path).get("data")
     if not data:
-        raise IndexError_(f"no crag index at {path} (build one with: crag index --docs PATH --out {path})")
+        raise IndexError_(f"no crag index at {path} (build one with: {build_command(path)})")
     return path / data
 
 
@@ -116,21 +122,21 @@ class LexicalIndex:
         path = Path(path)
         manifest_path = path / "manifest.json"
         if not manifest_path.is_file():
-            raise IndexError_(f"no crag index at {path} (build one with: crag index --docs PATH --out {path})")
+            raise IndexError_(f"no crag index at {path} (build one with: {build_command(path)})")
         try:
             manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise IndexError_(f"index manifest {manifest_path} is not valid JSON: rebuild the index with crag index") from None
+            raise IndexError_(f"index manifest {manifest_path} is not valid JSON: rebuild the index with {build_command(path)}") from None
         if manifest.get("format") != INDEX_FORMAT or manifest.get("version") != INDEX_VERSION:
             raise IndexError_(
                 f"index {path} is {manifest.get('format')} version {manifest.get('version')}; this crag reads "
-                f"{INDEX_FORMAT} version {INDEX_VERSION}: rebuild it with crag index"
+                f"{INDEX_FORMAT} version {INDEX_VERSION}: rebuild it with {build_command(path)}"
             )
         self.path = path
         self.data = path / manifest["data"]
         self.tokenizer = manifest["tokenizer"]
         self.embedding = manifest.get("embedding", "none")
-        rebuild = f"rebuild it with crag index --out {path}"
+        rebuild = f"rebuild it with {build_command(path)}"
         if not _is_complete(self.data):
             raise IndexError_(f"index {path}: its manifest names build {manifest['data']}, which is missing or incomplete: {rebuild}")
         chunks = self._chunks = tables.read_whole_table(self.data / "chunks")

@@ -115,3 +115,24 @@ def test_missing_prompt_file_is_named(tmp_path):
     conf.write_text("grader:\n  backend: openai\n  endpoint: m\n")
     with pytest.raises(ConfigError, match="'grader.prompt': prompt template not found: .*prompts/grade_binary.yaml"):
         load_config(conf)
+
+
+def test_a_config_shipped_with_crag_is_found_by_name_from_any_folder(tmp_path, monkeypatch):
+    """An installed wheel has no conf/ folder beside the caller: --conf NAME loads the shipped config,
+    and its variants and prompts come from beside it."""
+    from tests.support import REPO
+
+    monkeypatch.chdir(tmp_path)
+    assert load_config("local").model_dump() == load_config(LOCAL_CONF).model_dump()
+    cfg = load_config("databricks.yaml", variant="paper_thresholds")
+    assert cfg.retriever.backend == "databricks_vector_search" and cfg.routing.policy == "thresholds"
+    assert cfg.grader.prompt_text == (REPO / "conf" / "prompts" / "grade_binary.yaml").read_text(encoding="utf-8")
+    assert load_config("local", variant="semantic").grader.backend == "semantic"
+    # a file of that name wins over the shipped config
+    (tmp_path / "local.yaml").write_text("grader:\n  threshold: 0.25\n")
+    assert load_config("local.yaml").grader.threshold == 0.25
+    with pytest.raises(ConfigError, match=r"config file not found: nightly \(nor is it the name of a config shipped "
+                                          r"with crag: databricks, local, openai\)"):
+        load_config("nightly")
+    with pytest.raises(ConfigError, match="config file not found: conf/local.yaml$"):  # a path is only ever a path
+        load_config("conf/local.yaml")

@@ -1,9 +1,11 @@
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from tests.support import LOCAL_CONF, SAMPLE
-from crag.calibration import propose_grade_threshold, propose_routing, routing_scores
+from crag.calibration import RoutingProposal, calibrate, propose_grade_threshold, propose_routing, report, routing_scores
 from crag.cli import main
 from crag.evaluation import action_confusion, contained, evaluate, exact_match, f1, normalize_answer, question_scores
 
@@ -122,6 +124,62 @@ def test_calibration_with_overlap_prefers_the_least_wrong_cut():
     internal = np.array([True, True, False, True, False, False])
     p = propose_routing(best, internal)
     assert p.accuracy == pytest.approx(5 / 6)
+
+
+def _calibration_frames():
+    """Two knowledge-base questions (best internal relevance 0.9 and 0.7) and two web ones (0.45 and 0.1);
+    the gold documents score 0.9 and 0.7, the other documents of those questions 0.4 and 0.2."""
+    rows = [("q1", "g1", 0.9), ("q1", "x1", 0.4), ("q2", "g2", 0.7), ("q2", "x2", 0.2), ("q3", "x3", 0.45), ("q4", "x4", 0.1)]
+    grades = pd.DataFrame([{"question_id": q, "source": "internal", "doc_id": d, "relevance": r, "rationale": None}
+                           for q, d, r in rows])
+    gold = pd.DataFrame([{"question_id": "q1", "expected_route": "internal", "gold_doc_ids": ["g1"]},
+                         {"question_id": "q2", "expected_route": "internal", "gold_doc_ids": ["g2"]},
+                         {"question_id": "q3", "expected_route": "web", "gold_doc_ids": []},
+                         {"question_id": "q4", "expected_route": "web", "gold_doc_ids": []}])
+    return grades, gold
+
+
+def test_calibrate_shows_the_current_settings_next_to_the_proposal():
+    grades, gold = _calibration_frames()
+    result = calibrate(grades, gold, 0.3, 0.6, current_threshold=0.3, current_policy="any_irrelevant")
+    text = report(result)
+    # current routing: q1, q2 correct, q3 (0.45) ambiguous = half credit, q4 incorrect -> 3.5 / 4
+    assert re.search(r"current +lower 0\.300 upper 0\.600: route accuracy 0\.875, correct P/R 1\.000/1\.000, "
+                     r"incorrect P/R 1\.000/0\.500, ambiguous 0\.250", text), text
+    # proposed: one cut between 0.45 and 0.7 separates them all
+    assert re.search(r"proposed lower (0\.\d+) upper \1: route accuracy 1\.000", text), text
+    assert "the run routed by policy any_irrelevant" in text
+    # current grader threshold 0.3: g1, x1, g2 are yes -> precision 2/3, recall 1, F1 0.8
+    assert re.search(r"current +0\.300: precision 0\.667, recall 1\.000, F1 0\.800", text), text
+    assert re.search(r"proposed 0\.\d+: precision 1\.000, recall 1\.000, F1 1\.000", text), text
+    assert 0.4 < result["grade_threshold"][0] <= 0.7
+
+
+def test_calibrate_says_what_lower_equal_to_upper_means():
+    grades, gold = _calibration_frames()
+    text = report(calibrate(grades, gold, 0.3, 0.6, current_threshold=0.5))
+    p = propose_routing(np.array([0.9, 0.7, 0.45, 0.1]), np.array([True, True, False, False]))
+    assert p.lower == p.upper
+    assert (f"proposed lower = upper: no ambiguous band. Every question is either internal (best relevance >= {p.upper:.3f}"
+            in text), text
+    assert "answered from a web search" in text
+    assert "routed by policy" not in text  # the default: the run used the thresholds policy
+    band = RoutingProposal(lower=0.3, upper=0.6, accuracy=0.9, correct_precision=1, correct_recall=1, incorrect_precision=1,
+                           incorrect_recall=1, ambiguous_share=0.1, n=10)
+    assert "no ambiguous band" not in report({"routing": band, "routing_current": band})
+
+
+def test_calibrate_fits_no_threshold_to_a_binary_grader():
+    """An LLM grader of format binary stores relevance 1 (yes) or 0 (no): its grades are scored, and no
+    threshold is proposed, since none would change them."""
+    grades, gold = _calibration_frames()
+    grades["relevance"] = [1.0, 1.0, 0.0, 0.0, 1.0, 0.0]  # g1 yes, x1 yes, g2 no, x2 no, x3 yes, x4 no
+    result = calibrate(grades, gold, 0.3, 0.6, current_threshold=0.6, binary_grader=True)
+    assert "grade_threshold" not in result
+    text = report(result)
+    # over q1 and q2 (the questions with gold documents): yes = g1, x1 -> precision 1/2, recall 1/2
+    assert "no threshold to fit; its grades against gold_doc_ids: precision 0.500, recall 0.500, F1 0.500" in text
+    assert "grader.threshold" not in text
 
 
 def test_grade_threshold():

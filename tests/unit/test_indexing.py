@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -111,12 +112,18 @@ def test_jsonl_documents_and_their_errors(tmp_path):
 
 
 def test_missing_or_incompatible_index_is_a_clear_error(tmp_path):
-    with pytest.raises(IndexError_, match="no crag index at .*crag index"):
+    from crag.backends.bm25 import index_data
+
+    # the hint is the whole command, config included: the config's indexing section must match the retriever's
+    hint = re.escape(f"crag index --conf CONF --docs PATH --out {tmp_path / 'none'}")
+    with pytest.raises(IndexError_, match=f"no crag index at .*build one with: {hint}"):
         LexicalIndex(tmp_path / "none")
+    with pytest.raises(IndexError_, match=f"no crag index at .*build one with: {hint}"):
+        index_data(tmp_path / "none")
     build_index(_write_docs(tmp_path), tmp_path / "idx", IndexingConfig())
     manifest = tmp_path / "idx" / "manifest.json"
     manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "version": 99}))
-    with pytest.raises(IndexError_, match="version 99.*rebuild it"):
+    with pytest.raises(IndexError_, match="version 99.*rebuild it with crag index --conf CONF --docs PATH --out "):
         LexicalIndex(tmp_path / "idx")
     manifest.write_text("{not json")
     with pytest.raises(IndexError_, match="not valid JSON"):

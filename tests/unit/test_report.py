@@ -169,17 +169,37 @@ def test_the_summary_lines_keep_their_metric_rows():
     assert any(line.strip().startswith("web_search_rate") for line in lines)
 
 
-def test_the_wheel_ships_the_template(tmp_path):
-    """Built as the bundle builds its artifact (databricks.yml), the wheel carries the report template."""
-    source = tmp_path / "src"  # a copy, so the build leaves nothing in the checkout
-    shutil.copytree(REPO / "crag", source / "crag", ignore=shutil.ignore_patterns("__pycache__"))
+def test_the_wheel_ships_the_template_configs_and_prompts(tmp_path):
+    """Built as the bundle builds its artifact (databricks.yml), the wheel carries the report template
+    and every config, prompt and variant of conf/ (crag/conf is a symlink to it); unpacked away from
+    any checkout, `--conf NAME` loads them."""
+    source = tmp_path / "src"  # a copy, so the build leaves nothing in the checkout; the symlink stays one
+    shutil.copytree(REPO / "crag", source / "crag", symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "conf", source / "conf")
+    assert (source / "crag" / "conf").is_symlink()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(tmp_path / "dist"), str(source)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     (wheel,) = (tmp_path / "dist").glob("crag-*.whl")
-    assert "crag/templates/compare_report.html.j2" in zipfile.ZipFile(wheel).namelist()
+    shipped = zipfile.ZipFile(wheel)
+    assert "crag/templates/compare_report.html.j2" in shipped.namelist()
+    confs = [p for pattern in ("*.yaml", "prompts/*.yaml", "variants/*.yaml") for p in (REPO / "conf").glob(pattern)]
+    assert len(confs) >= 10
+    for path in confs:
+        assert shipped.read(f"crag/conf/{path.relative_to(REPO / 'conf').as_posix()}") == path.read_bytes()
+
+    unpacked, elsewhere = tmp_path / "unpacked", tmp_path / "elsewhere"
+    shipped.extractall(unpacked)
+    elsewhere.mkdir()
+    probe = ("import crag, crag.config as c; cfg = c.load_config('databricks', variant='paper_thresholds'); "
+             "print(crag.__file__, cfg.routing.policy, cfg.generator.prompt_text == open(c.PACKAGED_CONF / 'prompts' / "
+             "'answer_concise.yaml', encoding='utf-8').read())")
+    loaded = subprocess.run([sys.executable, "-c", probe], cwd=elsewhere, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(unpacked)})
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert loaded.stdout.split() == [str(unpacked / "crag" / "__init__.py"), "thresholds", "True"]
 
 
 # ------------------------------------------------------------------ in a real browser
@@ -271,9 +291,12 @@ def test_each_metric_delta_is_coloured_by_its_direction(browser, report):
     })""")
     seen = set()
     for metric, better_when, delta, color in cells:
-        assert better_when == {1: "higher", -1: "lower"}[METRIC_DIRECTIONS[metric]]
         value = float(delta.split()[0])
         r, g, _ = _rgb(color)
+        if METRIC_DIRECTIONS[metric] is None:  # the share of an action: neither better nor worse, so neither colour
+            assert better_when == "–" and not (g > r + 40 or r > g + 40), (metric, delta, color)
+            continue
+        assert better_when == {1: "higher", -1: "lower"}[METRIC_DIRECTIONS[metric]]
         if value == 0:
             continue
         better = (value > 0) == (better_when == "higher")

@@ -127,7 +127,10 @@ def test_calibrate_fits_each_language_and_proposes_thresholds_on_the_refit_relev
             cosine = (0.85 if is_gold else 0.75) + offset + rng.normal(0, 0.02)
             grades.append({"question_id": f"q{q}", "source": "internal", "doc_id": f"q{q}-gold" if is_gold else f"q{q}-{d}",
                            "relevance": 0.5, "rationale": f"lexical {rng.uniform(0, 1):.4f}, cosine {cosine:.4f}, language {lang}"})
-    result = calibrate(pd.DataFrame(grades), pd.DataFrame(gold), 0.3, 0.6)
+    result = calibrate(pd.DataFrame(grades), pd.DataFrame(gold), 0.3, 0.6, current_threshold=0.5)
+    # the run's own settings are scored on the relevance it stored (0.5 everywhere), not on the refit
+    assert result["routing_current"].ambiguous_share == 1.0
+    assert result["grade_threshold_current"][1:3] == (pytest.approx(0.1), 1.0)  # every document yes, 1 in 5 gold
     en, ja = result["semantic"]["en"], result["semantic"]["ja"]
     assert en["semantic"] > 10 and ja["semantic"] > 10
     assert ja["bias"] < en["bias"]  # the same probability needs a higher Japanese cosine
