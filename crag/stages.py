@@ -16,13 +16,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache, wraps
+from typing import NamedTuple
 
 import pandas as pd
 import pyarrow as pa
 
 from crag import schema
-from crag.backends import Backends
-from crag.backends.base import Document, Grade, Grader, Usage, current_question
+from crag.backends.base import Backends, Document, Grade, Grader, Usage, current_question
 from crag.config import CragConfig, RefinementConfig, RoutingConfig
 from crag.secrets import scrub
 from crag.text import split_sentences, word_windows
@@ -182,7 +182,7 @@ def _per_row(df: pd.DataFrame, stage: str, fn: Callable[[object], object], when=
 # ---------------------------------------------------------------- retrieve
 
 
-@runs(STAGES['retrieve'])
+@runs(STAGES["retrieve"])
 def retrieve(df: pd.DataFrame, backends: Backends, k: int) -> dict:
     """Top-k child chunks per question, expanded to parent documents and de-duplicated by parent.
     An in-process retriever serves the partition in one batched call (if that fails, each question is
@@ -234,7 +234,7 @@ def _apply_grades(docs: list[Document], grades: list[Grade], grader: Grader) -> 
     ]
 
 
-@runs(STAGES['grade'])
+@runs(STAGES["grade"])
 def grade(df: pd.DataFrame, backends: Backends) -> dict:
     """A relevance score and yes/no for every retrieved document (web results are graded in the web
     search stage)."""
@@ -260,8 +260,18 @@ def grade(df: pd.DataFrame, backends: Backends) -> dict:
 # ---------------------------------------------------------------- decide
 
 
-def route_question(graded: list[Document], routing: RoutingConfig) -> tuple[str, bool, bool, list[Document], str]:
-    """(action, needs_web, use_internal, relevant internal documents, reason) for one question."""
+class Route(NamedTuple):
+    """The routing decision for one question."""
+
+    action: str | None  # "correct" | "ambiguous" | "incorrect"; None for a failed question
+    needs_web: bool
+    use_internal: bool  # whether the relevant internal documents join the context
+    relevant: list[Document]  # the relevant internal documents, in rank order
+    reason: str | None  # for the decision log
+
+
+def route_question(graded: list[Document], routing: RoutingConfig) -> Route:
+    """The action for one question from the grades of its documents, under routing.policy."""
     relevant = [d for d in graded if d.get("grade") == "yes"][: routing.max_relevant_docs]
     n, n_rel = len(graded), sum(d.get("grade") == "yes" for d in graded)
     counted = f"{n_rel} of {n} documents relevant"
@@ -273,13 +283,13 @@ def route_question(graded: list[Document], routing: RoutingConfig) -> tuple[str,
         # policy's own measure even when the grader's yes/no threshold sits higher.
         relevant = [d for d in graded if d.get("grade") == "yes" or d.get("relevance", 0.0) >= routing.upper][: routing.max_relevant_docs]
         if best >= routing.upper:
-            return "correct", False, True, relevant, f"best relevance {best:.2f} >= upper {routing.upper}; policy thresholds -> internal documents"
+            return Route("correct", False, True, relevant, f"best relevance {best:.2f} >= upper {routing.upper}; policy thresholds -> internal documents")
         if best < routing.lower:
-            return "incorrect", True, False, [], f"best relevance {best:.2f} < lower {routing.lower}; policy thresholds -> web search only"
-        return "ambiguous", True, True, relevant, f"best relevance {best:.2f} between {routing.lower} and {routing.upper}; policy thresholds -> internal documents and web search"
+            return Route("incorrect", True, False, [], f"best relevance {best:.2f} < lower {routing.lower}; policy thresholds -> web search only")
+        return Route("ambiguous", True, True, relevant, f"best relevance {best:.2f} between {routing.lower} and {routing.upper}; policy thresholds -> internal documents and web search")
     action = "correct" if n and n_rel == n else "incorrect" if n_rel == 0 else "ambiguous"
     if n == 0 and policy != "min_context_chars":
-        return "incorrect", True, True, [], f"nothing retrieved; policy {policy}: web search"
+        return Route("incorrect", True, True, [], f"nothing retrieved; policy {policy}: web search")
     if policy == "any_irrelevant":
         needs_web = action != "correct"
         why = "all relevant -> answer from them" if not needs_web else f"{n - n_rel} irrelevant -> web search"
@@ -292,20 +302,20 @@ def route_question(graded: list[Document], routing: RoutingConfig) -> tuple[str,
         needs_web = chars < routing.min_context_chars
         action = "correct" if not needs_web else "incorrect" if n_rel == 0 else "ambiguous"
         why = f"relevant context {chars} chars {'<' if needs_web else '>='} {routing.min_context_chars} -> {'web search' if needs_web else 'answer from it'}"
-    return action, needs_web, True, relevant, f"{counted}; policy {policy}: {why}"
+    return Route(action, needs_web, True, relevant, f"{counted}; policy {policy}: {why}")
 
 
-@runs(STAGES['decide'])
+@runs(STAGES["decide"])
 def decide(df: pd.DataFrame, routing: RoutingConfig) -> dict:
     t0 = time.perf_counter()
-    routed = [route_question(g, routing) if e is None else (None, False, False, [], None) for g, e in zip(df["graded"], df["error"])]
+    routed = [route_question(g, routing) if e is None else Route(None, False, False, [], None) for g, e in zip(df["graded"], df["error"])]
     return dict(
-        action=[r[0] for r in routed],
-        needs_web=[r[1] for r in routed],
-        use_internal=[r[2] for r in routed],
-        relevant=[r[3] for r in routed],
+        action=[r.action for r in routed],
+        needs_web=[r.needs_web for r in routed],
+        use_internal=[r.use_internal for r in routed],
+        relevant=[r.relevant for r in routed],
         ms_decide=(time.perf_counter() - t0) * 1000 / max(len(df), 1),
-        decisions=_log(df, [("route", r[0], r[4]) if r[0] else None for r in routed]),
+        decisions=_log(df, [("route", r.action, r.reason) if r.action else None for r in routed]),
     )
 
 
@@ -317,7 +327,7 @@ def _direct_query(question: str, policy_keywords: list[str]) -> str:
     return " ".join([question.strip(), *extra])
 
 
-@runs(STAGES['rewrite'])
+@runs(STAGES["rewrite"])
 def rewrite(df: pd.DataFrame, backends: Backends, fallback: str = "single") -> dict:
     """A web query for each question that needs the web; the original question is kept for
     generation. With the two-stage fallback (reference flow 3) the first query is the question itself
@@ -350,7 +360,7 @@ def _usable_web(results: list[Document]) -> list[Document]:
     return [d for d in results if d.get("grade", "yes") == "yes"]
 
 
-@runs(STAGES['web_search'])
+@runs(STAGES["web_search"])
 def web_search(df: pd.DataFrame, backends: Backends, cfg: CragConfig) -> dict:
     """Search the web for each question with a web query; optionally check each result as a source
     (reference flow 3), grade the results, and with the two-stage fallback search again with a
@@ -422,7 +432,7 @@ def refine_context(question: str, context: list[Document], grader: Grader, cfg: 
     return refined
 
 
-@runs(STAGES['refine'])
+@runs(STAGES["refine"])
 def refine(df: pd.DataFrame, backends: Backends, cfg: RefinementConfig) -> dict:
     """The context the generator will read: relevant internal documents (unless the action says web
     only) plus usable web results; refined into strips when refinement is on."""
@@ -451,7 +461,7 @@ def _route(context: list[Document]) -> str:
     return "mixed" if len(kinds) > 1 else "web" if kinds == {"web"} else "internal"
 
 
-@runs(STAGES['generate'])
+@runs(STAGES["generate"])
 def generate(df: pd.DataFrame, backends: Backends, refusal_message: str) -> dict:
     """Answer the ORIGINAL question from the context. No context: the refusal message, and no call."""
     answers, millis, errors = _per_row(

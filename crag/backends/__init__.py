@@ -5,21 +5,10 @@ configured, so the embedded default never loads a cloud client."""
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
 
-from crag.backends.base import Generator, Grader, Retriever, Rewriter, WebSearch
+from crag.backends.base import Backends
 from crag.config import CragConfig, EndpointPolicy, LLMConfig, stable_hash
 from crag.errors import ConfigError
-
-
-@dataclass
-class Backends:
-    retriever: Retriever
-    grader: Grader
-    rewriter: Rewriter
-    web_search: WebSearch | None  # None: web search switched off (web_search.backend = none)
-    generator: Generator
-    source_check: object | None = None  # LLMSourceCheck when web_search.verify is set
 
 
 def _require(value: str | None, key: str) -> str:
