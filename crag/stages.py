@@ -424,7 +424,7 @@ def refine_context(question: str, context: list[Document], grader: Grader, cfg: 
     grades = grader.grade(question, [{**context[d], "text": text} for d, _, text in strips], usage)
     ranked = sorted(range(len(strips)), key=lambda i: (-grades[i].relevance, i))
     keep = sorted(i for i in ranked[: cfg.keep] if grades[i].grade == "yes")
-    refined = []
+    refined: list[Document] = []
     for d, doc in enumerate(context):
         kept = [strips[i][2] for i in keep if strips[i][0] == d]
         if kept:

@@ -12,7 +12,27 @@ from functools import cached_property
 from typing import Any
 
 from crag.backends.base import Backends
-from crag.config import CragConfig, EndpointPolicy, LLMConfig, stable_hash
+from crag.config import (
+    BM25RetrieverConfig,
+    CragConfig,
+    EndpointPolicy,
+    ExtractiveGeneratorConfig,
+    HybridRetrieverConfig,
+    KeywordRewriterConfig,
+    LangChainRetrieverConfig,
+    LexicalGraderConfig,
+    LLMConfig,
+    LLMGeneratorConfig,
+    LLMGraderConfig,
+    LLMRewriterConfig,
+    NoWebSearchConfig,
+    OfflineCorpusConfig,
+    SemanticGraderConfig,
+    SourceCheckConfig,
+    TavilyConfig,
+    VectorSearchRetrieverConfig,
+    stable_hash,
+)
 from crag.errors import ConfigError
 
 
@@ -126,38 +146,38 @@ class _Building:
         return LexicalScorer(weights, internal.tokenizer if internal else self.cfg.indexing.tokenizer)
 
 
-def _bm25_retriever(b: _Building):
+def _bm25_retriever(b: _Building, cfg: BM25RetrieverConfig):
     from crag.backends.bm25 import BM25Retriever
 
-    retriever = BM25Retriever(_require(b.cfg.retriever.index, "retriever.index"))
+    retriever = BM25Retriever(_require(cfg.index, "retriever.index"))
     b.local_indexes["internal"] = retriever.index
     return retriever
 
 
-def _hybrid_retriever(b: _Building):
+def _hybrid_retriever(b: _Building, cfg: HybridRetrieverConfig):
     from crag.backends.hybrid import HybridRetriever
 
-    retriever = HybridRetriever(b.cfg.retriever, _require(b.cfg.retriever.index, "retriever.index"))
+    retriever = HybridRetriever(cfg, _require(cfg.index, "retriever.index"))
     b.local_indexes["internal"] = retriever.index
     return retriever
 
 
-def _langchain_retriever(b: _Building):
+def _langchain_retriever(b: _Building, cfg: LangChainRetrieverConfig):
     from crag.backends.langchain_retriever import LangChainRetriever
 
-    return LangChainRetriever(b.cfg.retriever, b.concurrent_tasks)
+    return LangChainRetriever(cfg, b.concurrent_tasks)
 
 
-def _vector_search_retriever(b: _Building):
+def _vector_search_retriever(b: _Building, cfg: VectorSearchRetrieverConfig):
     from crag.backends.vector_search import VectorSearchRetriever
 
-    return VectorSearchRetriever(b.cfg.retriever, b.secrets, b.concurrent_tasks)
+    return VectorSearchRetriever(cfg, b.secrets, b.concurrent_tasks)
 
 
-def _offline_corpus(b: _Building):
+def _offline_corpus(b: _Building, cfg: OfflineCorpusConfig):
     from crag.backends.bm25 import OfflineCorpusSearch
 
-    web_search = OfflineCorpusSearch(_require(b.cfg.web_search.index, "web_search.index"))
+    web_search = OfflineCorpusSearch(_require(cfg.index, "web_search.index"))
     internal = b.local_indexes.get("internal")
     if internal is not None and web_search.index.tokenizer != internal.tokenizer:
         raise ConfigError(
@@ -168,74 +188,79 @@ def _offline_corpus(b: _Building):
     return web_search
 
 
-def _tavily(b: _Building):
+def _tavily(b: _Building, cfg: TavilyConfig):
     from crag.backends.tavily_search import TavilySearch
 
-    return TavilySearch(b.cfg.web_search, b.secrets, b.concurrent_tasks)
+    return TavilySearch(cfg, b.secrets, b.concurrent_tasks)
 
 
-def _lexical_grader(b: _Building):
+def _no_web_search(b: _Building, cfg: NoWebSearchConfig) -> None:
+    return None
+
+
+def _lexical_grader(b: _Building, cfg: LexicalGraderConfig):
     from crag.backends.lexical import LexicalGrader
 
-    return LexicalGrader(b.scorer, b.cfg.grader.threshold)
+    return LexicalGrader(b.scorer, cfg.threshold)
 
 
-def _semantic_grader(b: _Building):
+def _semantic_grader(b: _Building, cfg: SemanticGraderConfig):
     from crag.backends.semantic import SemanticGrader
 
-    return SemanticGrader(b.scorer, b.cfg.grader, b.local_indexes)
+    return SemanticGrader(b.scorer, cfg, b.local_indexes)
 
 
-def _llm_grader(b: _Building):
+def _llm_grader(b: _Building, cfg: LLMGraderConfig):
     from crag.backends.llm_roles import LLMGrader
 
-    return LLMGrader(b.chat_model(b.cfg.grader), b.cfg.grader)
+    return LLMGrader(b.chat_model(cfg), cfg)
 
 
-def _keyword_rewriter(b: _Building):
+def _keyword_rewriter(b: _Building, cfg: KeywordRewriterConfig):
     from crag.backends.lexical import KeywordRewriter
 
-    return KeywordRewriter(b.cfg.rewriter.policy_keywords)
+    return KeywordRewriter(cfg.policy_keywords)
 
 
-def _llm_rewriter(b: _Building):
+def _llm_rewriter(b: _Building, cfg: LLMRewriterConfig):
     from crag.backends.llm_roles import LLMRewriter
 
-    return LLMRewriter(b.chat_model(b.cfg.rewriter), b.cfg.rewriter)
+    return LLMRewriter(b.chat_model(cfg), cfg)
 
 
-def _extractive_generator(b: _Building):
+def _extractive_generator(b: _Building, cfg: ExtractiveGeneratorConfig):
     from crag.backends.extractive import ExtractiveGenerator
 
-    g = b.cfg.generator
-    return ExtractiveGenerator(b.scorer, g.max_sentences, g.min_sentence_score, g.document_weight, g.answer_from_best_document)
+    return ExtractiveGenerator(b.scorer, cfg.max_sentences, cfg.min_sentence_score, cfg.document_weight,
+                               cfg.answer_from_best_document)
 
 
-def _llm_generator(b: _Building):
+def _llm_generator(b: _Building, cfg: LLMGeneratorConfig):
     from crag.backends.llm_roles import LLMGenerator
 
-    return LLMGenerator(b.chat_model(b.cfg.generator), b.cfg.generator)
+    return LLMGenerator(b.chat_model(cfg), cfg)
 
 
-def _llm_source_check(b: _Building):
+def _llm_source_check(b: _Building, cfg: SourceCheckConfig):
     from crag.backends.llm_roles import LLMSourceCheck
 
-    return LLMSourceCheck(b.chat_model(b.cfg.web_search.verify), b.cfg.web_search.verify)
+    return LLMSourceCheck(b.chat_model(cfg), cfg)
 
 
 # The chat services a model role can be served by (LLMConfig.backend).
 _CHAT_SERVICES = ("databricks", "openai")
 
-# (role, backend name in the config) -> the constructor of that backend. Each provider imports its
-# module only when called, so the embedded default never loads a cloud client.
-PROVIDERS: dict[tuple[str, str], Callable[[_Building], Any]] = {
+# (role, backend name in the config) -> the constructor of that backend, from the shared build state and
+# the role's own config section. Each provider imports its module only when called, so the embedded
+# default never loads a cloud client.
+PROVIDERS: dict[tuple[str, str], Callable[[_Building, Any], Any]] = {
     ("retriever", "bm25"): _bm25_retriever,
     ("retriever", "hybrid"): _hybrid_retriever,
     ("retriever", "langchain"): _langchain_retriever,
     ("retriever", "databricks_vector_search"): _vector_search_retriever,
     ("web_search", "offline_corpus"): _offline_corpus,
     ("web_search", "tavily"): _tavily,
-    ("web_search", "none"): lambda b: None,
+    ("web_search", "none"): _no_web_search,
     ("grader", "lexical"): _lexical_grader,
     ("grader", "semantic"): _semantic_grader,
     ("rewriter", "keywords"): _keyword_rewriter,
@@ -247,12 +272,13 @@ PROVIDERS: dict[tuple[str, str], Callable[[_Building], Any]] = {
 }
 
 
-def _provide(b: _Building, role: str, backend: str):
-    provider = PROVIDERS.get((role, backend))
+def _provide(b: _Building, role: str, section: Any):
+    """The backend for `role` that `section` (the role's config) names."""
+    provider = PROVIDERS.get((role, section.backend))
     if provider is None:
         known = sorted(name for r, name in PROVIDERS if r == role)
-        raise ConfigError(f"no {role} backend {backend!r}: choose one of {known}")
-    return provider(b)
+        raise ConfigError(f"no {role} backend {section.backend!r}: choose one of {known}")
+    return provider(b, section)
 
 
 def build_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1) -> Backends:
@@ -260,16 +286,16 @@ def build_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concu
     endpoint's max_concurrency is shared out among them. The retriever and web search are built first:
     the local indexes they load weigh the terms of the lexical roles."""
     b = _Building(cfg, secrets, concurrent_tasks, shared_policies(cfg))
-    retriever = _provide(b, "retriever", cfg.retriever.backend)
-    web_search = _provide(b, "web_search", cfg.web_search.backend)
+    retriever = _provide(b, "retriever", cfg.retriever)
+    web_search = _provide(b, "web_search", cfg.web_search)
     verify = cfg.web_search.verify
     return Backends(
         retriever=retriever,
-        grader=_provide(b, "grader", cfg.grader.backend),
-        rewriter=_provide(b, "rewriter", cfg.rewriter.backend),
+        grader=_provide(b, "grader", cfg.grader),
+        rewriter=_provide(b, "rewriter", cfg.rewriter),
         web_search=web_search,
-        generator=_provide(b, "generator", cfg.generator.backend),
-        source_check=None if verify is None else _provide(b, "source_check", verify.backend),
+        generator=_provide(b, "generator", cfg.generator),
+        source_check=None if verify is None else _provide(b, "source_check", verify),
     )
 
 

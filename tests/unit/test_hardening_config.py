@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import typing
+from types import SimpleNamespace
 
 import pytest
 
@@ -229,4 +230,4 @@ def test_an_unknown_backend_name_is_one_config_error():
 
     with pytest.raises(ConfigError, match=r"no retriever backend 'faiss': choose one of "
                                           r"\['bm25', 'databricks_vector_search', 'hybrid', 'langchain'\]"):
-        _provide(_Building(CragConfig(), None, 1, {}), "retriever", "faiss")
+        _provide(_Building(CragConfig(), None, 1, {}), "retriever", SimpleNamespace(backend="faiss"))
