@@ -137,7 +137,7 @@ def build_graph(cfg):
 
     from crag.backends.llm_roles import GRADE_SCHEMA, Prompt, render_context
     from crag.backends.parsing import clean_query, parse_answer, parse_binary
-    from crag.vector_index import vector_search_client
+    from crag.backends.vector_search import vector_search_client
 
     serving = get_deploy_client("databricks")
     index = vector_search_client(cfg.retriever, None).get_index(endpoint_name=cfg.retriever.endpoint,

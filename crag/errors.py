@@ -14,5 +14,5 @@ class InputError(CragError):
     pass
 
 
-class IndexError_(CragError):
-    """A missing or incompatible index directory (named so as not to shadow the builtin)."""
+class UnusableIndexError(CragError):
+    """A missing, incomplete or incompatible index directory."""

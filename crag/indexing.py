@@ -216,7 +216,7 @@ def build_knowledge_base(docs: str | Path, out: str | Path, cfg: CragConfig) -> 
         return manifest
     from crag import tables
     from crag.backends import resolve_credentials
-    from crag.vector_index import sync_vector_index
+    from crag.backends.vector_search import sync_vector_index
 
     from crag.backends.bm25 import index_data
     from crag.backends.remote import on_databricks

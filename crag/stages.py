@@ -15,53 +15,107 @@ from collections import namedtuple
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, wraps
+from typing import NamedTuple
 
 import pandas as pd
 import pyarrow as pa
 
 from crag import schema
-from crag.backends import Backends
-from crag.backends.base import Document, Grade, Grader, Usage, current_question
+from crag.backends.base import Backends, Document, Grade, Grader, Usage, current_question
 from crag.config import CragConfig, RefinementConfig, RoutingConfig
 from crag.secrets import scrub
 from crag.text import split_sentences, word_windows
 
 
+# The bookkeeping every stage reads and rewrites: a row's error (set when this stage fails it) and its
+# decision log (grown by this stage's entries).
+BOOKKEEPING = ("error", "decisions")
+
+
 @dataclass(frozen=True)
 class Stage:
-    name: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
+    """What one stage reads and writes, checked where it runs (`runs`), as Kedro's Node checks its
+    outputs: before, every column in `inputs` and `updates` is in the frame and none in `outputs`;
+    after, exactly `outputs` have been added and `updates` rewritten, and every other column is the
+    frame's own, untouched."""
 
+    name: str
+    inputs: tuple[str, ...]  # read only
+    outputs: tuple[str, ...]  # added
+    updates: tuple[str, ...] = BOOKKEEPING  # read and rewritten
+
+
+# Adds the bookkeeping columns; `usage` holds one Usage per question, which the backends add their
+# calls and tokens to.
+START = Stage("start", ("question_id", "question"), ("error", "usage", "decisions"), updates=())
 
 STAGES = {
     s.name: s
     for s in (
-        Stage("retrieve", ("question",), ("retrieved", "n_retrieved")),
-        Stage("grade", ("question", "retrieved"), ("graded", "n_relevant")),
-        Stage("decide", ("graded",), ("action", "needs_web", "use_internal", "relevant")),
-        Stage("rewrite", ("question", "needs_web"), ("web_query",)),
-        Stage("web_search", ("web_query",), ("web_results", "n_web")),
-        Stage("refine", ("question", "relevant", "use_internal", "web_results"), ("context",)),
-        Stage("generate", ("question", "context"), ("answer", "refused", "sources", "route")),
+        Stage("retrieve", ("question", "usage"), ("retrieved", "n_retrieved", "ms_retrieve")),
+        Stage("grade", ("question", "usage", "retrieved"), ("graded", "n_relevant", "ms_grade")),
+        # Routing cannot fail a question: it reads the error column and passes failed rows by.
+        Stage("decide", ("graded", "error"), ("action", "needs_web", "use_internal", "relevant", "ms_decide"),
+              updates=("decisions",)),
+        Stage("rewrite", ("question", "usage", "needs_web"), ("web_query", "ms_rewrite")),
+        # With the two-stage fallback the second search's query replaces the first in web_query: the
+        # query that found the results.
+        Stage("web_search", ("question", "usage", "relevant", "use_internal"), ("web_results", "n_web", "ms_web_search"),
+              updates=(*BOOKKEEPING, "web_query")),
+        Stage("refine", ("question", "usage", "relevant", "use_internal", "web_results"), ("context", "ms_refine")),
+        Stage("generate", ("question", "usage", "context"), ("answer", "refused", "sources", "route", "ms_generate")),
     )
 }
 
 
-def _check_inputs(df: pd.DataFrame, stage: str) -> None:
-    missing = [c for c in STAGES[stage].inputs if c not in df.columns]
+def _check_inputs(df: pd.DataFrame, stage: Stage) -> None:
+    missing = [c for c in (*stage.inputs, *stage.updates) if c not in df.columns]
     if missing:
-        raise ValueError(f"stage {stage!r} needs column(s) {missing}; run the stages before it first")
+        raise ValueError(f"stage {stage.name!r} needs column(s) {missing}; run the stages before it first")
+    present = [c for c in stage.outputs if c in df.columns]
+    if present:
+        raise ValueError(f"stage {stage.name!r} would overwrite column(s) {present}, which it does not declare as updates")
+
+
+def _check_outputs(stage: Stage, written: dict) -> None:
+    declared = {*stage.outputs, *stage.updates}
+    missing = [c for c in (*stage.outputs, *stage.updates) if c not in written]
+    undeclared = [c for c in written if c not in declared]
+    if missing or undeclared:
+        raise ValueError(f"stage {stage.name!r} broke its contract: declared column(s) {missing} not written, "
+                         f"undeclared column(s) {undeclared} written")
+
+
+def runs(stage: Stage):
+    """Make `compute(df, ...) -> {column: values}` a stage that returns df with those columns, its
+    contract checked before and after: the stage can change no column but those it declares."""
+
+    def wrap(compute: Callable[..., dict]) -> Callable[..., pd.DataFrame]:
+        @wraps(compute)
+        def run(df: pd.DataFrame, *args, **kwargs) -> pd.DataFrame:
+            _check_inputs(df, stage)
+            columns = compute(df, *args, **kwargs)
+            _check_outputs(stage, columns)
+            return _with(df, **columns)
+
+        return run
+
+    return wrap
 
 
 def start(questions: pd.DataFrame) -> pd.DataFrame:
     """Add the bookkeeping columns every stage shares: error, usage and the decision log."""
-    df = questions.reset_index(drop=True).copy()
-    df["error"] = pd.Series([None] * len(df), dtype=object)
-    df["usage"] = [Usage() for _ in range(len(df))]
-    df["decisions"] = [[] for _ in range(len(df))]
-    return df
+    return _start(questions.reset_index(drop=True))
+
+
+@runs(START)
+def _start(df: pd.DataFrame) -> dict:
+    return {
+        "error": pd.Series([None] * len(df), dtype=object, index=df.index),
+        "usage": [Usage() for _ in range(len(df))],
+        "decisions": [[] for _ in range(len(df))],
+    }
 
 
 def _log(df: pd.DataFrame, entries: list) -> list[list[dict]]:
@@ -128,12 +182,12 @@ def _per_row(df: pd.DataFrame, stage: str, fn: Callable[[object], object], when=
 # ---------------------------------------------------------------- retrieve
 
 
-def retrieve(df: pd.DataFrame, backends: Backends, k: int) -> pd.DataFrame:
+@runs(STAGES["retrieve"])
+def retrieve(df: pd.DataFrame, backends: Backends, k: int) -> dict:
     """Top-k child chunks per question, expanded to parent documents and de-duplicated by parent.
     An in-process retriever serves the partition in one batched call (if that fails, each question is
     tried alone so one bad question cannot fail its neighbours); a remote one gets one call per
     question from a thread pool."""
-    _check_inputs(df, "retrieve")
     retriever = backends.retriever
     one_by_one = lambda r: retriever.search([r.question], k, [r.usage])[0]  # noqa: E731
     if retriever.concurrency > 1:
@@ -147,8 +201,7 @@ def retrieve(df: pd.DataFrame, backends: Backends, k: int) -> pd.DataFrame:
         except Exception:
             found, millis, errors = _per_row(df, "retrieve", one_by_one)
     retrieved = [docs or [] for docs in found]
-    return _with(
-        df,
+    return dict(
         retrieved=retrieved,
         n_retrieved=[len(d) for d in retrieved],
         error=errors,
@@ -181,10 +234,10 @@ def _apply_grades(docs: list[Document], grades: list[Grade], grader: Grader) -> 
     ]
 
 
-def grade(df: pd.DataFrame, backends: Backends) -> pd.DataFrame:
+@runs(STAGES["grade"])
+def grade(df: pd.DataFrame, backends: Backends) -> dict:
     """A relevance score and yes/no for every retrieved document (web results are graded in the web
     search stage)."""
-    _check_inputs(df, "grade")
     grader = backends.grader
 
     def grade_row(row):
@@ -192,8 +245,7 @@ def grade(df: pd.DataFrame, backends: Backends) -> pd.DataFrame:
 
     graded, millis, errors = _per_row(df, "grade", grade_row, when=lambda r: bool(r.retrieved), workers=grader.concurrency)
     all_graded = [g if g is not None else list(d) for g, d in zip(graded, df["retrieved"])]
-    return _with(
-        df,
+    return dict(
         graded=all_graded,
         n_relevant=[sum(d.get("grade") == "yes" for d in docs) for docs in all_graded],
         error=errors,
@@ -208,8 +260,18 @@ def grade(df: pd.DataFrame, backends: Backends) -> pd.DataFrame:
 # ---------------------------------------------------------------- decide
 
 
-def route_question(graded: list[Document], routing: RoutingConfig) -> tuple[str, bool, bool, list[Document], str]:
-    """(action, needs_web, use_internal, relevant internal documents, reason) for one question."""
+class Route(NamedTuple):
+    """The routing decision for one question."""
+
+    action: str | None  # "correct" | "ambiguous" | "incorrect"; None for a failed question
+    needs_web: bool
+    use_internal: bool  # whether the relevant internal documents join the context
+    relevant: list[Document]  # the relevant internal documents, in rank order
+    reason: str | None  # for the decision log
+
+
+def route_question(graded: list[Document], routing: RoutingConfig) -> Route:
+    """The action for one question from the grades of its documents, under routing.policy."""
     relevant = [d for d in graded if d.get("grade") == "yes"][: routing.max_relevant_docs]
     n, n_rel = len(graded), sum(d.get("grade") == "yes" for d in graded)
     counted = f"{n_rel} of {n} documents relevant"
@@ -221,13 +283,13 @@ def route_question(graded: list[Document], routing: RoutingConfig) -> tuple[str,
         # policy's own measure even when the grader's yes/no threshold sits higher.
         relevant = [d for d in graded if d.get("grade") == "yes" or d.get("relevance", 0.0) >= routing.upper][: routing.max_relevant_docs]
         if best >= routing.upper:
-            return "correct", False, True, relevant, f"best relevance {best:.2f} >= upper {routing.upper}; policy thresholds -> internal documents"
+            return Route("correct", False, True, relevant, f"best relevance {best:.2f} >= upper {routing.upper}; policy thresholds -> internal documents")
         if best < routing.lower:
-            return "incorrect", True, False, [], f"best relevance {best:.2f} < lower {routing.lower}; policy thresholds -> web search only"
-        return "ambiguous", True, True, relevant, f"best relevance {best:.2f} between {routing.lower} and {routing.upper}; policy thresholds -> internal documents and web search"
+            return Route("incorrect", True, False, [], f"best relevance {best:.2f} < lower {routing.lower}; policy thresholds -> web search only")
+        return Route("ambiguous", True, True, relevant, f"best relevance {best:.2f} between {routing.lower} and {routing.upper}; policy thresholds -> internal documents and web search")
     action = "correct" if n and n_rel == n else "incorrect" if n_rel == 0 else "ambiguous"
     if n == 0 and policy != "min_context_chars":
-        return "incorrect", True, True, [], f"nothing retrieved; policy {policy}: web search"
+        return Route("incorrect", True, True, [], f"nothing retrieved; policy {policy}: web search")
     if policy == "any_irrelevant":
         needs_web = action != "correct"
         why = "all relevant -> answer from them" if not needs_web else f"{n - n_rel} irrelevant -> web search"
@@ -240,21 +302,20 @@ def route_question(graded: list[Document], routing: RoutingConfig) -> tuple[str,
         needs_web = chars < routing.min_context_chars
         action = "correct" if not needs_web else "incorrect" if n_rel == 0 else "ambiguous"
         why = f"relevant context {chars} chars {'<' if needs_web else '>='} {routing.min_context_chars} -> {'web search' if needs_web else 'answer from it'}"
-    return action, needs_web, True, relevant, f"{counted}; policy {policy}: {why}"
+    return Route(action, needs_web, True, relevant, f"{counted}; policy {policy}: {why}")
 
 
-def decide(df: pd.DataFrame, routing: RoutingConfig) -> pd.DataFrame:
-    _check_inputs(df, "decide")
+@runs(STAGES["decide"])
+def decide(df: pd.DataFrame, routing: RoutingConfig) -> dict:
     t0 = time.perf_counter()
-    routed = [route_question(g, routing) if e is None else (None, False, False, [], None) for g, e in zip(df["graded"], df["error"])]
-    return _with(
-        df,
-        action=[r[0] for r in routed],
-        needs_web=[r[1] for r in routed],
-        use_internal=[r[2] for r in routed],
-        relevant=[r[3] for r in routed],
+    routed = [route_question(g, routing) if e is None else Route(None, False, False, [], None) for g, e in zip(df["graded"], df["error"])]
+    return dict(
+        action=[r.action for r in routed],
+        needs_web=[r.needs_web for r in routed],
+        use_internal=[r.use_internal for r in routed],
+        relevant=[r.relevant for r in routed],
         ms_decide=(time.perf_counter() - t0) * 1000 / max(len(df), 1),
-        decisions=_log(df, [("route", r[0], r[4]) if r[0] else None for r in routed]),
+        decisions=_log(df, [("route", r.action, r.reason) if r.action else None for r in routed]),
     )
 
 
@@ -266,11 +327,11 @@ def _direct_query(question: str, policy_keywords: list[str]) -> str:
     return " ".join([question.strip(), *extra])
 
 
-def rewrite(df: pd.DataFrame, backends: Backends, fallback: str = "single") -> pd.DataFrame:
+@runs(STAGES["rewrite"])
+def rewrite(df: pd.DataFrame, backends: Backends, fallback: str = "single") -> dict:
     """A web query for each question that needs the web; the original question is kept for
     generation. With the two-stage fallback (reference flow 3) the first query is the question itself
     (plus policy keywords) and the rewriter is called only if that search leaves the context short."""
-    _check_inputs(df, "rewrite")
     enabled = backends.web_search is not None
     rewriter = backends.rewriter
     if fallback == "two_stage":
@@ -279,8 +340,7 @@ def rewrite(df: pd.DataFrame, backends: Backends, fallback: str = "single") -> p
         make = lambda r: rewriter.rewrite(r.question, r.usage)  # noqa: E731
     queries, millis, errors = _per_row(df, "rewrite", make, when=lambda r: r.needs_web and enabled, workers=rewriter.concurrency)
     why = "two-stage fallback: the question itself first" if fallback == "two_stage" else f"rewriter {rewriter.name}"
-    return _with(
-        df,
+    return dict(
         web_query=queries,
         error=errors,
         ms_rewrite=millis,
@@ -300,11 +360,11 @@ def _usable_web(results: list[Document]) -> list[Document]:
     return [d for d in results if d.get("grade", "yes") == "yes"]
 
 
-def web_search(df: pd.DataFrame, backends: Backends, cfg: CragConfig) -> pd.DataFrame:
+@runs(STAGES["web_search"])
+def web_search(df: pd.DataFrame, backends: Backends, cfg: CragConfig) -> dict:
     """Search the web for each question with a web query; optionally check each result as a source
     (reference flow 3), grade the results, and with the two-stage fallback search again with a
     rewritten query when the usable context is still shorter than routing.min_context_chars."""
-    _check_inputs(df, "web_search")
     ws, grader, check = backends.web_search, backends.grader, backends.source_check
     w = cfg.web_search
 
@@ -338,8 +398,7 @@ def web_search(df: pd.DataFrame, backends: Backends, cfg: CragConfig) -> pd.Data
     concurrency = max(ws.concurrency if ws else 1, grader.concurrency, check.concurrency if check else 1)
     found, millis, errors = _per_row(df, "web_search", search_row, when=lambda r: r.web_query is not None, workers=concurrency)
     results = [f[1] if f else [] for f in found]
-    return _with(
-        df,
+    return dict(
         web_query=[f[0] if f else q for f, q in zip(found, df["web_query"])],
         web_results=results,
         n_web=[len(r) for r in results],
@@ -365,7 +424,7 @@ def refine_context(question: str, context: list[Document], grader: Grader, cfg: 
     grades = grader.grade(question, [{**context[d], "text": text} for d, _, text in strips], usage)
     ranked = sorted(range(len(strips)), key=lambda i: (-grades[i].relevance, i))
     keep = sorted(i for i in ranked[: cfg.keep] if grades[i].grade == "yes")
-    refined = []
+    refined: list[Document] = []
     for d, doc in enumerate(context):
         kept = [strips[i][2] for i in keep if strips[i][0] == d]
         if kept:
@@ -373,10 +432,10 @@ def refine_context(question: str, context: list[Document], grader: Grader, cfg: 
     return refined
 
 
-def refine(df: pd.DataFrame, backends: Backends, cfg: RefinementConfig) -> pd.DataFrame:
+@runs(STAGES["refine"])
+def refine(df: pd.DataFrame, backends: Backends, cfg: RefinementConfig) -> dict:
     """The context the generator will read: relevant internal documents (unless the action says web
     only) plus usable web results; refined into strips when refinement is on."""
-    _check_inputs(df, "refine")
 
     def compose(row):
         context = (row.relevant if row.use_internal else []) + _usable_web(row.web_results)
@@ -386,8 +445,7 @@ def refine(df: pd.DataFrame, backends: Backends, cfg: RefinementConfig) -> pd.Da
 
     contexts, millis, errors = _per_row(df, "refine", compose, workers=backends.grader.concurrency if cfg.enabled else 1)
     logged = [("refine", f"{len(c)} documents", "knowledge refinement: best strips kept") if c is not None else None for c in contexts]
-    return _with(
-        df,
+    return dict(
         context=[c or [] for c in contexts],
         error=errors,
         ms_refine=millis,
@@ -403,9 +461,9 @@ def _route(context: list[Document]) -> str:
     return "mixed" if len(kinds) > 1 else "web" if kinds == {"web"} else "internal"
 
 
-def generate(df: pd.DataFrame, backends: Backends, refusal_message: str) -> pd.DataFrame:
+@runs(STAGES["generate"])
+def generate(df: pd.DataFrame, backends: Backends, refusal_message: str) -> dict:
     """Answer the ORIGINAL question from the context. No context: the refusal message, and no call."""
-    _check_inputs(df, "generate")
     answers, millis, errors = _per_row(
         df, "generate", lambda r: backends.generator.generate(r.question, r.context, r.usage),
         when=lambda r: bool(r.context), workers=backends.generator.concurrency,
@@ -424,8 +482,8 @@ def generate(df: pd.DataFrame, backends: Backends, refusal_message: str) -> pd.D
             texts.append(answer.text), refused.append(False), routes.append(_route(context))
             sources.append([{k: d.get(k) for k in ("source", "doc_id", "title", "url")} for d in cited])
             log.append(("generate", "answered", f"generator {backends.generator.name} from {len(context)} documents ({_route(context)}), {len(cited)} cited"))
-    return _with(df, answer=texts, refused=refused, sources=sources, route=routes, error=errors, ms_generate=millis,
-                 decisions=_log(df, log))
+    return dict(answer=texts, refused=refused, sources=sources, route=routes, error=errors, ms_generate=millis,
+                decisions=_log(df, log))
 
 
 # ---------------------------------------------------------------- the whole flow

@@ -1,25 +1,39 @@
 """Choosing backends is configuration: `build_backends(cfg)` reads the backend names from the config
-and constructs one object per role. Each provider lives in its own module and is imported only when
-configured, so the embedded default never loads a cloud client."""
+and constructs one object per role with the provider registered for that (role, name) in PROVIDERS.
+Each backend lives in its own module and is imported only when configured, so the embedded default
+never loads a cloud client."""
 
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
 
-from crag.backends.base import Generator, Grader, Retriever, Rewriter, WebSearch
-from crag.config import CragConfig, EndpointPolicy, LLMConfig, stable_hash
+from crag.backends.base import Backends
+from crag.config import (
+    BM25RetrieverConfig,
+    CragConfig,
+    EndpointPolicy,
+    ExtractiveGeneratorConfig,
+    HybridRetrieverConfig,
+    KeywordRewriterConfig,
+    LangChainRetrieverConfig,
+    LexicalGraderConfig,
+    LLMConfig,
+    LLMGeneratorConfig,
+    LLMGraderConfig,
+    LLMRewriterConfig,
+    NoWebSearchConfig,
+    OfflineCorpusConfig,
+    SemanticGraderConfig,
+    SourceCheckConfig,
+    TavilyConfig,
+    VectorSearchRetrieverConfig,
+    stable_hash,
+)
 from crag.errors import ConfigError
-
-
-@dataclass
-class Backends:
-    retriever: Retriever
-    grader: Grader
-    rewriter: Rewriter
-    web_search: WebSearch | None  # None: web search switched off (web_search.backend = none)
-    generator: Generator
-    source_check: object | None = None  # LLMSourceCheck when web_search.verify is set
 
 
 def _require(value: str | None, key: str) -> str:
@@ -97,96 +111,192 @@ def _new_chat_model(role: LLMConfig, secrets, concurrent_tasks: int):
     return OpenAICompatible(role, secrets, concurrent_tasks, getattr(role, "guided_regex_key", "guided_regex"))
 
 
+@dataclass
+class _Building:
+    """What the providers of one `build_backends` call share: the config, the credentials, one chat
+    client per endpoint, and the local indexes loaded so far."""
+
+    cfg: CragConfig
+    secrets: dict[str, str] | None
+    concurrent_tasks: int
+    policies: dict[tuple, EndpointPolicy]
+    shared: dict = field(default_factory=dict)
+    # loaded local indexes by document source: the lexical scorer's term weights, the semantic grader's
+    # dense vectors
+    local_indexes: dict = field(default_factory=dict)
+
+    def chat_model(self, role: LLMConfig):
+        return _chat_model(role, self.secrets, self.concurrent_tasks, self.shared, self.policies)
+
+    @cached_property
+    def scorer(self):
+        """The lexical scorer, over the term weights of every local index (without one, as with Vector
+        Search and Tavily, every term weighs the same). Its collections are all loaded by then: the
+        retriever and web search are built before the roles that score."""
+        from crag.backends.lexical import LexicalScorer
+        from crag.text import TermWeights
+
+        internal, web = self.local_indexes.get("internal"), self.local_indexes.get("web")
+        weights = internal.term_weights if internal else TermWeights({}, 1)
+        if web:
+            # The lexical grader and extractive generator weigh terms by IDF over every local
+            # collection: with the knowledge base alone, all words it lacks would weigh the same,
+            # however common.
+            weights = weights.merged(web.term_weights)
+        return LexicalScorer(weights, internal.tokenizer if internal else self.cfg.indexing.tokenizer)
+
+
+def _bm25_retriever(b: _Building, cfg: BM25RetrieverConfig):
+    from crag.backends.bm25 import BM25Retriever
+
+    retriever = BM25Retriever(_require(cfg.index, "retriever.index"))
+    b.local_indexes["internal"] = retriever.index
+    return retriever
+
+
+def _hybrid_retriever(b: _Building, cfg: HybridRetrieverConfig):
+    from crag.backends.hybrid import HybridRetriever
+
+    retriever = HybridRetriever(cfg, _require(cfg.index, "retriever.index"))
+    b.local_indexes["internal"] = retriever.index
+    return retriever
+
+
+def _langchain_retriever(b: _Building, cfg: LangChainRetrieverConfig):
+    from crag.backends.langchain_retriever import LangChainRetriever
+
+    return LangChainRetriever(cfg, b.concurrent_tasks)
+
+
+def _vector_search_retriever(b: _Building, cfg: VectorSearchRetrieverConfig):
+    from crag.backends.vector_search import VectorSearchRetriever
+
+    return VectorSearchRetriever(cfg, b.secrets, b.concurrent_tasks)
+
+
+def _offline_corpus(b: _Building, cfg: OfflineCorpusConfig):
+    from crag.backends.bm25 import OfflineCorpusSearch
+
+    web_search = OfflineCorpusSearch(_require(cfg.index, "web_search.index"))
+    internal = b.local_indexes.get("internal")
+    if internal is not None and web_search.index.tokenizer != internal.tokenizer:
+        raise ConfigError(
+            f"retriever.index uses tokenizer {internal.tokenizer!r} but web_search.index uses "
+            f"{web_search.index.tokenizer!r}: rebuild one of them with the same indexing.tokenizer"
+        )
+    b.local_indexes["web"] = web_search.index
+    return web_search
+
+
+def _tavily(b: _Building, cfg: TavilyConfig):
+    from crag.backends.tavily_search import TavilySearch
+
+    return TavilySearch(cfg, b.secrets, b.concurrent_tasks)
+
+
+def _no_web_search(b: _Building, cfg: NoWebSearchConfig) -> None:
+    return None
+
+
+def _lexical_grader(b: _Building, cfg: LexicalGraderConfig):
+    from crag.backends.lexical import LexicalGrader
+
+    return LexicalGrader(b.scorer, cfg.threshold)
+
+
+def _semantic_grader(b: _Building, cfg: SemanticGraderConfig):
+    from crag.backends.semantic import SemanticGrader
+
+    return SemanticGrader(b.scorer, cfg, b.local_indexes)
+
+
+def _llm_grader(b: _Building, cfg: LLMGraderConfig):
+    from crag.backends.llm_roles import LLMGrader
+
+    return LLMGrader(b.chat_model(cfg), cfg)
+
+
+def _keyword_rewriter(b: _Building, cfg: KeywordRewriterConfig):
+    from crag.backends.lexical import KeywordRewriter
+
+    return KeywordRewriter(cfg.policy_keywords)
+
+
+def _llm_rewriter(b: _Building, cfg: LLMRewriterConfig):
+    from crag.backends.llm_roles import LLMRewriter
+
+    return LLMRewriter(b.chat_model(cfg), cfg)
+
+
+def _extractive_generator(b: _Building, cfg: ExtractiveGeneratorConfig):
+    from crag.backends.extractive import ExtractiveGenerator
+
+    return ExtractiveGenerator(b.scorer, cfg.max_sentences, cfg.min_sentence_score, cfg.document_weight,
+                               cfg.answer_from_best_document)
+
+
+def _llm_generator(b: _Building, cfg: LLMGeneratorConfig):
+    from crag.backends.llm_roles import LLMGenerator
+
+    return LLMGenerator(b.chat_model(cfg), cfg)
+
+
+def _llm_source_check(b: _Building, cfg: SourceCheckConfig):
+    from crag.backends.llm_roles import LLMSourceCheck
+
+    return LLMSourceCheck(b.chat_model(cfg), cfg)
+
+
+# The chat services a model role can be served by (LLMConfig.backend).
+_CHAT_SERVICES = ("databricks", "openai")
+
+# (role, backend name in the config) -> the constructor of that backend, from the shared build state and
+# the role's own config section. Each provider imports its module only when called, so the embedded
+# default never loads a cloud client.
+PROVIDERS: dict[tuple[str, str], Callable[[_Building, Any], Any]] = {
+    ("retriever", "bm25"): _bm25_retriever,
+    ("retriever", "hybrid"): _hybrid_retriever,
+    ("retriever", "langchain"): _langchain_retriever,
+    ("retriever", "databricks_vector_search"): _vector_search_retriever,
+    ("web_search", "offline_corpus"): _offline_corpus,
+    ("web_search", "tavily"): _tavily,
+    ("web_search", "none"): _no_web_search,
+    ("grader", "lexical"): _lexical_grader,
+    ("grader", "semantic"): _semantic_grader,
+    ("rewriter", "keywords"): _keyword_rewriter,
+    ("generator", "extractive"): _extractive_generator,
+    **{("grader", service): _llm_grader for service in _CHAT_SERVICES},
+    **{("rewriter", service): _llm_rewriter for service in _CHAT_SERVICES},
+    **{("generator", service): _llm_generator for service in _CHAT_SERVICES},
+    **{("source_check", service): _llm_source_check for service in _CHAT_SERVICES},
+}
+
+
+def _provide(b: _Building, role: str, section: Any):
+    """The backend for `role` that `section` (the role's config) names."""
+    provider = PROVIDERS.get((role, section.backend))
+    if provider is None:
+        known = sorted(name for r, name in PROVIDERS if r == role)
+        raise ConfigError(f"no {role} backend {section.backend!r}: choose one of {known}")
+    return provider(b, section)
+
+
 def build_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1) -> Backends:
     """`concurrent_tasks`: how many Spark tasks run at once, each in its own process; every remote
-    endpoint's max_concurrency is shared out among them."""
-    from crag.text import TermWeights
-
-    shared: dict = {}
-    policies = shared_policies(cfg)
-    weights, tokenizer = TermWeights({}, 1), cfg.indexing.tokenizer
-    r = cfg.retriever
-    local_indexes = {}  # loaded local indexes by document source, for the semantic grader's dense vectors
-    if r.backend == "bm25":
-        from crag.backends.bm25 import BM25Retriever
-
-        retriever = BM25Retriever(_require(r.index, "retriever.index"))
-        weights, tokenizer = retriever.index.term_weights, retriever.index.tokenizer
-        local_indexes["internal"] = retriever.index
-    elif r.backend == "hybrid":
-        from crag.backends.hybrid import HybridRetriever
-
-        retriever = HybridRetriever(r, _require(r.index, "retriever.index"))
-        weights, tokenizer = retriever.index.term_weights, retriever.index.tokenizer
-        local_indexes["internal"] = retriever.index
-    elif r.backend == "langchain":
-        from crag.backends.langchain_retriever import LangChainRetriever
-
-        retriever = LangChainRetriever(r, concurrent_tasks)
-    else:
-        from crag.backends.vector_search import VectorSearchRetriever
-
-        retriever = VectorSearchRetriever(r, secrets, concurrent_tasks)
-
-    w = cfg.web_search
-    web_search = None
-    if w.backend == "offline_corpus":
-        from crag.backends.bm25 import OfflineCorpusSearch
-
-        web_search = OfflineCorpusSearch(_require(w.index, "web_search.index"))
-        local_indexes["web"] = web_search.index
-        if r.backend in ("bm25", "hybrid") and web_search.index.tokenizer != tokenizer:
-            raise ConfigError(
-                f"retriever.index uses tokenizer {tokenizer!r} but web_search.index uses "
-                f"{web_search.index.tokenizer!r}: rebuild one of them with the same indexing.tokenizer"
-            )
-        # The lexical grader and extractive generator weigh terms by IDF over every local collection:
-        # with the knowledge base alone, all words it lacks would weigh the same, however common.
-        weights = weights.merged(web_search.index.term_weights)
-    elif w.backend == "tavily":
-        from crag.backends.tavily_search import TavilySearch
-
-        web_search = TavilySearch(w, secrets, concurrent_tasks)
-
-    from crag.backends.lexical import KeywordRewriter, LexicalGrader, LexicalScorer
-
-    # Without a local index (Vector Search, Tavily) every term weighs the same.
-    scorer = LexicalScorer(weights, tokenizer)
-    if cfg.grader.backend == "lexical":
-        grader = LexicalGrader(scorer, cfg.grader.threshold)
-    elif cfg.grader.backend == "semantic":
-        from crag.backends.semantic import SemanticGrader
-
-        grader = SemanticGrader(scorer, cfg.grader, local_indexes)
-    else:
-        from crag.backends.llm_roles import LLMGrader
-
-        grader = LLMGrader(_chat_model(cfg.grader, secrets, concurrent_tasks, shared, policies), cfg.grader)
-
-    if cfg.rewriter.backend == "keywords":
-        rewriter = KeywordRewriter(cfg.rewriter.policy_keywords)
-    else:
-        from crag.backends.llm_roles import LLMRewriter
-
-        rewriter = LLMRewriter(_chat_model(cfg.rewriter, secrets, concurrent_tasks, shared, policies), cfg.rewriter)
-
-    g = cfg.generator
-    if g.backend == "extractive":
-        from crag.backends.extractive import ExtractiveGenerator
-
-        generator = ExtractiveGenerator(scorer, g.max_sentences, g.min_sentence_score, g.document_weight,
-                                        g.answer_from_best_document)
-    else:
-        from crag.backends.llm_roles import LLMGenerator
-
-        generator = LLMGenerator(_chat_model(g, secrets, concurrent_tasks, shared, policies), g)
-
-    source_check = None
-    if w.verify is not None:
-        from crag.backends.llm_roles import LLMSourceCheck
-
-        source_check = LLMSourceCheck(_chat_model(w.verify, secrets, concurrent_tasks, shared, policies), w.verify)
-    return Backends(retriever, grader, rewriter, web_search, generator, source_check)
+    endpoint's max_concurrency is shared out among them. The retriever and web search are built first:
+    the local indexes they load weigh the terms of the lexical roles."""
+    b = _Building(cfg, secrets, concurrent_tasks, shared_policies(cfg))
+    retriever = _provide(b, "retriever", cfg.retriever)
+    web_search = _provide(b, "web_search", cfg.web_search)
+    verify = cfg.web_search.verify
+    return Backends(
+        retriever=retriever,
+        grader=_provide(b, "grader", cfg.grader),
+        rewriter=_provide(b, "rewriter", cfg.rewriter),
+        web_search=web_search,
+        generator=_provide(b, "generator", cfg.generator),
+        source_check=None if verify is None else _provide(b, "source_check", verify),
+    )
 
 
 _CACHE: dict[tuple, Backends] = {}

@@ -3,18 +3,36 @@
 Every role has `concurrency`: how many calls this process may make at once (1 for the embedded,
 in-process backends; a share of the endpoint's budget for remote ones).
 
-A document travels through the stages as a plain dict (so it crosses pandas and Arrow unchanged):
-    source ("internal" | "web"), doc_id, parent_id, title, url, text, retrieval_score, rank
-and, once graded, relevance (0..1), grade ("yes" | "no"), parse_status, rationale.
+A document travels through the stages as a `Document`: a dict at run time (so it crosses pandas and
+Arrow unchanged), its keys typed.
 """
 
 from __future__ import annotations
 
 import contextvars
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import NotRequired, Protocol, TypedDict, runtime_checkable
 
-Document = dict
+
+class Document(TypedDict):
+    """One retrieved document or web result; the keys from `relevance` on are set once it is graded."""
+
+    source: str  # "internal" | "web"
+    doc_id: str
+    parent_id: str
+    title: str | None
+    url: str | None
+    text: str
+    retrieval_score: float
+    rank: int
+    relevance: NotRequired[float]  # 0..1
+    grade: NotRequired[str]  # "yes" | "no"
+    parse_status: NotRequired[str]  # "ok" | "repaired" | "failed"
+    rationale: NotRequired[str | None]
+    raw_output: NotRequired[str | None]
+    grader: NotRequired[str]  # the grader's name
+    prompt_hash: NotRequired[str | None]
+
 
 # The question the current backend call serves, set per question by the stage runner: a call whose
 # input is not the question itself (a web query) can still be filed under its question (crag.cache).
@@ -107,3 +125,26 @@ class Generator(Protocol):
 
     def generate(self, question: str, context: list[Document], usage: Usage) -> Answer:
         """An answer grounded in the context, citing the documents it used."""
+
+
+@runtime_checkable
+class SourceCheck(Protocol):
+    """Reference flow 3's check of each web result as a source (web_search.verify)."""
+
+    name: str
+    concurrency: int
+
+    def verify(self, question: str, results: list[Document], usage: Usage) -> list[bool]:
+        """Whether to keep each result, in order."""
+
+
+@dataclass
+class Backends:
+    """One object per role, as `build_backends` makes them from the config."""
+
+    retriever: Retriever
+    grader: Grader
+    rewriter: Rewriter
+    web_search: WebSearch | None  # None: web search switched off (web_search.backend = none)
+    generator: Generator
+    source_check: SourceCheck | None = None  # set when web_search.verify is

@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from crag import tables
 from crag.backends.base import Document
-from crag.errors import IndexError_
+from crag.errors import UnusableIndexError
 from crag.text import TermWeights, tokenize
 
 INDEX_FORMAT = "crag-bm25"
@@ -111,7 +111,7 @@ def index_data(path: str | Path) -> Path:
     path = Path(path)
     data = _read_manifest(path).get("data")
     if not data:
-        raise IndexError_(f"no crag index at {path} (build one with: {build_command(path)})")
+        raise UnusableIndexError(f"no crag index at {path} (build one with: {build_command(path)})")
     return path / data
 
 
@@ -122,13 +122,13 @@ class LexicalIndex:
         path = Path(path)
         manifest_path = path / "manifest.json"
         if not manifest_path.is_file():
-            raise IndexError_(f"no crag index at {path} (build one with: {build_command(path)})")
+            raise UnusableIndexError(f"no crag index at {path} (build one with: {build_command(path)})")
         try:
             manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise IndexError_(f"index manifest {manifest_path} is not valid JSON: rebuild the index with {build_command(path)}") from None
+            raise UnusableIndexError(f"index manifest {manifest_path} is not valid JSON: rebuild the index with {build_command(path)}") from None
         if manifest.get("format") != INDEX_FORMAT or manifest.get("version") != INDEX_VERSION:
-            raise IndexError_(
+            raise UnusableIndexError(
                 f"index {path} is {manifest.get('format')} version {manifest.get('version')}; this crag reads "
                 f"{INDEX_FORMAT} version {INDEX_VERSION}: rebuild it with {build_command(path)}"
             )
@@ -138,12 +138,12 @@ class LexicalIndex:
         self.embedding = manifest.get("embedding", "none")
         rebuild = f"rebuild it with {build_command(path)}"
         if not _is_complete(self.data):
-            raise IndexError_(f"index {path}: its manifest names build {manifest['data']}, which is missing or incomplete: {rebuild}")
+            raise UnusableIndexError(f"index {path}: its manifest names build {manifest['data']}, which is missing or incomplete: {rebuild}")
         chunks = self._chunks = tables.read_whole_table(self.data / "chunks")
         self._bm25 = bm25s.BM25.load(str(self.data / "bm25"), show_progress=False)
         n_bm25 = int(self._bm25.scores["num_docs"])
         if not chunks.num_rows == n_bm25 == manifest["n_chunks"]:
-            raise IndexError_(f"index {path} does not agree with itself: {chunks.num_rows} chunks in the table, "
+            raise UnusableIndexError(f"index {path} does not agree with itself: {chunks.num_rows} chunks in the table, "
                               f"{n_bm25} in the BM25 index, {manifest['n_chunks']} in the manifest: {rebuild}")
         self._vocab = self._bm25.vocab_dict
         self._chunk_parent = np.asarray(chunks.column("parent_id").to_pylist(), dtype=object)
@@ -154,11 +154,11 @@ class LexicalIndex:
     def dense(self) -> np.ndarray:
         """The child chunks' unit vectors (n_chunks, dim), loaded on first use."""
         if self.embedding == "none":
-            raise IndexError_(f"index {self.path} has no dense vectors: rebuild it with indexing.embedding set "
+            raise UnusableIndexError(f"index {self.path} has no dense vectors: rebuild it with indexing.embedding set "
                               "(e.g. --set indexing.embedding=multilingual-e5-small)")
         vectors = np.load(self.data / DENSE_FILE)
         if len(vectors) != len(self._chunk_parent):
-            raise IndexError_(f"index {self.path}: {len(vectors)} dense vectors for {len(self._chunk_parent)} chunks: rebuild it")
+            raise UnusableIndexError(f"index {self.path}: {len(vectors)} dense vectors for {len(self._chunk_parent)} chunks: rebuild it")
         return vectors
 
     @functools.cached_property

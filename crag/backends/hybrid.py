@@ -12,7 +12,7 @@ from crag.backends.base import Document
 from crag.backends.bm25 import load_index
 from crag.backends.embedding import load_embedder
 from crag.config import HybridRetrieverConfig
-from crag.errors import IndexError_
+from crag.errors import UnusableIndexError
 
 
 class HybridRetriever:
@@ -21,7 +21,7 @@ class HybridRetriever:
     def __init__(self, cfg: HybridRetrieverConfig, index_path: str):
         self.index = load_index(str(Path(index_path).resolve()))
         if self.index.embedding == "none":
-            raise IndexError_(f"retriever.backend hybrid needs dense vectors, and index {index_path} has none: "
+            raise UnusableIndexError(f"retriever.backend hybrid needs dense vectors, and index {index_path} has none: "
                               "rebuild it with --set indexing.embedding=multilingual-e5-small")
         self.embedder = load_embedder(self.index.embedding)
         self.candidates, self.rrf_k = cfg.candidates, cfg.rrf_k

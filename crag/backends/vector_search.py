@@ -1,11 +1,13 @@
-"""Retriever over a Databricks Vector Search index (databricks-vectorsearch) of child chunks: the top-k
-children of each question, expanded to their parent chunks and de-duplicated by parent, as the
-embedded BM25 retriever does. The client is thread-safe, so one index object serves every thread."""
+"""The knowledge base on Databricks Vector Search: a Delta Sync index over the chunk table's child
+chunks, embedded by a model-serving endpoint (reference flow 1 uses BGE-M3 for Japanese), created on
+the first `crag index` and synced on later ones; and the retriever over it (databricks-vectorsearch):
+the top-k children of each question, expanded to their parent chunks and de-duplicated by parent, as
+the embedded BM25 retriever does. The client is thread-safe, so one index object serves every thread."""
 
 from __future__ import annotations
 
 from crag.backends.base import Document
-from crag.backends.remote import Endpoint, http_status
+from crag.backends.remote import Endpoint, http_status, secret
 from crag.config import VectorSearchRetrieverConfig
 from crag.errors import ConfigError
 from crag.secrets import scrub
@@ -15,6 +17,18 @@ from crag.secrets import scrub
 # full retries of a long per-call timeout.
 STARTUP_TIMEOUT_S = 20.0
 STARTUP_ATTEMPTS = 2
+
+
+def vector_search_client(cfg: VectorSearchRetrieverConfig, secrets: dict[str, str] | None):
+    """A client with the configured host and token, or the runtime's own auth on Databricks."""
+    from databricks.ai_search.client import AISearchClient  # databricks-ai-search: the renamed databricks-vectorsearch
+
+    what = f"Vector Search index {cfg.index_name!r}"
+    host = secret(cfg.host_env, None, f"{what} (workspace URL)", secrets, optional_on_databricks=True)
+    token = secret(cfg.token_env, cfg.token_secret, what, secrets, optional_on_databricks=True)
+    if host and token:
+        return AISearchClient(workspace_url=host, personal_access_token=token, disable_notice=True)
+    return AISearchClient(disable_notice=True)
 
 
 def _open_index(client, cfg: VectorSearchRetrieverConfig):
@@ -43,10 +57,31 @@ def unusable(cfg: VectorSearchRetrieverConfig, client, exc: Exception) -> Config
                              f"is not usable: {reason}"))
 
 
+def sync_vector_index(cfg: VectorSearchRetrieverConfig, secrets: dict[str, str] | None = None) -> str:
+    """Create the Delta Sync index over cfg.source_table if it does not exist, else start a sync.
+    Returns "created" or "synced"."""
+    if not cfg.source_table:
+        raise ConfigError("config key 'retriever.source_table' is required to build a Vector Search index "
+                          "(the Unity Catalog chunk table it syncs from)")
+    client = vector_search_client(cfg, secrets)
+    endpoint = Endpoint(f"vector_search:{cfg.index_name}", cfg.policy, hard_timeout=True)
+    try:
+        index = endpoint.call(lambda: client.get_index(endpoint_name=cfg.endpoint, index_name=cfg.index_name))
+    except Exception as exc:
+        if type(exc).__name__ != "NotFound":
+            raise unusable(cfg, client, exc) from None
+        endpoint.call(lambda: client.create_delta_sync_index(
+            endpoint_name=cfg.endpoint, index_name=cfg.index_name, source_table_name=cfg.source_table,
+            pipeline_type=cfg.pipeline_type, primary_key="chunk_id", embedding_source_column=cfg.columns.chunk_text,
+            embedding_model_endpoint_name=cfg.embedding_endpoint,
+        ))
+        return "created"
+    endpoint.call(index.sync)
+    return "synced"
+
+
 class VectorSearchRetriever:
     def __init__(self, cfg: VectorSearchRetrieverConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1):
-        from crag.vector_index import vector_search_client
-
         self.cfg = cfg
         # The client has no request timeout of its own: the endpoint enforces one around each call.
         self._endpoint = Endpoint(f"vector_search:{cfg.index_name}", cfg.policy, concurrent_tasks, hard_timeout=True)

@@ -66,15 +66,6 @@ def test_console_script_builds_an_index(tmp_path):
     assert (tmp_path / "web" / "manifest.json").exists()
 
 
-def test_the_jobs_entry_point_runs_crag(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "jobs/build_index.py", "--conf", str(LOCAL_CONF), "--docs", str(SAMPLE / "web.jsonl"), "--out", str(tmp_path / "w")],
-        capture_output=True, text=True, cwd=REPO,
-    )
-    assert done.returncode == 0, done.stderr
-    assert (tmp_path / "w" / "manifest.json").exists()
-
-
 def test_sql_over_the_warehouse(capsys, spark, tmp_path, index_overrides):
     sets = [a for o in index_overrides for a in ("--set", o)]
     assert main(["run", "--conf", str(LOCAL_CONF), *sets, "--questions", str(SAMPLE / "questions.jsonl"),

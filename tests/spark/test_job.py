@@ -8,7 +8,7 @@ from deltalake import DeltaTable
 
 from tests.support import LOCAL_CONF, SAMPLE, staging_folder
 from crag import schema
-from crag.errors import CragError, IndexError_
+from crag.errors import CragError, UnusableIndexError
 from crag.job import run
 
 QUESTIONS = SAMPLE / "questions.jsonl"
@@ -120,7 +120,7 @@ def test_rerunning_a_run_id_replaces_its_rows(spark, index_overrides, tmp_path):
 
 
 def test_missing_index_fails_before_spark_work(spark, tmp_path):
-    with pytest.raises(IndexError_, match="no crag index"):
+    with pytest.raises(UnusableIndexError, match="no crag index"):
         run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), overrides=[f"retriever.index={tmp_path / 'none'}"], spark=spark)
     assert not (tmp_path / "answers").exists()
 

@@ -1,8 +1,6 @@
 """Variants: comparison rows against the two runs' tables, the HTML report, the stage cache by call
 counts on the emulators, and the MLflow record."""
 
-import subprocess
-import sys
 from html.parser import HTMLParser
 
 import pytest
@@ -133,11 +131,3 @@ def test_runs_are_logged_to_mlflow(spark, sample_indexes, tmp_path, capsys):
     assert [a.path for a in client.list_artifacts(cand.info.run_id, "reports")] == ["reports/cmp.html"]
     config = client.download_artifacts(cand.info.run_id, "config.json", str(tmp_path / "dl"))
     assert '"policy": "thresholds"' in open(config).read()
-
-
-def test_compare_job_entry_point(two_runs):
-    done = subprocess.run([sys.executable, "jobs/compare_variants.py", "--warehouse", str(two_runs), "--base", "base",
-                           "--candidate", "cand", "--report", str(two_runs / "job.html"), "--no-mlflow"],
-                          capture_output=True, text=True, cwd=REPO)
-    assert done.returncode == 0, done.stderr
-    assert (two_runs / "job.html").exists() and "questions in both" in done.stdout

@@ -4,6 +4,7 @@ the serving REST protocol: chat completions and reference flow 1's batch grading
 import json
 
 import pytest
+import requests
 
 from tests.support import REPO, TOKEN
 from crag.backends.base import Usage
@@ -88,8 +89,9 @@ def test_timeout_is_retried(emulator):
 
 def test_persistent_failure_raises_after_max_attempts(emulator):
     emulator.behaviour["serving"].scripted = ["500"] * 3
-    with pytest.raises(Exception, match="500"):
+    with pytest.raises(requests.HTTPError, match="500 Server Error") as failed:
         grader().grade(QUESTION, DOCS, Usage())
+    assert failed.value.response.status_code == 500
     assert len(emulator.of("serving")) == 3
 
 
@@ -116,8 +118,9 @@ def test_prose_wrapped_json_is_repaired(emulator):
 
 def test_wrong_token_is_not_retried(emulator, monkeypatch):
     monkeypatch.setenv("DATABRICKS_TOKEN", "wrong")
-    with pytest.raises(Exception, match="401|invalid token|UNAUTHENTICATED"):
+    with pytest.raises(requests.HTTPError, match="401 Client Error.*UNAUTHENTICATED") as refused:
         grader().grade(QUESTION, DOCS, Usage())
+    assert refused.value.response.status_code == 401
     assert len(emulator.of("serving")) == 1
 
 

@@ -186,11 +186,3 @@ def _local_parameters(job: str, values: dict[str, str], variables: dict[str, str
         p = re.sub(r"\{\{job\.parameters\.(\w+)\}\}", lambda m: values[m.group(1)], p)
         out.append(p.replace("{{job.run_id}}", "local1"))
     return out
-
-
-@pytest.mark.parametrize("script, command", [("jobs/crag_batch.py", "run"), ("jobs/build_index.py", "index"),
-                                             ("jobs/compare_variants.py", "compare")])
-def test_job_files_are_the_same_commands(script, command):
-    """The spark_python_task alternative: each jobs/*.py passes its arguments to the same command."""
-    done = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, cwd=REPO)
-    assert done.returncode == 0 and f"usage: crag {command}" in done.stdout

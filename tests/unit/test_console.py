@@ -213,7 +213,7 @@ def test_a_sql_result_from_a_real_warehouse(tmp_path):
     structs, time zones), in every format."""
     import datetime
 
-    from crag import schema, tables
+    from crag import schema, sql, tables
 
     created = datetime.datetime(2026, 11, 29, 14, 58, 35, tzinfo=datetime.timezone.utc)
     rows = [{"run_id": "r1", "question_id": "q-ja-02", "question": "日本で一番高い山は？", "answer": ANSWER_JA,
@@ -222,7 +222,7 @@ def test_a_sql_result_from_a_real_warehouse(tmp_path):
             {"run_id": "r1", "question_id": "q-en-01", "question": "How often?", "answer": ANSWER_EN, "route": "internal",
              "refused": False, "n_retrieved": 10, "prompt_tokens": 512, "ms_retrieve": 0.5, "sources": [], "created_at": created}]
     tables.write_table(tmp_path / "answers", pa.Table.from_pylist(rows, schema=schema.ANSWERS))
-    result = tables.query(tmp_path, "SELECT question_id, question, answer, n_retrieved, prompt_tokens, ms_retrieve, "
+    result = sql.query(tmp_path, "SELECT question_id, question, answer, n_retrieved, prompt_tokens, ms_retrieve, "
                                     "refused, sources, created_at FROM answers ORDER BY question_id")
 
     lines = render(result, "table", width=72).splitlines()

@@ -4,12 +4,14 @@ master, and the policy of an endpoint that several roles share."""
 from __future__ import annotations
 
 import shutil
+import typing
+from types import SimpleNamespace
 
 import pytest
 
 from tests.support import LOCAL_CONF, REPO
 from crag.cli import main
-from crag.config import MAX_YAML_VALUES, EndpointPolicy, load_config, safe_yaml
+from crag.config import MAX_YAML_VALUES, CragConfig, EndpointPolicy, load_config, safe_yaml
 from crag.errors import ConfigError
 
 DBX = REPO / "conf" / "databricks.yaml"
@@ -200,3 +202,32 @@ def test_the_shared_client_uses_the_merged_policy(tmp_path, monkeypatch, sample_
     backends = build_backends(load_config(conf))
     assert backends.rewriter.model is backends.generator.model  # one client for the shared endpoint
     assert backends.generator.model._endpoint.policy.timeout_s == 120  # not only the first role's 60
+
+
+
+def _models(annotation) -> list:
+    """The config models a field allows: its union's members (None left out), or the one model."""
+    return [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+
+
+def _backend_names(annotation) -> set[str]:
+    return {name for model in _models(annotation) for name in typing.get_args(model.model_fields["backend"].annotation)}
+
+
+def test_every_backend_the_config_allows_has_a_provider_and_no_other():
+    from crag.backends import PROVIDERS
+
+    fields = CragConfig.model_fields
+    allowed = {(role, name) for role in ("retriever", "grader", "rewriter", "generator", "web_search")
+               for name in _backend_names(fields[role].annotation)}
+    verify = next(m for m in _models(fields["web_search"].annotation) if "verify" in m.model_fields)
+    allowed |= {("source_check", name) for name in _backend_names(verify.model_fields["verify"].annotation)}
+    assert set(PROVIDERS) == allowed
+
+
+def test_an_unknown_backend_name_is_one_config_error():
+    from crag.backends import _Building, _provide
+
+    with pytest.raises(ConfigError, match=r"no retriever backend 'faiss': choose one of "
+                                          r"\['bm25', 'databricks_vector_search', 'hybrid', 'langchain'\]"):
+        _provide(_Building(CragConfig(), None, 1, {}), "retriever", SimpleNamespace(backend="faiss"))

@@ -5,7 +5,7 @@ import pytest
 
 from crag.backends.bm25 import INDEX_VERSION, BM25Retriever, LexicalIndex, OfflineCorpusSearch
 from crag.config import IndexingConfig
-from crag.errors import IndexError_, InputError
+from crag.errors import UnusableIndexError, InputError
 from crag.indexing import build_index, chunk_documents
 from crag.tables import read_whole_table
 
@@ -81,10 +81,10 @@ def test_an_index_that_disagrees_with_itself_is_named_not_served(tmp_path):
     data = index_data(tmp_path / "a")
     shutil.rmtree(data / "bm25")
     shutil.copytree(index_data(tmp_path / "b") / "bm25", data / "bm25")  # another build's BM25 index
-    with pytest.raises(IndexError_, match="does not agree with itself"):
+    with pytest.raises(UnusableIndexError, match="does not agree with itself"):
         LexicalIndex(tmp_path / "a")
     shutil.rmtree(data)
-    with pytest.raises(IndexError_, match="missing or incomplete"):
+    with pytest.raises(UnusableIndexError, match="missing or incomplete"):
         LexicalIndex(tmp_path / "a")
 
 
@@ -116,17 +116,17 @@ def test_missing_or_incompatible_index_is_a_clear_error(tmp_path):
 
     # the hint is the whole command, config included: the config's indexing section must match the retriever's
     hint = re.escape(f"crag index --conf CONF --docs PATH --out {tmp_path / 'none'}")
-    with pytest.raises(IndexError_, match=f"no crag index at .*build one with: {hint}"):
+    with pytest.raises(UnusableIndexError, match=f"no crag index at .*build one with: {hint}"):
         LexicalIndex(tmp_path / "none")
-    with pytest.raises(IndexError_, match=f"no crag index at .*build one with: {hint}"):
+    with pytest.raises(UnusableIndexError, match=f"no crag index at .*build one with: {hint}"):
         index_data(tmp_path / "none")
     build_index(_write_docs(tmp_path), tmp_path / "idx", IndexingConfig())
     manifest = tmp_path / "idx" / "manifest.json"
     manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "version": 99}))
-    with pytest.raises(IndexError_, match="version 99.*rebuild it with crag index --conf CONF --docs PATH --out "):
+    with pytest.raises(UnusableIndexError, match="version 99.*rebuild it with crag index --conf CONF --docs PATH --out "):
         LexicalIndex(tmp_path / "idx")
     manifest.write_text("{not json")
-    with pytest.raises(IndexError_, match="not valid JSON"):
+    with pytest.raises(UnusableIndexError, match="not valid JSON"):
         LexicalIndex(tmp_path / "idx")
 
 

@@ -34,22 +34,22 @@ MIDDLE = docs(("no", 0.45), ("no", 0.2))
 )
 def test_policies(policy, graded, action, needs_web, use_internal):
     got = route_question(graded, RoutingConfig(policy=policy, upper=0.6, lower=0.3))
-    assert got[:3] == (action, needs_web, use_internal)
-    assert policy in got[4]
+    assert (got.action, got.needs_web, got.use_internal) == (action, needs_web, use_internal)
+    assert policy in got.reason
 
 
 def test_min_context_chars_counts_relevant_characters():
     short = route_question(SOME, RoutingConfig(policy="min_context_chars", min_context_chars=100))
     long = route_question(ALL, RoutingConfig(policy="min_context_chars", min_context_chars=100))
     none = route_question(NONE, RoutingConfig(policy="min_context_chars", min_context_chars=100))
-    assert short[:2] == ("ambiguous", True) and "60 chars < 100" in short[4]
-    assert long[:2] == ("correct", False) and "120 chars >= 100" in long[4]
-    assert none[:2] == ("incorrect", True)
+    assert (short.action, short.needs_web) == ("ambiguous", True) and "60 chars < 100" in short.reason
+    assert (long.action, long.needs_web) == ("correct", False) and "120 chars >= 100" in long.reason
+    assert (none.action, none.needs_web) == ("incorrect", True)
 
 
 def test_relevant_documents_keep_rank_order_and_are_capped():
     graded = docs(*[("yes", 0.9)] * 8)
-    _, _, _, relevant, _ = route_question(graded, RoutingConfig(max_relevant_docs=5))
+    relevant = route_question(graded, RoutingConfig(max_relevant_docs=5)).relevant
     assert [d["parent_id"] for d in relevant] == ["p0", "p1", "p2", "p3", "p4"]
 
 
@@ -57,15 +57,15 @@ def test_thresholds_policy_uses_the_documents_above_upper_even_if_graded_no():
     # the grader's yes/no threshold (say 0.6) above routing.upper (0.5): the 0.55 document made the
     # action correct, so it is the context rather than a refusal
     graded = docs(("no", 0.55), ("no", 0.2), ("yes", 0.7))
-    action, needs_web, use_internal, relevant, _ = route_question(graded, RoutingConfig(policy="thresholds", upper=0.5, lower=0.5))
-    assert (action, needs_web, use_internal) == ("correct", False, True)
-    assert [d["parent_id"] for d in relevant] == ["p0", "p2"]
+    route = route_question(graded, RoutingConfig(policy="thresholds", upper=0.5, lower=0.5))
+    assert (route.action, route.needs_web, route.use_internal) == ("correct", False, True)
+    assert [d["parent_id"] for d in route.relevant] == ["p0", "p2"]
 
 
 def test_nothing_retrieved_goes_to_the_web():
-    assert route_question([], RoutingConfig())[4] == "nothing retrieved; policy any_irrelevant: web search"
+    assert route_question([], RoutingConfig()).reason == "nothing retrieved; policy any_irrelevant: web search"
 
 
 def test_reason_is_readable():
-    reason = route_question(SOME, RoutingConfig())[4]
+    reason = route_question(SOME, RoutingConfig()).reason
     assert reason == "1 of 3 documents relevant; policy any_irrelevant: 2 irrelevant -> web search"

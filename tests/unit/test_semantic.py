@@ -17,7 +17,7 @@ from crag.backends.lexical import LexicalScorer
 from crag.backends.semantic import RATIONALE, SemanticGrader
 from crag.calibration import calibrate, fit_logistic, report
 from crag.config import HybridRetrieverConfig, IndexingConfig, LanguageCalibration, SemanticGraderConfig, SemanticLanguages, load_config
-from crag.errors import IndexError_
+from crag.errors import UnusableIndexError
 from crag.indexing import build_index
 from crag.text import TermWeights
 
@@ -59,7 +59,7 @@ def test_crag_index_writes_dense_vectors_and_a_rebuild_without_them_removes_them
     from crag.backends.bm25 import index_data
 
     assert not (index_data(plain) / "dense.npy").exists()
-    with pytest.raises(IndexError_, match="needs dense vectors"):
+    with pytest.raises(UnusableIndexError, match="needs dense vectors"):
         HybridRetriever(HybridRetrieverConfig(backend="hybrid"), str(plain))
 
 

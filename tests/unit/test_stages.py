@@ -113,22 +113,81 @@ def test_stages_declare_their_inputs_and_refuse_to_run_out_of_order():
         stages.grade(stages.start(questions("x?")), make_backends())
 
 
-def test_each_stage_adds_its_declared_outputs():
-    backends, cfg = make_backends(CORPUS), CragConfig()
-    df = stages.start(questions("some relevant?"))
-    steps = {
+def stage_steps(backends, cfg):
+    return {
         "retrieve": lambda d: stages.retrieve(d, backends, 10),
         "grade": lambda d: stages.grade(d, backends),
         "decide": lambda d: stages.decide(d, cfg.routing),
-        "rewrite": lambda d: stages.rewrite(d, backends),
+        "rewrite": lambda d: stages.rewrite(d, backends, cfg.web_search.fallback),
         "web_search": lambda d: stages.web_search(d, backends, cfg),
         "refine": lambda d: stages.refine(d, backends, cfg.refinement),
         "generate": lambda d: stages.generate(d, backends, "no idea"),
     }
-    for name, step in steps.items():
-        assert not set(stages.STAGES[name].outputs) & set(df.columns)
-        df = step(df)
-        assert set(stages.STAGES[name].outputs) | {f"ms_{name}"} <= set(df.columns)
+
+
+@pytest.mark.parametrize("fallback", ["single", "two_stage"])
+def test_each_stage_writes_exactly_its_declared_columns(fallback):
+    """Checked from outside the stage runner: a stage adds its outputs, and every column it does not
+    declare as an update comes out as it went in."""
+    backends = make_backends(CORPUS, web=("web no result",))  # short context: the two-stage fallback searches again
+    cfg = load_config(None, [f"web_search.fallback={fallback}"])
+    before = stages.start(questions("some relevant?", "none relevant?", "all relevant?"))
+    assert list(before.columns) == ["question_id", "question", *stages.START.outputs]
+    for name, step in stage_steps(backends, cfg).items():
+        declared = stages.STAGES[name]
+        assert f"ms_{name}" in declared.outputs
+        after = step(before)
+        assert set(after.columns) == set(before.columns) | set(declared.outputs)
+        assert not set(declared.outputs) & set(before.columns)
+        for column in set(before.columns) - set(declared.updates):
+            assert list(after[column]) == list(before[column]), f"{name} changed undeclared column {column}"
+        before = after
+    assert backends.web_search.calls == (["web: some relevant?", "web: none relevant?"] if fallback == "single" else
+                                         ["some relevant?", "web: some relevant?", "none relevant?", "web: none relevant?"])
+    assert list(after["web_query"][:2]) == ["web: some relevant?", "web: none relevant?"]
+
+
+def test_stage_names_and_timings_agree_with_the_output_schema():
+    assert tuple(stages.STAGES) == schema.STAGES
+    timings = [c for s in stages.STAGES.values() for c in s.outputs if c.startswith("ms_")]
+    assert timings == [f"ms_{s}" for s in schema.STAGES]
+
+
+def checked(outputs=("a",), updates=stages.BOOKKEEPING):
+    return stages.Stage("probe", ("question",), outputs, updates)
+
+
+def test_a_stage_that_writes_an_undeclared_column_fails():
+    probe = stages.runs(checked())(lambda df: {"a": 1, "b": 2, "error": df["error"], "decisions": df["decisions"]})
+    with pytest.raises(ValueError, match=r"stage 'probe' broke its contract: declared column\(s\) \[\] not written, "
+                                         r"undeclared column\(s\) \['b'\] written"):
+        probe(stages.start(questions("x?")))
+
+
+def test_a_stage_that_rewrites_a_column_it_does_not_declare_fails():
+    probe = stages.runs(checked())(lambda df: {"a": 1, "question": "other", "error": df["error"], "decisions": df["decisions"]})
+    with pytest.raises(ValueError, match=r"undeclared column\(s\) \['question'\] written"):
+        probe(stages.start(questions("x?")))
+
+
+def test_a_stage_that_misses_a_declared_column_fails():
+    probe = stages.runs(checked(outputs=("a", "ms_probe")))(lambda df: {"a": 1, "error": df["error"]})
+    with pytest.raises(ValueError, match=r"declared column\(s\) \['ms_probe', 'decisions'\] not written, "
+                                         r"undeclared column\(s\) \[\] written"):
+        probe(stages.start(questions("x?")))
+
+
+def test_a_stage_cannot_add_a_column_that_is_already_there():
+    probe = stages.runs(checked(outputs=("question",), updates=()))(lambda df: {"question": "other"})
+    with pytest.raises(ValueError, match=r"would overwrite column\(s\) \['question'\], which it does not declare"):
+        probe(stages.start(questions("x?")))
+
+
+def test_a_stage_that_keeps_its_contract_changes_only_its_columns():
+    probe = stages.runs(checked())(lambda df: {"a": [7], "error": ["failed"], "decisions": df["decisions"]})
+    out = probe(stages.start(questions("x?")))
+    assert list(out.columns) == ["question_id", "question", "error", "usage", "decisions", "a"]
+    assert (out.loc[0, "a"], out.loc[0, "error"], out.loc[0, "question"]) == (7, "failed", "x?")
 
 
 def test_any_irrelevant_flow_mixes_relevant_internal_and_web():
