@@ -320,6 +320,9 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
         done_now = round(remaining * (i + 1) / batches)
         reporter.advance(done_now - reported)
         reported = done_now
+        if not reporter.enabled:  # the bar says it on a terminal; a log line says it elsewhere
+            log.info("batch %d/%d committed: about %d of %d questions answered", i + 1, batches,
+                     plan.accepted - remaining + done_now, plan.accepted)
     reporter.close()
 
 

@@ -42,9 +42,11 @@ def is_catalog_schema(location: str) -> bool:
 
 
 def _is_conflict(exc: Exception) -> bool:
-    """Delta's optimistic concurrency: another writer committed first; writing again on top of the new
-    version is the cure (on Spark Connect the Java class arrives only as text)."""
-    text = f"{type(exc).__name__} {exc}"
+    """Delta's optimistic concurrency: another writer committed first (or created the table first);
+    writing again on top of the new version is the cure. On Spark Connect the Java class arrives only
+    as text, so the error's class name, condition and message are all looked at."""
+    condition = getattr(exc, "getCondition", None) or getattr(exc, "getErrorClass", None)
+    text = f"{type(exc).__name__} {exc} {condition() if callable(condition) else ''} {getattr(exc, 'desc', '')}"
     return any(word in text for word in ("ConcurrentAppend", "ConcurrentDeleteRead", "ConcurrentDeleteDelete",
                                          "ConcurrentTransaction", "ProtocolChanged", "MetadataChanged",
                                          "DELTA_CONCURRENT", "already exists", "TABLE_OR_VIEW_ALREADY_EXISTS"))
@@ -100,7 +102,11 @@ class Warehouse:
             if registered not in (path.as_uri(), str(path)):
                 self.spark.sql(f"DROP TABLE {name}")  # an external table: its files stay where they are
         if not self.spark.catalog.tableExists(name) and any((path / "_delta_log").glob("*.json")):
-            self.spark.catalog.createTable(name, path=str(path), source="delta")
+            try:
+                self.spark.catalog.createTable(name, path=str(path), source="delta")
+            except Exception as exc:  # another thread of this session registered it first
+                if not _is_conflict(exc):
+                    raise
         if self.spark.catalog.tableExists(name):
             self._attached.add(table)
 

@@ -21,3 +21,13 @@ def staging_folder(warehouse, run_id: str, kind: str = "run_staging") -> Path:
     from crag.warehouse import Warehouse
 
     return Path(warehouse) / Warehouse.staging(kind, run_id)
+
+
+def staged_questions(warehouse, run_id: str) -> set[str]:
+    """The questions an unfinished run has committed so far (none while its first commit is under way)."""
+    from deltalake import DeltaTable
+
+    folder = staging_folder(warehouse, run_id)
+    if not any((folder / "_delta_log").glob("*.json")):
+        return set()
+    return set(DeltaTable(str(folder)).to_pandas()["question_id"])

@@ -17,7 +17,7 @@ import pytest
 from deltalake import DeltaTable
 
 from tests import connect_server
-from tests.support import LOCAL_CONF, REPO, SAMPLE, staging_folder
+from tests.support import LOCAL_CONF, REPO, SAMPLE, staging_folder, staged_questions
 
 QUESTIONS = SAMPLE / "questions.jsonl"
 
@@ -114,10 +114,9 @@ def test_sigkill_then_resume_on_connect(connect_url, index_overrides, tmp_path):
     first = subprocess.Popen(command, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline, staged = time.time() + 300, 0
     while time.time() < deadline and first.poll() is None:
-        if (staging_folder(warehouse, "killed") / "_delta_log").is_dir():
-            staged = len(DeltaTable(str(staging_folder(warehouse, "killed"))).to_pandas())
-            if staged >= 12:
-                break
+        staged = len(staged_questions(warehouse, "killed"))
+        if staged >= 12:
+            break
         time.sleep(0.2)
     assert first.poll() is None, "the run ended before it could be killed: " + first.stderr.read().decode()[-1500:]
     os.killpg(first.pid, signal.SIGKILL)

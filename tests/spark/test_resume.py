@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from deltalake import DeltaTable
 
-from tests.support import LOCAL_CONF, REPO, SAMPLE, staging_folder
+from tests.support import LOCAL_CONF, REPO, SAMPLE, staging_folder, staged_questions
 from crag import job as crag_job
 from crag.errors import CragError
 from crag.job import run
@@ -102,10 +102,9 @@ def test_sigkill_of_the_driver_then_resume(emulator, sample_indexes, tmp_path):
     deadline = time.time() + 240
     answered = 0
     while time.time() < deadline and first.poll() is None:
-        if (staging_folder(warehouse, "killed") / "_delta_log").is_dir():
-            answered = len(DeltaTable(str(staging_folder(warehouse, "killed"))).to_pandas())
-            if answered >= 16:
-                break
+        answered = len(staged_questions(warehouse, "killed"))
+        if answered >= 16:
+            break
         time.sleep(0.2)
     assert first.poll() is None, "the run finished before it could be killed: " + first.stderr.read().decode()[-500:]
     os.killpg(first.pid, signal.SIGKILL)
