@@ -164,14 +164,22 @@ def _format_arg(p: argparse.ArgumentParser) -> None:
                    help="table (fits the terminal), csv, json (one object per line) or markdown")
 
 
-def _setup_logging() -> None:
-    """crag's progress on stderr as `crag: ...` lines; other libraries' notices stay quiet."""
-    import logging
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is when a line is logged (a test, or a caller, may replace it)."""
 
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("crag: %(message)s"))
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+def _setup_logging() -> None:
+    """crag's progress on stderr as `crag: ...` lines (set up once per process); other libraries'
+    notices stay quiet."""
     logger = logging.getLogger("crag")
-    logger.addHandler(handler)
+    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("crag: %(message)s"))
+        logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
     for noisy in ("py4j", "pyspark", "mlflow", "alembic", "urllib3"):
