@@ -35,8 +35,13 @@ $(JARS)/.fetched: conf/spark/pom.xml
 .crag/indexes/sample_web/manifest.json: $(STAMP) $(JARS)/.fetched data/sample/web.jsonl
 	$(BIN)/crag index --conf $(CONF) --docs data/sample/web.jsonl --out .crag/indexes/sample_web
 
-.PHONY: sample test install
+.PHONY: sample test install lint
 install: $(STAMP) $(JARS)/.fetched
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check crag bench tests
+	$(BIN)/ruff check crag bench tests
+	$(BIN)/mypy
 
 sample: .crag/indexes/sample_kb/manifest.json .crag/indexes/sample_web/manifest.json
 	$(BIN)/crag run --conf $(CONF) --questions data/sample/questions.jsonl --warehouse .crag/warehouse

@@ -29,7 +29,6 @@ def run_scenario(rate: float, questions: str, workdir: Path, spark=None, hang_s:
     from crag.indexing import build_index
     from crag.job import run
 
-
     cfg = load_config(REPO / "conf" / "local.yaml")
     build_index(REPO / "data" / "sample" / "kb", workdir / "kb", cfg.indexing)
     build_index(REPO / "data" / "sample" / "web.jsonl", workdir / "web", cfg.indexing)
@@ -38,12 +37,22 @@ def run_scenario(rate: float, questions: str, workdir: Path, spark=None, hang_s:
         for service in SERVICES:
             kinds = ("429", "500", "hang", "malformed") if service == "serving" else ("429", "500", "hang")
             emulator.behaviour[service].fault_rates = {k: rate / len(kinds) for k in kinds}
-        os.environ.update(DATABRICKS_HOST=emulator.url, DATABRICKS_TOKEN=token, TAVILY_API_KEY=token,
-                          TAVILY_API_BASE_URL=emulator.url)
-        fast = [f"{role}.policy.{key}" for role in ("retriever", "grader", "rewriter", "generator", "web_search")
-                for key in ("timeout_s=1", "backoff_initial_s=0.05", "backoff_max_s=1")]
-        result = run(str(REPO / "conf" / "databricks.yaml"), questions, str(workdir / "warehouse"),
-                     run_id="faults", overrides=fast, spark=spark)
+        os.environ.update(
+            DATABRICKS_HOST=emulator.url, DATABRICKS_TOKEN=token, TAVILY_API_KEY=token, TAVILY_API_BASE_URL=emulator.url
+        )
+        fast = [
+            f"{role}.policy.{key}"
+            for role in ("retriever", "grader", "rewriter", "generator", "web_search")
+            for key in ("timeout_s=1", "backoff_initial_s=0.05", "backoff_max_s=1")
+        ]
+        result = run(
+            str(REPO / "conf" / "databricks.yaml"),
+            questions,
+            str(workdir / "warehouse"),
+            run_id="faults",
+            overrides=fast,
+            spark=spark,
+        )
         requests = len(emulator.requests)
         faults = dict(emulator.faults_injected)
     inputs = read_jsonl(Path(questions))

@@ -29,7 +29,7 @@ import random
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
@@ -37,18 +37,50 @@ import pandas as pd
 from bench.datasets import REPO, read_jsonl, require_dataset, run_rows
 
 CONF = REPO / "conf" / "local.yaml"
-URL_BASE = {"squad_v2": "https://en.wikipedia.org/wiki/", "jsquad": "https://ja.wikipedia.org/wiki/", "jaquad": "https://ja.wikipedia.org/wiki/"}
+URL_BASE = {
+    "squad_v2": "https://en.wikipedia.org/wiki/",
+    "jsquad": "https://ja.wikipedia.org/wiki/",
+    "jaquad": "https://ja.wikipedia.org/wiki/",
+}
 # The figures each target is checked against: (metric, slice, minimum).
 TARGETS = {
-    "squad_v2": [("routing_accuracy", "answerable=yes", 0.95), ("recall_at_k", "all", 0.95), ("answer_contained", "all", 0.70)],
-    "jsquad": [("routing_accuracy", "answerable=yes", 0.90), ("recall_at_k", "all", 0.90), ("answer_contained", "all", 0.60)],
-    "jaquad": [("routing_accuracy", "answerable=yes", 0.90), ("recall_at_k", "all", 0.90), ("answer_contained", "all", 0.60)],
+    "squad_v2": [
+        ("routing_accuracy", "answerable=yes", 0.95),
+        ("recall_at_k", "all", 0.95),
+        ("answer_contained", "all", 0.70),
+    ],
+    "jsquad": [
+        ("routing_accuracy", "answerable=yes", 0.90),
+        ("recall_at_k", "all", 0.90),
+        ("answer_contained", "all", 0.60),
+    ],
+    "jaquad": [
+        ("routing_accuracy", "answerable=yes", 0.90),
+        ("recall_at_k", "all", 0.90),
+        ("answer_contained", "all", 0.60),
+    ],
 }
-REPORTED = ("action_accuracy", "routing_accuracy", "route_exact", "web_search_rate", "recall_at_k", "web_recall", "answer_contained",
-            "f1", "exact_match", "refusal_correct", "answerable_refused", "grader_precision", "grader_recall")
+REPORTED = (
+    "action_accuracy",
+    "routing_accuracy",
+    "route_exact",
+    "web_search_rate",
+    "recall_at_k",
+    "web_recall",
+    "answer_contained",
+    "f1",
+    "exact_match",
+    "refusal_correct",
+    "answerable_refused",
+    "grader_precision",
+    "grader_recall",
+)
 
 
-SETUPS = {"default": {"per_dataset": 1000, "answerable_only": False}, "actions": {"per_dataset": 300, "answerable_only": True}}
+SETUPS = {
+    "default": {"per_dataset": 1000, "answerable_only": False},
+    "actions": {"per_dataset": 300, "answerable_only": True},
+}
 
 
 def prepare(dataset: str, out: Path, per_dataset: int, seed: int, answerable_only: bool = False) -> dict:
@@ -68,25 +100,51 @@ def prepare(dataset: str, out: Path, per_dataset: int, seed: int, answerable_onl
                     # The article title heads its paragraph, as a page title heads a web result; some
                     # JSQuAD answers are only in the title.
                     text = f"{d['title'].replace('_', ' ')}\n{d['text']}"
-                    f.write(json.dumps({"doc_id": d["doc_id"], "title": d["title"], "text": text,
-                                        "url": URL_BASE[dataset] + d["title"]}, ensure_ascii=False) + "\n")
+                    f.write(
+                        json.dumps(
+                            {
+                                "doc_id": d["doc_id"],
+                                "title": d["title"],
+                                "text": text,
+                                "url": URL_BASE[dataset] + d["title"],
+                            },
+                            ensure_ascii=False,
+                        )
+                        + "\n"
+                    )
     if answerable_only:
         questions = [q for q in questions if not q["is_impossible"] and any(q["answers"])]
     rng = random.Random(seed)
-    halves = {True: [q for q in questions if q["title"] in kb_titles], False: [q for q in questions if q["title"] not in kb_titles]}
+    halves = {
+        True: [q for q in questions if q["title"] in kb_titles],
+        False: [q for q in questions if q["title"] not in kb_titles],
+    }
     chosen = []
     for internal, pool in halves.items():
         chosen += rng.sample(pool, min(len(pool), per_dataset // 2))
     with (folder / "questions.jsonl").open("w", encoding="utf-8") as f:
         for q in chosen:
             internal = q["title"] in kb_titles
-            f.write(json.dumps({
-                "question_id": q["question_id"], "question": q["question"], "answers": q["answers"],
-                "is_impossible": q["is_impossible"], "expected_route": "internal" if internal else "web",
-                "gold_doc_ids": [q["doc_id"]],
-            }, ensure_ascii=False) + "\n")
-    return {"folder": folder, "questions": len(chosen), "kb_docs": sum(d["title"] in kb_titles for d in corpus),
-            "web_docs": sum(d["title"] not in kb_titles for d in corpus)}
+            f.write(
+                json.dumps(
+                    {
+                        "question_id": q["question_id"],
+                        "question": q["question"],
+                        "answers": q["answers"],
+                        "is_impossible": q["is_impossible"],
+                        "expected_route": "internal" if internal else "web",
+                        "gold_doc_ids": [q["doc_id"]],
+                    },
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
+    return {
+        "folder": folder,
+        "questions": len(chosen),
+        "kb_docs": sum(d["title"] in kb_titles for d in corpus),
+        "web_docs": sum(d["title"] not in kb_titles for d in corpus),
+    }
 
 
 def _index_matches(path: Path, indexing) -> bool:
@@ -100,18 +158,32 @@ def _index_matches(path: Path, indexing) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", default="squad_v2,jsquad,jaquad")
-    parser.add_argument("--setup", choices=sorted(SETUPS), default="default",
-                        help="default: 1,000 questions per dataset; actions: 300, all answerable (issue 15)")
-    parser.add_argument("--per-dataset", type=int, default=None, help="questions per dataset, half from each half (overrides the setup)")
-    parser.add_argument("--answerable-only", action="store_true", default=None, help="only questions with a gold answer")
+    parser.add_argument(
+        "--setup",
+        choices=sorted(SETUPS),
+        default="default",
+        help="default: 1,000 questions per dataset; actions: 300, all answerable (issue 15)",
+    )
+    parser.add_argument(
+        "--per-dataset", type=int, default=None, help="questions per dataset, half from each half (overrides the setup)"
+    )
+    parser.add_argument(
+        "--answerable-only", action="store_true", default=None, help="only questions with a gold answer"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(REPO / ".crag" / "bench" / "quality"))
     parser.add_argument("--conf", default=str(CONF))
-    parser.add_argument("--calibrate", action="store_true",
-                        help="after the datasets, run crag calibrate over all their runs together (the semantic grader's "
-                             "weights per language, and one pair of routing thresholds for every language)")
-    parser.add_argument("--reuse-indexes", action="store_true",
-                        help="keep indexes built by an earlier run with the same tokenizer and embedding (the corpus split is fixed)")
+    parser.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="after the datasets, run crag calibrate over all their runs together (the semantic grader's "
+        "weights per language, and one pair of routing thresholds for every language)",
+    )
+    parser.add_argument(
+        "--reuse-indexes",
+        action="store_true",
+        help="keep indexes built by an earlier run with the same tokenizer and embedding (the corpus split is fixed)",
+    )
     parser.add_argument("--variant", help="overlay conf/variants/NAME.yaml, e.g. semantic")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
@@ -130,9 +202,19 @@ def main() -> None:
     cfg = load_config(args.conf, args.overrides, args.variant)
     spark = get_spark(cfg.spark)
     spark.sparkContext.setLogLevel("ERROR")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commit": commit, "setup": args.setup,
-              "per_dataset": per_dataset, "answerable_only": answerable_only, "variant": args.variant, "overrides": args.overrides, "datasets": {}}
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
+    ).stdout.strip()
+    report = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "commit": commit,
+        "setup": args.setup,
+        "per_dataset": per_dataset,
+        "answerable_only": answerable_only,
+        "variant": args.variant,
+        "overrides": args.overrides,
+        "datasets": {},
+    }
     for dataset in args.datasets.split(","):
         t0 = time.perf_counter()
         prepared = prepare(dataset, out, per_dataset, args.seed, answerable_only)
@@ -143,19 +225,36 @@ def main() -> None:
                 if not (args.reuse_indexes and _index_matches(folder / f"{name}_index", cfg.indexing)):
                     build_index(folder / f"{name}.jsonl", folder / f"{name}_index", cfg.indexing)
             index_s = time.perf_counter() - t_index
-            print(f"\n== {dataset}: {prepared['questions']} questions; knowledge base {prepared['kb_docs']} paragraphs, "
-                  f"web {prepared['web_docs']} paragraphs", flush=True)
+            print(
+                f"\n== {dataset}: {prepared['questions']} questions; knowledge base {prepared['kb_docs']} paragraphs, "
+                f"web {prepared['web_docs']} paragraphs",
+                flush=True,
+            )
             t_run = time.perf_counter()
-            result = run(args.conf, str(folder / "questions.jsonl"), str(out / "warehouse"), args.variant, run_id=f"quality-{dataset}",
-                         overrides=[f"retriever.index={folder / 'kb_index'}", f"web_search.index={folder / 'web_index'}",
-                                    "cache.enabled=false", *args.overrides],
-                         spark=spark)
+            result = run(
+                args.conf,
+                str(folder / "questions.jsonl"),
+                str(out / "warehouse"),
+                args.variant,
+                run_id=f"quality-{dataset}",
+                overrides=[
+                    f"retriever.index={folder / 'kb_index'}",
+                    f"web_search.index={folder / 'web_index'}",
+                    "cache.enabled=false",
+                    *args.overrides,
+                ],
+                spark=spark,
+            )
             run_s = time.perf_counter() - t_run
         metrics = result.metrics
         slices = ["all", "answerable=yes", "expected_route=internal", "expected_route=web"]
-        print(metrics_table(metrics[metrics["metric"].isin(REPORTED)], [s for s in slices if s in set(metrics["slice"])]))
+        print(
+            metrics_table(metrics[metrics["metric"].isin(REPORTED)], [s for s in slices if s in set(metrics["slice"])])
+        )
         values = {f"{m}|{s}": v for m, s, v in metrics[["metric", "slice", "value"]].itertuples(index=False)}
-        gold = pd.read_json(folder / "questions.jsonl", lines=True)[["question_id", "answers", "is_impossible", "expected_route", "gold_doc_ids"]]
+        gold = pd.read_json(folder / "questions.jsonl", lines=True)[
+            ["question_id", "answers", "is_impossible", "expected_route", "gold_doc_ids"]
+        ]
         no_grades = pd.DataFrame(columns=["question_id", "source", "doc_id"])  # the confusion needs no grades
         answers = run_rows(result.warehouse, "answers", result.run_id)
         confusion = action_confusion(question_scores(answers, no_grades, gold))
@@ -164,29 +263,60 @@ def main() -> None:
         answerable_refused = values.get("answerable_refused|answerable=yes")
         counts = {f"{m}|{s}": n for m, s, n in metrics[["metric", "slice", "n"]].itertuples(index=False)}
         n_answerable = int(counts.get("answerable_refused|answerable=yes", 0))
-        costs = {"index_s": round(index_s, 2), "run_s": round(run_s, 2), "ms_per_question": round(1000 * run_s / prepared["questions"], 1),
-                 "peak_memory_gb": round(memory.peak / 2**30, 2)}
-        print(f"answerable but refused: {round((answerable_refused or 0) * n_answerable)} / {n_answerable}; refused in all {refused}")
-        print(f"costs: index build {costs['index_s']} s (both collections), job {costs['run_s']} s = "
-              f"{costs['ms_per_question']} ms per question, peak memory {costs['peak_memory_gb']} GB")
+        costs = {
+            "index_s": round(index_s, 2),
+            "run_s": round(run_s, 2),
+            "ms_per_question": round(1000 * run_s / prepared["questions"], 1),
+            "peak_memory_gb": round(memory.peak / 2**30, 2),
+        }
+        print(
+            f"answerable but refused: {round((answerable_refused or 0) * n_answerable)} / {n_answerable}; refused in all {refused}"
+        )
+        print(
+            f"costs: index build {costs['index_s']} s (both collections), job {costs['run_s']} s = "
+            f"{costs['ms_per_question']} ms per question, peak memory {costs['peak_memory_gb']} GB"
+        )
         checks = []
         for metric, slice_, minimum in TARGETS.get(dataset, []):
             got = values.get(f"{metric}|{slice_}")
-            checks.append({"metric": metric, "slice": slice_, "target": minimum, "value": got,
-                           "met": got is not None and got >= minimum})
-            print(f"  target {metric} [{slice_}] >= {minimum}: {got if got is None else round(got, 3)} "
-                  f"{'met' if checks[-1]['met'] else 'NOT met'}")
-        report["datasets"][dataset] = {"questions": prepared["questions"], "seconds": round(time.perf_counter() - t0, 1),
-                                       "costs": costs, "metrics": values, "confusion": confusion.to_dict(orient="index"),
-                                       "targets": checks}
+            checks.append(
+                {
+                    "metric": metric,
+                    "slice": slice_,
+                    "target": minimum,
+                    "value": got,
+                    "met": got is not None and got >= minimum,
+                }
+            )
+            print(
+                f"  target {metric} [{slice_}] >= {minimum}: {got if got is None else round(got, 3)} "
+                f"{'met' if checks[-1]['met'] else 'NOT met'}"
+            )
+        report["datasets"][dataset] = {
+            "questions": prepared["questions"],
+            "seconds": round(time.perf_counter() - t0, 1),
+            "costs": costs,
+            "metrics": values,
+            "confusion": confusion.to_dict(orient="index"),
+            "targets": checks,
+        }
     if args.calibrate:
-        from crag.calibration import calibrate, report as calibration_report
+        from crag.calibration import calibrate
+        from crag.calibration import report as calibration_report
 
-        runs = [{name: run_rows(out / "warehouse", name, f"quality-{dataset}") for name in ("grades", "gold")}
-                for dataset in args.datasets.split(",")]
-        result = calibrate(pd.concat([r["grades"] for r in runs], ignore_index=True),
-                           pd.concat([r["gold"] for r in runs], ignore_index=True), cfg.routing.lower, cfg.routing.upper,
-                           cfg.grader.threshold, cfg.routing.policy, getattr(cfg.grader, "format", None) == "binary")
+        runs = [
+            {name: run_rows(out / "warehouse", name, f"quality-{dataset}") for name in ("grades", "gold")}
+            for dataset in args.datasets.split(",")
+        ]
+        result = calibrate(
+            pd.concat([r["grades"] for r in runs], ignore_index=True),
+            pd.concat([r["gold"] for r in runs], ignore_index=True),
+            cfg.routing.lower,
+            cfg.routing.upper,
+            cfg.grader.threshold,
+            cfg.routing.policy,
+            getattr(cfg.grader, "format", None) == "binary",
+        )
         print(f"\ncalibration over {', '.join(args.datasets.split(','))} together:\n{calibration_report(result)}")
     (out / "quality.json").write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
     print(f"\nwritten: {out / 'quality.json'}")

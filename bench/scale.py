@@ -1,8 +1,9 @@
 """Embedded scale: 10,000 questions against a knowledge base of at least 50,000 chunks, built from the
 shared corpora (SQuAD 2.0, JSQuAD, JaQuAD paragraphs; children of 100 characters sliding by 50), on
 the machine's cores. The three corpora hold about 1.2 million characters, 23,000 such chunks; to reach
-the size asked for they are indexed `--copies` times (3) as separate document sets. Reports index build time, the job's wall time after Spark start-up, and the peak
-memory of the whole process tree (driver, JVM, Python workers), sampled every 0.2 s.
+the size asked for they are indexed `--copies` times (3) as separate document sets. Reports index
+build time, the job's wall time after Spark start-up, and the peak memory of the whole process tree
+(driver, JVM, Python workers) and of the Python driver alone, sampled every 0.2 s.
 
 Run:  python -m bench.scale [--questions 10000] [--child-chars 100] [--child-overlap 50]
 """
@@ -63,20 +64,42 @@ def prepare(workdir: Path, n_questions: int, copies: int = 3) -> tuple[Path, Pat
             corpus = read_jsonl(path / "corpus.jsonl")
             for copy in range(copies):
                 for d in corpus:
-                    out.write(json.dumps({"doc_id": f"{d['doc_id']}#{copy}", "title": d["title"],
-                                          "text": f"{d['title']}\n{d['text']}"}, ensure_ascii=False) + "\n")
+                    out.write(
+                        json.dumps(
+                            {
+                                "doc_id": f"{d['doc_id']}#{copy}",
+                                "title": d["title"],
+                                "text": f"{d['title']}\n{d['text']}",
+                            },
+                            ensure_ascii=False,
+                        )
+                        + "\n"
+                    )
             pool += [q for q in read_jsonl(path / "questions.jsonl")]
     # The offline web collection: every third paragraph again, as a second, smaller collection.
     lines = kb.read_text(encoding="utf-8").splitlines()
     web.write_text("\n".join(lines[: len(lines) // copies : 3]) + "\n", encoding="utf-8")
     chosen = [pool[i % len(pool)] for i in range(n_questions)]
-    questions.write_text("\n".join(json.dumps({"question_id": f"s{i:06d}", "question": q["question"]}, ensure_ascii=False)
-                                   for i, q in enumerate(chosen)) + "\n", encoding="utf-8")
+    questions.write_text(
+        "\n".join(
+            json.dumps({"question_id": f"s{i:06d}", "question": q["question"]}, ensure_ascii=False)
+            for i, q in enumerate(chosen)
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     return kb, web, questions
 
 
-def run_scale(n_questions: int, child_chars: int, child_overlap: int, workdir: Path, spark=None, copies: int = 3,
-              reuse_index: bool = False) -> dict:
+def run_scale(
+    n_questions: int,
+    child_chars: int,
+    child_overlap: int,
+    workdir: Path,
+    spark=None,
+    copies: int = 3,
+    reuse_index: bool = False,
+) -> dict:
     from bench.datasets import REPO
     from crag.config import load_config
     from crag.indexing import build_index
@@ -97,17 +120,34 @@ def run_scale(n_questions: int, child_chars: int, child_overlap: int, workdir: P
     spark = spark or get_spark(cfg.spark)
     spark.range(1).count()
     startup_s = time.perf_counter() - t0
-    overrides = [*sets, f"retriever.index={workdir / 'kb_index'}", f"web_search.index={workdir / 'web_index'}",
-                 "cache.enabled=false", "mlflow.enabled=false"]
+    overrides = [
+        *sets,
+        f"retriever.index={workdir / 'kb_index'}",
+        f"web_search.index={workdir / 'web_index'}",
+        "cache.enabled=false",
+        "mlflow.enabled=false",
+    ]
     with PeakMemory() as memory:
         t0 = time.perf_counter()
-        result = run(str(REPO / "conf" / "local.yaml"), str(questions), str(workdir / "warehouse"),
-                     run_id=f"scale-{n_questions}", overrides=overrides, spark=spark)
+        result = run(
+            str(REPO / "conf" / "local.yaml"),
+            str(questions),
+            str(workdir / "warehouse"),
+            run_id=f"scale-{n_questions}",
+            overrides=overrides,
+            spark=spark,
+        )
         wall_s = time.perf_counter() - t0
     return {
-        "questions": n_questions, "corpus_copies": copies, "kb_chunks": kb_manifest["n_chunks"], "kb_parents": kb_manifest["n_parents"],
-        "index_build_s": round(index_s, 1), "spark_startup_s": round(startup_s, 1), "wall_s_after_startup": round(wall_s, 1),
-        "questions_per_s": round(n_questions / wall_s, 1), "peak_memory_gb": round(memory.peak / 2**30, 2),
+        "questions": n_questions,
+        "corpus_copies": copies,
+        "kb_chunks": kb_manifest["n_chunks"],
+        "kb_parents": kb_manifest["n_parents"],
+        "index_build_s": round(index_s, 1),
+        "spark_startup_s": round(startup_s, 1),
+        "wall_s_after_startup": round(wall_s, 1),
+        "questions_per_s": round(n_questions / wall_s, 1),
+        "peak_memory_gb": round(memory.peak / 2**30, 2),
         "driver_peak_rss_gb": round(memory.driver_peak / 2**30, 3),
         "answered": result.counts["accepted"] - result.counts["refused"] - result.counts["errors"],
         "errors": result.counts["errors"],
@@ -117,8 +157,11 @@ def run_scale(n_questions: int, child_chars: int, child_overlap: int, workdir: P
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--questions", default="10000",
-                        help="question counts, comma-separated (e.g. 10000,50000,100000): one run each, one session")
+    parser.add_argument(
+        "--questions",
+        default="10000",
+        help="question counts, comma-separated (e.g. 10000,50000,100000): one run each, one session",
+    )
     parser.add_argument("--child-chars", type=int, default=100)
     parser.add_argument("--child-overlap", type=int, default=50)
     parser.add_argument("--copies", type=int, default=3)
@@ -126,16 +169,22 @@ def main() -> None:
     reports = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, n in enumerate(int(x) for x in args.questions.split(",")):
-            reports.append(run_scale(n, args.child_chars, args.child_overlap, Path(tmp), copies=args.copies,
-                                     reuse_index=i > 0))
+            reports.append(
+                run_scale(n, args.child_chars, args.child_overlap, Path(tmp), copies=args.copies, reuse_index=i > 0)
+            )
             print(json.dumps(reports[-1]), flush=True)
     if len(reports) > 1:
         first, last = reports[0], reports[-1]
-        print(json.dumps({
-            "driver_rss_growth": round(last["driver_peak_rss_gb"] / first["driver_peak_rss_gb"] - 1, 3),
-            "time_ratio": round(last["wall_s_after_startup"] / first["wall_s_after_startup"], 2),
-            "questions_ratio": round(last["questions"] / first["questions"], 1),
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "driver_rss_growth": round(last["driver_peak_rss_gb"] / first["driver_peak_rss_gb"] - 1, 3),
+                    "time_ratio": round(last["wall_s_after_startup"] / first["wall_s_after_startup"], 2),
+                    "questions_ratio": round(last["questions"] / first["questions"], 1),
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -22,8 +22,16 @@ from crag.stages import run_pipeline, to_stage_output
 
 
 def _doc(source: str, i: int) -> dict:
-    return {"source": source, "doc_id": f"{source}{i}", "parent_id": f"{source}{i}", "title": "t", "url": None,
-            "text": "a short passage of text", "retrieval_score": 1.0, "rank": i + 1}
+    return {
+        "source": source,
+        "doc_id": f"{source}{i}",
+        "parent_id": f"{source}{i}",
+        "title": "t",
+        "url": None,
+        "text": "a short passage of text",
+        "retrieval_score": 1.0,
+        "rank": i + 1,
+    }
 
 
 class _Instant:

@@ -65,7 +65,9 @@ def cpu_times() -> tuple[float, float]:
     return sum(fields) - idle, sum(fields)
 
 
-def busy_profile(spans: list[tuple[str, float, float]], endpoint: str, start: float, seconds: float) -> tuple[float, list[float]]:
+def busy_profile(
+    spans: list[tuple[str, float, float]], endpoint: str, start: float, seconds: float
+) -> tuple[float, list[float]]:
     """(seconds of requests served, requests in flight on average in each second from `start`) for
     one endpoint, from (endpoint, admitted, released) spans."""
     timeline = [0.0] * (int(seconds) + 1)
@@ -82,6 +84,7 @@ def busy_profile(spans: list[tuple[str, float, float]], endpoint: str, start: fl
 
 def lower_bound(calls: Counter, capacity: int) -> tuple[float, str]:
     """(seconds, busiest endpoint): calls x latency / capacity, the largest over endpoints."""
+
     def latency(endpoint: str) -> float:
         return LLM_LATENCY_S if endpoint.startswith("serving:") else SEARCH_LATENCY_S
 
@@ -93,12 +96,13 @@ def lower_bound(calls: Counter, capacity: int) -> tuple[float, str]:
 def load_client_libraries() -> float:
     """Import what crag's Databricks backends use; the seconds it took (about 0 once loaded)."""
     t0 = time.perf_counter()
+    import databricks.vector_search.client  # noqa: F401
+    import mlflow.deployments  # noqa: F401
+
     import crag.backends.databricks_serving  # noqa: F401
     import crag.backends.tavily_search  # noqa: F401
     import crag.backends.vector_search  # noqa: F401
     import crag.stages  # noqa: F401
-    import databricks.vector_search.client  # noqa: F401
-    import mlflow.deployments  # noqa: F401
 
     return time.perf_counter() - t0
 
@@ -140,10 +144,13 @@ def build_graph(cfg):
     from crag.backends.vector_search import vector_search_client
 
     serving = get_deploy_client("databricks")
-    index = vector_search_client(cfg.retriever, None).get_index(endpoint_name=cfg.retriever.endpoint,
-                                                                 index_name=cfg.retriever.index_name)
+    index = vector_search_client(cfg.retriever, None).get_index(
+        endpoint_name=cfg.retriever.endpoint, index_name=cfg.retriever.index_name
+    )
     tavily = TavilyClient(api_key=os.environ["TAVILY_API_KEY"], api_base_url=cfg.web_search.api_base_url)
-    grade_prompt, rewrite_prompt, answer_prompt = (Prompt(c.prompt_text, "p") for c in (cfg.grader, cfg.rewriter, cfg.generator))
+    grade_prompt, rewrite_prompt, answer_prompt = (
+        Prompt(c.prompt_text, "p") for c in (cfg.grader, cfg.rewriter, cfg.generator)
+    )
 
     class State(TypedDict, total=False):
         question: str
@@ -157,8 +164,12 @@ def build_graph(cfg):
         return reply["choices"][0]["message"]["content"]
 
     def retrieve(state):
-        reply = index.similarity_search(columns=["parent_id", "parent_text", "url"], query_text=state["question"],
-                                        num_results=10, disable_notice=True)
+        reply = index.similarity_search(
+            columns=["parent_id", "parent_text", "url"],
+            query_text=state["question"],
+            num_results=10,
+            disable_notice=True,
+        )
         seen, docs = set(), []
         for parent_id, text, url, _score in reply["result"]["data_array"]:
             if parent_id not in seen:
@@ -171,10 +182,18 @@ def build_graph(cfg):
         if not docs:
             return {"documents": [], "web_search": "Yes"}
         system = grade_prompt.messages(question=state["question"])[0]["content"]
-        reply = serving.predict(endpoint=cfg.grader.endpoint, inputs={
-            "inputs": [{"prompt": grade_prompt.user.safe_substitute(document=d["text"])} for d in docs],
-            "params": {"system_prompt": system, "json_schema": json.dumps(GRADE_SCHEMA["schema"]),
-                       "temperature": 0.001, "max_tokens": 512}})
+        reply = serving.predict(
+            endpoint=cfg.grader.endpoint,
+            inputs={
+                "inputs": [{"prompt": grade_prompt.user.safe_substitute(document=d["text"])} for d in docs],
+                "params": {
+                    "system_prompt": system,
+                    "json_schema": json.dumps(GRADE_SCHEMA["schema"]),
+                    "temperature": 0.001,
+                    "max_tokens": 512,
+                },
+            },
+        )
         relevant = [d for d, p in zip(docs, reply["predictions"]) if parse_binary(p["output"]).relevance == 1.0]
         return {"documents": relevant[:5], "web_search": "Yes" if len(relevant) != len(docs) else "No"}
 
@@ -190,20 +209,35 @@ def build_graph(cfg):
     def generate(state):
         if not state["documents"]:
             return {"generation": cfg.generator.refusal_message}
-        messages = answer_prompt.messages(question=state["question"], context=render_context(state["documents"], 6000),
-                                          refusal=cfg.generator.refusal_message, language_line="")
-        text, _ = parse_answer(chat(cfg.generator.endpoint, messages, temperature=0.1, max_tokens=300),
-                               cfg.generator.refusal_message, len(state["documents"]))
+        messages = answer_prompt.messages(
+            question=state["question"],
+            context=render_context(state["documents"], 6000),
+            refusal=cfg.generator.refusal_message,
+            language_line="",
+        )
+        text, _ = parse_answer(
+            chat(cfg.generator.endpoint, messages, temperature=0.1, max_tokens=300),
+            cfg.generator.refusal_message,
+            len(state["documents"]),
+        )
         return {"generation": text or cfg.generator.refusal_message}
 
     graph = StateGraph(State)
-    for name, node in (("retrieve", retrieve), ("grade_documents", grade_documents), ("transform_query", transform_query),
-                       ("web_search", web_search), ("generate", generate)):
+    for name, node in (
+        ("retrieve", retrieve),
+        ("grade_documents", grade_documents),
+        ("transform_query", transform_query),
+        ("web_search", web_search),
+        ("generate", generate),
+    ):
         graph.add_node(name, node)
     graph.add_edge(START, "retrieve")
     graph.add_edge("retrieve", "grade_documents")
-    graph.add_conditional_edges("grade_documents", lambda s: "transform_query" if s["web_search"] == "Yes" else "generate",
-                                {"transform_query": "transform_query", "generate": "generate"})
+    graph.add_conditional_edges(
+        "grade_documents",
+        lambda s: "transform_query" if s["web_search"] == "Yes" else "generate",
+        {"transform_query": "transform_query", "generate": "generate"},
+    )
     graph.add_edge("transform_query", "web_search")
     graph.add_edge("web_search", "generate")
     graph.add_edge("generate", END)
@@ -213,8 +247,16 @@ def build_graph(cfg):
 # ------------------------------------------------------------------ the benchmark
 
 
-def run_benchmark(n: int, graph_n: int, capacity: int, workdir: Path, spark=None, pipelines: int | None = None,
-                  per_pipeline: int | None = None, partitions: int | None = None) -> dict:
+def run_benchmark(
+    n: int,
+    graph_n: int,
+    capacity: int,
+    workdir: Path,
+    spark=None,
+    pipelines: int | None = None,
+    per_pipeline: int | None = None,
+    partitions: int | None = None,
+) -> dict:
     """`pipelines`, `per_pipeline`, `partitions`: spark.pipelines_per_task, spark.questions_per_pipeline
     and spark.partitions (None: conf/databricks.yaml's)."""
     from crag.config import SparkConfig, load_config
@@ -226,8 +268,12 @@ def run_benchmark(n: int, graph_n: int, capacity: int, workdir: Path, spark=None
     build_index(REPO / "data" / "sample" / "kb", workdir / "kb", local.indexing)
     build_index(REPO / "data" / "sample" / "web.jsonl", workdir / "web", local.indexing)
     questions = _questions(n, workdir / "questions.jsonl")
-    report: dict = {"questions": n, "capacity_per_endpoint": capacity, "llm_latency_s": LLM_LATENCY_S,
-                    "search_latency_s": SEARCH_LATENCY_S}
+    report: dict = {
+        "questions": n,
+        "capacity_per_endpoint": capacity,
+        "llm_latency_s": LLM_LATENCY_S,
+        "search_latency_s": SEARCH_LATENCY_S,
+    }
     token = "bench-token"
     with Emulator(str(workdir / "kb"), str(workdir / "web"), token=token, retry_after_s=0.05) as emulator:
         emulator.behaviour["serving"].latency_s = LLM_LATENCY_S
@@ -235,14 +281,24 @@ def run_benchmark(n: int, graph_n: int, capacity: int, workdir: Path, spark=None
         emulator.behaviour["tavily"].latency_s = SEARCH_LATENCY_S
         for b in emulator.behaviour.values():
             b.capacity = capacity
-        os.environ.update(DATABRICKS_HOST=emulator.url, DATABRICKS_TOKEN=token, TAVILY_API_KEY=token,
-                          TAVILY_API_BASE_URL=emulator.url)
-        overrides = ["cache.enabled=false", "mlflow.enabled=false",
-                     *([f"spark.pipelines_per_task={pipelines}"] if pipelines else []),
-                     *([f"spark.questions_per_pipeline={per_pipeline}"] if per_pipeline else []),
-                     *([f"spark.partitions={partitions}"] if partitions else []),
-                     *[f"{role}.policy.max_concurrency={capacity}" for role in ("retriever", "grader", "rewriter", "generator", "web_search")],
-                     *[f"{role}.policy.backoff_initial_s=0.05" for role in ("retriever", "grader", "rewriter", "generator", "web_search")]]
+        os.environ.update(
+            DATABRICKS_HOST=emulator.url, DATABRICKS_TOKEN=token, TAVILY_API_KEY=token, TAVILY_API_BASE_URL=emulator.url
+        )
+        overrides = [
+            "cache.enabled=false",
+            "mlflow.enabled=false",
+            *([f"spark.pipelines_per_task={pipelines}"] if pipelines else []),
+            *([f"spark.questions_per_pipeline={per_pipeline}"] if per_pipeline else []),
+            *([f"spark.partitions={partitions}"] if partitions else []),
+            *[
+                f"{role}.policy.max_concurrency={capacity}"
+                for role in ("retriever", "grader", "rewriter", "generator", "web_search")
+            ],
+            *[
+                f"{role}.policy.backoff_initial_s=0.05"
+                for role in ("retriever", "grader", "rewriter", "generator", "web_search")
+            ],
+        ]
         conf = str(REPO / "conf" / "databricks.yaml")
         t0 = time.perf_counter()
         if spark is None:
@@ -256,8 +312,14 @@ def run_benchmark(n: int, graph_n: int, capacity: int, workdir: Path, spark=None
         emulator.reset()
         busy0, total0 = cpu_times()
         t0 = time.perf_counter()
-        result = run(conf, str(workdir / "questions.jsonl"), str(workdir / "warehouse"), run_id="throughput",
-                     overrides=overrides, spark=spark)
+        result = run(
+            conf,
+            str(workdir / "questions.jsonl"),
+            str(workdir / "warehouse"),
+            run_id="throughput",
+            overrides=overrides,
+            spark=spark,
+        )
         ours = time.perf_counter() - t0
         busy1, total1 = cpu_times()
         calls = _endpoint_calls(emulator)
@@ -265,8 +327,11 @@ def run_benchmark(n: int, graph_n: int, capacity: int, workdir: Path, spark=None
         batch_requests = sum(1 for r in emulator.of("serving") if isinstance(r.body, dict) and "inputs" in r.body)
         answers = run_rows(result.warehouse, "answers", result.run_id)
         report["ours"] = {
-            "wall_s": round(ours, 2), "questions_per_s": round(n / ours, 1), "calls": dict(calls),
-            "errors": result.counts["errors"], "retries": result.counts["retries"],
+            "wall_s": round(ours, 2),
+            "questions_per_s": round(n / ours, 1),
+            "calls": dict(calls),
+            "errors": result.counts["errors"],
+            "retries": result.counts["retries"],
             "capacity_429": emulator.faults_injected.get("capacity_429", 0),
             "grading_requests_per_question": round(batch_requests / max(1, int((answers["n_retrieved"] > 0).sum())), 3),
             "peak_in_flight": {e: v for e, v in emulator.peak_in_flight.items() if ":" in e or e == "tavily"},
@@ -295,8 +360,10 @@ def run_benchmark(n: int, graph_n: int, capacity: int, workdir: Path, spark=None
             per_question = (time.perf_counter() - t0) / graph_n
             graph_calls = _endpoint_calls(emulator)
             report["graph"] = {
-                "questions_run": graph_n, "seconds_per_question": round(per_question, 3),
-                "extrapolated_wall_s": round(per_question * n, 1), "questions_per_s": round(1 / per_question, 2),
+                "questions_run": graph_n,
+                "seconds_per_question": round(per_question, 3),
+                "extrapolated_wall_s": round(per_question * n, 1),
+                "questions_per_s": round(1 / per_question, 2),
                 "calls_per_question": {e: round(c / graph_n, 2) for e, c in graph_calls.items()},
             }
             report["graph_over_ours"] = round(per_question * n / ours, 1)
@@ -309,23 +376,37 @@ def main() -> None:
     parser.add_argument("--graph-questions", type=int, default=40, help="questions the sequential graph runs (0: skip)")
     parser.add_argument("--capacity", type=int, default=32, help="concurrent requests each endpoint serves")
     parser.add_argument("--pipelines", type=int, default=None, help="spark.pipelines_per_task (default: the config's)")
-    parser.add_argument("--per-pipeline", type=int, default=None, help="spark.questions_per_pipeline (default: the config's)")
+    parser.add_argument(
+        "--per-pipeline", type=int, default=None, help="spark.questions_per_pipeline (default: the config's)"
+    )
     parser.add_argument("--partitions", type=int, default=None, help="spark.partitions (default: Spark's parallelism)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        report = run_benchmark(args.questions, args.graph_questions, args.capacity, Path(tmp), pipelines=args.pipelines,
-                               per_pipeline=args.per_pipeline,
-                               partitions=args.partitions)
+        report = run_benchmark(
+            args.questions,
+            args.graph_questions,
+            args.capacity,
+            Path(tmp),
+            pipelines=args.pipelines,
+            per_pipeline=args.per_pipeline,
+            partitions=args.partitions,
+        )
     print(json.dumps(report, indent=2))
-    print(f"\nours {report['ours']['wall_s']} s ({report['ours']['questions_per_s']} q/s); lower bound {report['lower_bound_s']} s "
-          f"({report['busiest_endpoint']}); ours/bound {report['ours_over_bound']}; Spark start-up {report['spark_startup_s']} s apart")
+    print(
+        f"\nours {report['ours']['wall_s']} s ({report['ours']['questions_per_s']} q/s); lower bound {report['lower_bound_s']} s "
+        f"({report['busiest_endpoint']}); ours/bound {report['ours_over_bound']}; Spark start-up {report['spark_startup_s']} s apart"
+    )
     if "client_library_imports_s" in report:
         imports = report["client_library_imports_s"]
-        print(f"start-up includes importing the client libraries: {imports['driver_s']} s in the driver, "
-              f"{imports['worker_s']} s in each Python worker (paid once per cold process)")
+        print(
+            f"start-up includes importing the client libraries: {imports['driver_s']} s in the driver, "
+            f"{imports['worker_s']} s in each Python worker (paid once per cold process)"
+        )
     if "graph" in report:
-        print(f"graph {report['graph']['seconds_per_question']} s/question -> {report['graph']['extrapolated_wall_s']} s for "
-              f"{args.questions}; graph/ours {report['graph_over_ours']}x")
+        print(
+            f"graph {report['graph']['seconds_per_question']} s/question -> {report['graph']['extrapolated_wall_s']} s for "
+            f"{args.questions}; graph/ours {report['graph_over_ours']}x"
+        )
 
 
 if __name__ == "__main__":

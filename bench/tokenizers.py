@@ -17,7 +17,6 @@ import numpy as np
 from bench.datasets import read_jsonl, require_dataset
 from crag import text
 
-
 CANDIDATES = {
     "sudachi": functools.partial(text.tokenize, tokenizer="sudachi"),
     "cjk_ngram (default)": functools.partial(text.tokenize, tokenizer="cjk_ngram"),
@@ -43,7 +42,9 @@ def measure(name, tokenize, corpus, questions, k):
     gold = np.array([doc_index[q["doc_id"]] for q in questions])
     recall = float(np.mean([g in row for g, row in zip(gold, ids)]))
     top1 = float(np.mean(ids[:, 0] == gold))
-    print(f"{name:28s} recall@{k}={recall:.4f} top1={top1:.4f} index={t_index:.1f}s queries={t_query:.1f}s vocab={len(vocab)}")
+    print(
+        f"{name:28s} recall@{k}={recall:.4f} top1={top1:.4f} index={t_index:.1f}s queries={t_query:.1f}s vocab={len(vocab)}"
+    )
 
 
 if __name__ == "__main__":

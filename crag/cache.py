@@ -21,8 +21,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from crag.backends import Backends, secrets_for
-from crag.backends.remote import on_databricks
 from crag.backends.base import Answer, Grade, current_question
+from crag.backends.remote import on_databricks
 from crag.config import CragConfig, stable_hash
 
 
@@ -82,9 +82,11 @@ def role_slices(cfg: CragConfig, secrets: dict[str, str] | None = None) -> dict[
     default, the ones this process last built the config's backends with (crag.backends.cached_backends)."""
     if secrets is None:
         secrets = secrets_for(cfg)
-    indexes = {"kb": _index_identity(getattr(cfg.retriever, "index", None)),
-               "web": _index_identity(getattr(cfg.web_search, "index", None)),
-               "tokenizer": cfg.indexing.tokenizer}
+    indexes = {
+        "kb": _index_identity(getattr(cfg.retriever, "index", None)),
+        "web": _index_identity(getattr(cfg.web_search, "index", None)),
+        "tokenizer": cfg.indexing.tokenizer,
+    }
 
     def dump(section):
         if section is None:
@@ -125,8 +127,17 @@ class StageCache:
                 self.entries[key] = value
                 self.new.append({"key": key, "question_key": question_key(question), "role": role, "value": value})
 
-    def cached(self, role: str, slice_hash: str, inputs: Any, usage, question: str,
-               call: Callable[[], Any], encode: Callable[[Any], Any], decode: Callable[[Any], Any]):
+    def cached(
+        self,
+        role: str,
+        slice_hash: str,
+        inputs: Any,
+        usage,
+        question: str,
+        call: Callable[[], Any],
+        encode: Callable[[Any], Any],
+        decode: Callable[[Any], Any],
+    ):
         key = self.key(role, slice_hash, inputs)
         stored = self.get(key)
         if stored is not None:
@@ -167,43 +178,82 @@ class CachedRetriever(_Wrapper):
             found = self._inner.search([queries[i] for i in missing], k, [usages[i] for i in missing])
             for i, docs in zip(missing, found):
                 results[i] = docs
-                self._cache.put(self._cache.key("retriever", self._slice, [queries[i], k]), "retriever", queries[i],
-                                json.dumps(docs, ensure_ascii=False))
+                self._cache.put(
+                    self._cache.key("retriever", self._slice, [queries[i], k]),
+                    "retriever",
+                    queries[i],
+                    json.dumps(docs, ensure_ascii=False),
+                )
         return results
 
 
 class CachedGrader(_Wrapper):
     def grade(self, question, documents, usage):
         return self._cache.cached(
-            "grader", self._slice, [question, _doc_inputs(documents)], usage, current_question.get() or question,
+            "grader",
+            self._slice,
+            [question, _doc_inputs(documents)],
+            usage,
+            current_question.get() or question,
             lambda: self._inner.grade(question, documents, usage),
-            lambda grades: [asdict(g) for g in grades], lambda rows: [Grade(**r) for r in rows],
+            lambda grades: [asdict(g) for g in grades],
+            lambda rows: [Grade(**r) for r in rows],
         )
 
 
 class CachedRewriter(_Wrapper):
     def rewrite(self, question, usage):
-        return self._cache.cached("rewriter", self._slice, question, usage, question,
-                                  lambda: self._inner.rewrite(question, usage), lambda q: q, lambda q: q)
+        return self._cache.cached(
+            "rewriter",
+            self._slice,
+            question,
+            usage,
+            question,
+            lambda: self._inner.rewrite(question, usage),
+            lambda q: q,
+            lambda q: q,
+        )
 
 
 class CachedWebSearch(_Wrapper):
     def search(self, query, k, usage=None):
-        return self._cache.cached("web_search", self._slice, [query, k], usage, current_question.get() or query,
-                                  lambda: self._inner.search(query, k, usage), lambda docs: docs, lambda docs: docs)
+        return self._cache.cached(
+            "web_search",
+            self._slice,
+            [query, k],
+            usage,
+            current_question.get() or query,
+            lambda: self._inner.search(query, k, usage),
+            lambda docs: docs,
+            lambda docs: docs,
+        )
 
 
 class CachedSourceCheck(_Wrapper):
     def verify(self, question, results, usage):
-        return self._cache.cached("source_check", self._slice, [question, _doc_inputs(results)], usage, question,
-                                  lambda: self._inner.verify(question, results, usage), list, list)
+        return self._cache.cached(
+            "source_check",
+            self._slice,
+            [question, _doc_inputs(results)],
+            usage,
+            question,
+            lambda: self._inner.verify(question, results, usage),
+            list,
+            list,
+        )
 
 
 class CachedGenerator(_Wrapper):
     def generate(self, question, context, usage):
         return self._cache.cached(
-            "generator", self._slice, [question, _doc_inputs(context)], usage, question,
-            lambda: self._inner.generate(question, context, usage), asdict, lambda row: Answer(**row),
+            "generator",
+            self._slice,
+            [question, _doc_inputs(context)],
+            usage,
+            question,
+            lambda: self._inner.generate(question, context, usage),
+            asdict,
+            lambda row: Answer(**row),
         )
 
 
@@ -214,5 +264,7 @@ def with_cache(backends: Backends, cache: StageCache, slices: dict[str, str]) ->
         rewriter=CachedRewriter(backends.rewriter, cache, slices["rewriter"]),
         web_search=CachedWebSearch(backends.web_search, cache, slices["web_search"]) if backends.web_search else None,
         generator=CachedGenerator(backends.generator, cache, slices["generator"]),
-        source_check=CachedSourceCheck(backends.source_check, cache, slices["source_check"]) if backends.source_check else None,
+        source_check=CachedSourceCheck(backends.source_check, cache, slices["source_check"])
+        if backends.source_check
+        else None,
     )

@@ -53,10 +53,15 @@ def routing_scores(best: np.ndarray, internal: np.ndarray, lower: float, upper: 
         return float(a.sum() / b.sum()) if b.sum() else float("nan")
 
     return RoutingProposal(
-        lower=float(lower), upper=float(upper), accuracy=float(credit.mean()) if len(best) else float("nan"),
-        correct_precision=ratio(correct & internal, correct), correct_recall=ratio(correct & internal, internal),
-        incorrect_precision=ratio(incorrect & external, incorrect), incorrect_recall=ratio(incorrect & external, external),
-        ambiguous_share=float(ambiguous.mean()) if len(best) else float("nan"), n=len(best),
+        lower=float(lower),
+        upper=float(upper),
+        accuracy=float(credit.mean()) if len(best) else float("nan"),
+        correct_precision=ratio(correct & internal, correct),
+        correct_recall=ratio(correct & internal, internal),
+        incorrect_precision=ratio(incorrect & external, incorrect),
+        incorrect_recall=ratio(incorrect & external, external),
+        ambiguous_share=float(ambiguous.mean()) if len(best) else float("nan"),
+        n=len(best),
     )
 
 
@@ -71,7 +76,9 @@ def propose_routing(best: np.ndarray, internal: np.ndarray) -> RoutingProposal:
     int_below, ext_below, all_below = below(best[internal]), below(best[~internal]), below(best)
     # credit(lower = cuts[i], upper = cuts[j]) for every pair, from prefix counts:
     #   internal sent to correct + external sent to incorrect + half of the ambiguous ones
-    credit = (internal.sum() - int_below[None, :]) + ext_below[:, None] + 0.5 * (all_below[None, :] - all_below[:, None])
+    credit = (
+        (internal.sum() - int_below[None, :]) + ext_below[:, None] + 0.5 * (all_below[None, :] - all_below[:, None])
+    )
     lo, up = np.meshgrid(cuts, cuts, indexing="ij")
     score = np.where(lo <= up, credit, -1.0)
     ties = np.argwhere(score == score.max())
@@ -80,7 +87,9 @@ def propose_routing(best: np.ndarray, internal: np.ndarray) -> RoutingProposal:
     return routing_scores(best, internal, lo[i, j], up[i, j])
 
 
-def grade_threshold_scores(relevance: np.ndarray, is_gold: np.ndarray, threshold: float) -> tuple[float, float, float, float]:
+def grade_threshold_scores(
+    relevance: np.ndarray, is_gold: np.ndarray, threshold: float
+) -> tuple[float, float, float, float]:
     """(threshold, precision, recall, F1) of "relevance >= threshold" against gold relevance."""
     relevance, is_gold = np.asarray(relevance, float), np.asarray(is_gold, bool)
     yes = relevance >= threshold
@@ -127,8 +136,11 @@ def semantic_features(grades: pd.DataFrame) -> pd.DataFrame | None:
     if parsed["lexical"].isna().all():
         return None
     keep = parsed["lexical"].notna()
-    return grades[keep].assign(lexical=parsed.loc[keep, "lexical"].astype(float), cosine=parsed.loc[keep, "cosine"].astype(float),
-                               language=parsed.loc[keep, "language"])
+    return grades[keep].assign(
+        lexical=parsed.loc[keep, "lexical"].astype(float),
+        cosine=parsed.loc[keep, "cosine"].astype(float),
+        language=parsed.loc[keep, "language"],
+    )
 
 
 def refit_semantic(grades: pd.DataFrame, gold_docs: pd.Series) -> tuple[dict[str, dict], pd.DataFrame] | None:
@@ -146,8 +158,12 @@ def refit_semantic(grades: pd.DataFrame, gold_docs: pd.Series) -> tuple[dict[str
         if target.all() or not target.any():
             continue  # nothing to tell apart
         bias, lexical, semantic = fit_logistic(part[["lexical", "cosine"]].to_numpy(), target.astype(float))
-        weights[lang] = {"lexical": round(float(lexical), 3), "semantic": round(float(semantic), 3), "bias": round(float(bias), 3),
-                         "n": len(part)}
+        weights[lang] = {
+            "lexical": round(float(lexical), 3),
+            "semantic": round(float(semantic), 3),
+            "bias": round(float(bias), 3),
+            "n": len(part),
+        }
         relevance[part.index] = 1 / (1 + np.exp(-(bias + lexical * part["lexical"] + semantic * part["cosine"])))
     refitted = grades.copy()
     refitted.loc[relevance.dropna().index, "relevance"] = relevance.dropna().round(4)
@@ -158,15 +174,24 @@ def question_best_relevance(grades: pd.DataFrame, gold: pd.DataFrame) -> pd.Data
     """question_id, best internal relevance (0 when nothing was retrieved), expected_route."""
     internal = grades[grades["source"] == "internal"].groupby("question_id")["relevance"].max()
     known = gold[gold["expected_route"].isin(["internal", "web", "none"])]
-    return pd.DataFrame({
-        "question_id": known["question_id"].values,
-        "best": known["question_id"].map(internal).fillna(0.0).values,
-        "expected_route": known["expected_route"].values,
-    })
+    return pd.DataFrame(
+        {
+            "question_id": known["question_id"].values,
+            "best": known["question_id"].map(internal).fillna(0.0).values,
+            "expected_route": known["expected_route"].values,
+        }
+    )
 
 
-def calibrate(grades: pd.DataFrame, gold: pd.DataFrame, current_lower: float, current_upper: float,
-              current_threshold: float | None = None, current_policy: str = "thresholds", binary_grader: bool = False) -> dict:
+def calibrate(
+    grades: pd.DataFrame,
+    gold: pd.DataFrame,
+    current_lower: float,
+    current_upper: float,
+    current_threshold: float | None = None,
+    current_policy: str = "thresholds",
+    binary_grader: bool = False,
+) -> dict:
     """Proposed thresholds, each with the figures of the run's own setting next to it. The current
     grader threshold is scored on the relevance the run stored (its own weights, if semantic). A
     binary grader's relevance is its yes (1) or no (0): there is no threshold to fit, only its grades
@@ -194,7 +219,9 @@ def calibrate(grades: pd.DataFrame, gold: pd.DataFrame, current_lower: float, cu
         result["grade_threshold"] = propose_grade_threshold(docs["relevance"].to_numpy(), np.array(is_gold))
         if current_threshold is not None:
             stored_relevance = stored.loc[docs.index, "relevance"].to_numpy()
-            result["grade_threshold_current"] = grade_threshold_scores(stored_relevance, np.array(is_gold), current_threshold)
+            result["grade_threshold_current"] = grade_threshold_scores(
+                stored_relevance, np.array(is_gold), current_threshold
+            )
     return result
 
 
@@ -203,11 +230,18 @@ def report(result: dict) -> str:
     # with refitted weights, the run's own settings are scored on the relevance its own weights gave
     current = "current (the run's weights)" if result.get("semantic") else "current "
     if result.get("semantic"):
-        lines.append("semantic grader weights per language (logistic fit against gold_doc_ids); the thresholds below "
-                     "assume them:")
+        lines.append(
+            "semantic grader weights per language (logistic fit against gold_doc_ids); the thresholds below "
+            "assume them:"
+        )
         for lang, w in sorted(result["semantic"].items()):
-            lines.append(f"  {lang}: lexical {w['lexical']}, semantic {w['semantic']}, bias {w['bias']} ({w['n']} documents)")
-            lines.append("  use: " + " ".join(f"--set grader.languages.{lang}.{k}={w[k]}" for k in ("lexical", "semantic", "bias")))
+            lines.append(
+                f"  {lang}: lexical {w['lexical']}, semantic {w['semantic']}, bias {w['bias']} ({w['n']} documents)"
+            )
+            lines.append(
+                "  use: "
+                + " ".join(f"--set grader.languages.{lang}.{k}={w[k]}" for k in ("lexical", "semantic", "bias"))
+            )
     if "routing" in result:
         p, c = result["routing"], result["routing_current"]
         lines.append(f"routing thresholds over {p.n} questions with expected_route (ambiguous = half credit):")
@@ -218,16 +252,24 @@ def report(result: dict) -> str:
                 f"incorrect P/R {r.incorrect_precision:.3f}/{r.incorrect_recall:.3f}, ambiguous {r.ambiguous_share:.3f}"
             )
         if result.get("routing_policy", "thresholds") != "thresholds":
-            lines.append(f"  (the run routed by policy {result['routing_policy']}: its lower and upper were set but not used)")
+            lines.append(
+                f"  (the run routed by policy {result['routing_policy']}: its lower and upper were set but not used)"
+            )
         if p.lower == p.upper:
-            lines.append(f"  proposed lower = upper: no ambiguous band. Every question is either internal (best relevance >= "
-                         f"{p.upper:.3f}: answered from the knowledge base alone) or web (below it: answered from a web search)")
-        lines.append(f"  use: --set routing.policy=thresholds --set routing.lower={p.lower:.3f} --set routing.upper={p.upper:.3f}")
+            lines.append(
+                f"  proposed lower = upper: no ambiguous band. Every question is either internal (best relevance >= "
+                f"{p.upper:.3f}: answered from the knowledge base alone) or web (below it: answered from a web search)"
+            )
+        lines.append(
+            f"  use: --set routing.policy=thresholds --set routing.lower={p.lower:.3f} --set routing.upper={p.upper:.3f}"
+        )
     if "grade_binary" in result:
         _, precision, recall, f = result["grade_binary"]
-        lines.append(f"grader: answers yes or no (format binary), so there is no threshold to fit; its grades against "
-                     f"gold_doc_ids: precision {precision:.3f}, recall {recall:.3f}, F1 {f:.3f} "
-                     "(format score gives a 0-5 score that a threshold can be fitted on)")
+        lines.append(
+            f"grader: answers yes or no (format binary), so there is no threshold to fit; its grades against "
+            f"gold_doc_ids: precision {precision:.3f}, recall {recall:.3f}, F1 {f:.3f} "
+            "(format score gives a 0-5 score that a threshold can be fitted on)"
+        )
     if "grade_threshold" in result:
         lines.append("grader yes/no threshold, against gold_doc_ids:")
         named = [(current, result.get("grade_threshold_current")), ("proposed", result["grade_threshold"])]

@@ -18,15 +18,26 @@ from crag.secrets import scrub
 
 
 def _conf_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--conf", required=True, help="YAML config file, e.g. conf/local.yaml, or the name of a config shipped "
-                                               "with crag (local, databricks, openai) when no such file exists")
+    p.add_argument(
+        "--conf",
+        required=True,
+        help="YAML config file, e.g. conf/local.yaml, or the name of a config shipped "
+        "with crag (local, databricks, openai) when no such file exists",
+    )
     p.add_argument("--variant", help="overlay variants/NAME.yaml (next to the --conf file) on the config; base: none")
     p.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override one config key, e.g. --set routing.policy=thresholds (repeatable)",
     )
     p.add_argument(
-        "--overrides", dest="override_list", default="", metavar="'K=V;K=V'",
+        "--overrides",
+        dest="override_list",
+        default="",
+        metavar="'K=V;K=V'",
         help="several --set in one argument, separated by ';' (for job schedulers that pass one string)",
     )
 
@@ -41,27 +52,48 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("index", help="build a chunk table and BM25 index from documents")
     _conf_args(p)
-    p.add_argument("--docs", required=True, help="a JSONL file of {doc_id, title, text, url?}, or a file or folder of "
-                                             ".md/.txt/.html/.pdf (and .docx/.pptx/.csv/.tsv with the langchain extra)")
+    p.add_argument(
+        "--docs",
+        required=True,
+        help="a JSONL file of {doc_id, title, text, url?}, or a file or folder of "
+        ".md/.txt/.html/.pdf (and .docx/.pptx/.csv/.tsv with the langchain extra)",
+    )
     p.add_argument("--out", required=True, help="index directory to write")
 
     p = sub.add_parser("run", help="answer a table of questions; write answers, grades, decisions, runs, rejects")
     _conf_args(p)
-    p.add_argument("--questions", required=True, help="Delta table folder, or .jsonl/.parquet/.csv with question_id, question")
-    p.add_argument("--warehouse", required=True, help="folder that holds the output Delta tables (catalog.schema on Databricks)")
+    p.add_argument(
+        "--questions", required=True, help="Delta table folder, or .jsonl/.parquet/.csv with question_id, question"
+    )
+    p.add_argument(
+        "--warehouse", required=True, help="folder that holds the output Delta tables (catalog.schema on Databricks)"
+    )
     p.add_argument("--run-id", help="id for this run (default: time-stamped); re-using one replaces that run's rows")
-    p.add_argument("--no-cache", action="store_true",
-                   help="call every backend again instead of reusing stored results (sets cache.enabled=false)")
-    p.add_argument("--progress", action="store_true", default=None,
-                   help="report progress after each batch even when stderr is not a terminal")
-    p.add_argument("--resume", metavar="RUN_ID",
-                   help="continue a killed or failed run: answered questions are kept and not sent to any backend again")
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="call every backend again instead of reusing stored results (sets cache.enabled=false)",
+    )
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        default=None,
+        help="report progress after each batch even when stderr is not a terminal",
+    )
+    p.add_argument(
+        "--resume",
+        metavar="RUN_ID",
+        help="continue a killed or failed run: answered questions are kept and not sent to any backend again",
+    )
 
     p = sub.add_parser("eval", help="score a run against its gold columns; writes the metrics table")
     p.add_argument("--warehouse", required=True, help="folder of Delta tables (catalog.schema on Databricks)")
     p.add_argument("--run", required=True, dest="run_id", help="the run_id to evaluate")
-    p.add_argument("--slices", help="slices to show, e.g. language=en,language=ja or language (all of its slices); "
-                                    "default: all, then every slice")
+    p.add_argument(
+        "--slices",
+        help="slices to show, e.g. language=en,language=ja or language (all of its slices); "
+        "default: all, then every slice",
+    )
     _format_arg(p)
     _session_args(p)
 
@@ -70,21 +102,28 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--run", required=True, dest="run_id", help="a run whose questions have gold columns")
     _session_args(p)
 
-    p = sub.add_parser("compare", help="compare two runs question by question; writes the comparisons table and an HTML report")
+    p = sub.add_parser(
+        "compare", help="compare two runs question by question; writes the comparisons table and an HTML report"
+    )
     p.add_argument("--warehouse", required=True, help="folder of Delta tables (catalog.schema on Databricks)")
     p.add_argument("--base", required=True, help="run_id of the baseline")
     p.add_argument("--candidate", required=True, help="run_id of the variant under test")
     p.add_argument("--report", help="HTML report path (default: compare_BASE_vs_CANDIDATE.html here)")
     p.add_argument("--no-mlflow", action="store_true", help="do not attach the report to the candidate's MLflow run")
-    p.add_argument("--allow-unfinished", action="store_true",
-                   help="compare runs that have not succeeded (still running or failed) with the rows they have")
+    p.add_argument(
+        "--allow-unfinished",
+        action="store_true",
+        help="compare runs that have not succeeded (still running or failed) with the rows they have",
+    )
     _session_args(p)
 
     p = sub.add_parser("sql", help="query a local warehouse's tables with SQL (read-only, no JVM)")
     p.add_argument("--warehouse", required=True, help="folder of Delta tables written by crag run")
     _format_arg(p)
-    p.add_argument("sql", help="one read-only statement, e.g. \"SELECT route, count(*) FROM answers GROUP BY route\"")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="stop the query after this long (default 60)")
+    p.add_argument("sql", help='one read-only statement, e.g. "SELECT route, count(*) FROM answers GROUP BY route"')
+    p.add_argument(
+        "--timeout", type=float, default=60.0, metavar="SECONDS", help="stop the query after this long (default 60)"
+    )
 
     p = sub.add_parser("emulate", help="serve local emulators of model serving, Vector Search and Tavily")
     p.add_argument("--kb-index", help="crag index directory the Vector Search emulator searches")
@@ -150,18 +189,31 @@ def _warehouse(args):
 
 def _session_args(p: argparse.ArgumentParser) -> None:
     """For commands that only read and write tables: which Spark session (e.g. --set spark.remote=...)."""
-    p.add_argument("--conf", help="YAML config file (or the name of a shipped one) whose spark and tables sections to use "
-                                  "(default: built-in)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one config key, e.g. --set spark.remote=sc://localhost:15002 (repeatable)")
+    p.add_argument(
+        "--conf",
+        help="YAML config file (or the name of a shipped one) whose spark and tables sections to use "
+        "(default: built-in)",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config key, e.g. --set spark.remote=sc://localhost:15002 (repeatable)",
+    )
     p.add_argument("--overrides", dest="override_list", default="", metavar="'K=V;K=V'", help=argparse.SUPPRESS)
 
 
 def _format_arg(p: argparse.ArgumentParser) -> None:
     from crag.console import FORMATS
 
-    p.add_argument("--format", choices=FORMATS, default="table",
-                   help="table (fits the terminal), csv, json (one object per line) or markdown")
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="table",
+        help="table (fits the terminal), csv, json (one object per line) or markdown",
+    )
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -201,14 +253,19 @@ def _emulate(args) -> None:
     except OverflowError:
         raise CragError(f"--port {args.port}: a port is a number from 0 to 65535") from None
     except OSError as exc:
-        reason = "is in use: stop what holds it or choose another with --port" if exc.errno == errno.EADDRINUSE \
+        reason = (
+            "is in use: stop what holds it or choose another with --port"
+            if exc.errno == errno.EADDRINUSE
             else f"cannot be served: {exc.strerror or exc}"
+        )
         raise CragError(f"port {args.port} {reason}") from None
     with emulator:
         token = args.token or "local-token"
         print(f"emulating Databricks serving + Vector Search, OpenAI chat and Tavily at {emulator.url}")
         print("use them with:")
-        print(f"  export DATABRICKS_HOST={emulator.url} DATABRICKS_TOKEN={token} TAVILY_API_KEY={token} OPENAI_API_KEY={token}")
+        print(
+            f"  export DATABRICKS_HOST={emulator.url} DATABRICKS_TOKEN={token} TAVILY_API_KEY={token} OPENAI_API_KEY={token}"
+        )
         print(f"  export TAVILY_API_BASE_URL={emulator.url} OPENAI_BASE_URL={emulator.url}/v1")
         print("Ctrl-C stops.", flush=True)
         try:
@@ -226,25 +283,36 @@ def _run_command(args) -> int:
 
             cfg = load_config(args.conf, _overrides(args), args.variant)
             manifest = build_knowledge_base(args.docs, args.out, cfg)
-            print(f"indexed {manifest['n_documents']} documents -> {manifest['n_parents']} parents, "
-                  f"{manifest['n_chunks']} child chunks at {args.out}"
-                  + (f"; Vector Search index {manifest['vector_index']}" if "vector_index" in manifest else ""))
+            print(
+                f"indexed {manifest['n_documents']} documents -> {manifest['n_parents']} parents, "
+                f"{manifest['n_chunks']} child chunks at {args.out}"
+                + (f"; Vector Search index {manifest['vector_index']}" if "vector_index" in manifest else "")
+            )
         elif args.command == "run":
             from crag.job import run
 
             if args.resume and args.run_id and args.resume != args.run_id:
                 raise CragError("give either --run-id or --resume, not two different ids")
             overrides = [*_overrides(args), "cache.enabled=false"] if args.no_cache else _overrides(args)
-            result = run(args.conf, args.questions, args.warehouse, args.variant, args.resume or args.run_id,
-                         overrides, resume=bool(args.resume), progress=args.progress)
+            result = run(
+                args.conf,
+                args.questions,
+                args.warehouse,
+                args.variant,
+                args.resume or args.run_id,
+                overrides,
+                resume=bool(args.resume),
+                progress=args.progress,
+            )
             print(result.summary())
         elif args.command == "eval":
+            from crag.console import render_metrics
             from crag.evaluation import evaluate_run
 
-            from crag.console import render_metrics
-
             metrics = evaluate_run(_warehouse(args), check_run_id(args.run_id))
-            print(f"crag: run {args.run_id}: {len(metrics)} metric values written to the metrics table", file=sys.stderr)
+            print(
+                f"crag: run {args.run_id}: {len(metrics)} metric values written to the metrics table", file=sys.stderr
+            )
             print(render_metrics(metrics, args.slices, args.format))
         elif args.command == "calibrate":
             import json
@@ -258,15 +326,27 @@ def _run_command(args) -> int:
                 raise CragError(f"run {args.run_id!r} has no gold columns to calibrate against")
             config = json.loads(wh.load_run("runs", args.run_id).select("config").collect()[0]["config"])
             routing, grader = config["routing"], config["grader"]
-            print(report(calibrate(parts["grades"], parts["gold"], routing["lower"], routing["upper"],
-                                   grader.get("threshold"), routing["policy"], grader.get("format") == "binary")))
+            print(
+                report(
+                    calibrate(
+                        parts["grades"],
+                        parts["gold"],
+                        routing["lower"],
+                        routing["upper"],
+                        grader.get("threshold"),
+                        routing["policy"],
+                        grader.get("format") == "binary",
+                    )
+                )
+            )
         elif args.command == "compare":
             from crag.compare import compare
             from crag.config import TrackingConfig
 
             tracking = TrackingConfig(enabled=not args.no_mlflow)
-            _, lines, path = compare(_warehouse(args), args.base, args.candidate, args.report, tracking,
-                                     args.allow_unfinished)
+            _, lines, path = compare(
+                _warehouse(args), args.base, args.candidate, args.report, tracking, args.allow_unfinished
+            )
             print("\n".join(lines))
             print(f"report: {path}")
         elif args.command == "sql":
@@ -321,7 +401,7 @@ class _NoInterruptTracebacks(logging.Filter):
         return not (from_py4j or _interrupt_in(record.exc_info[1]) is not None)
 
 
-def _interrupt_in(exc: BaseException) -> KeyboardInterrupt | None:
+def _interrupt_in(exc: BaseException | None) -> KeyboardInterrupt | None:
     """The Ctrl-C or SIGTERM behind an error, if any: Spark's collect turns an interrupted read into an
     error of the cancelled job, raised while the interrupt is handled."""
     seen = 0
@@ -335,8 +415,18 @@ def _interrupt_in(exc: BaseException) -> KeyboardInterrupt | None:
 def _resume_hint(args) -> str:
     """The command that continues an interrupted `crag run`."""
     run_id = args.resume or args.run_id
-    words = ["crag", "run", "--resume", run_id, "--conf", args.conf, "--questions", args.questions,
-             "--warehouse", args.warehouse]
+    words = [
+        "crag",
+        "run",
+        "--resume",
+        run_id,
+        "--conf",
+        args.conf,
+        "--questions",
+        args.questions,
+        "--warehouse",
+        args.warehouse,
+    ]
     if args.variant:
         words += ["--variant", args.variant]
     for item in _overrides(args):
@@ -351,8 +441,12 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     warehouse that is a file or read-only, a full disk), unreadable Arrow / Parquet / Delta data, and
     errors Spark reports. Only libraries already loaded are looked at, so none is imported for this."""
     classes: list[type[BaseException]] = [OSError]
-    for module, name in (("pyarrow", "ArrowException"), ("deltalake.exceptions", "DeltaError"),
-                         ("pyspark.errors", "PySparkException"), ("py4j.protocol", "Py4JError")):
+    for module, name in (
+        ("pyarrow", "ArrowException"),
+        ("deltalake.exceptions", "DeltaError"),
+        ("pyspark.errors", "PySparkException"),
+        ("py4j.protocol", "Py4JError"),
+    ):
         found = getattr(sys.modules.get(module), name, None)
         if isinstance(found, type) and issubclass(found, BaseException):
             classes.append(found)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 from collections import Counter
+from datetime import UTC
 
 import numpy as np
 import pandas as pd
@@ -31,8 +32,9 @@ def grade_flip_rows(base: pd.DataFrame, candidate: pd.DataFrame) -> pd.DataFrame
     """The documents (source, parent) graded in both runs whose grade differs, with both grades and
     relevances, in question order."""
     key = ["question_id", "source", "parent_id"]
-    merged = base[key + ["title", "grade", "relevance"]].merge(candidate[key + ["grade", "relevance"]], on=key,
-                                                               suffixes=("_base", "_candidate"))
+    merged = base[key + ["title", "grade", "relevance"]].merge(
+        candidate[key + ["grade", "relevance"]], on=key, suffixes=("_base", "_candidate")
+    )
     return merged[merged["grade_base"] != merged["grade_candidate"]].sort_values(key).reset_index(drop=True)
 
 
@@ -44,30 +46,49 @@ def _grade_flips(base: pd.DataFrame, candidate: pd.DataFrame) -> dict[str, list[
     return out
 
 
-def compare_runs(base: dict[str, pd.DataFrame], candidate: dict[str, pd.DataFrame], base_id: str, candidate_id: str,
-                 question_scores: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> pd.DataFrame:
+def compare_runs(
+    base: dict[str, pd.DataFrame],
+    candidate: dict[str, pd.DataFrame],
+    base_id: str,
+    candidate_id: str,
+    question_scores: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+) -> pd.DataFrame:
     """One row per question in either run. `question_scores` (per-question metric values of each run,
     from crag.evaluation.question_scores) adds the metric deltas when gold exists."""
     a, b = base["answers"].set_index("question_id"), candidate["answers"].set_index("question_id")
     flips = _grade_flips(base["grades"], candidate["grades"])
-    scores = [s.set_index("question_id") if s is not None and not s.empty else None for s in (question_scores or (None, None))]
+    scores = [
+        s.set_index("question_id") if s is not None and not s.empty else None for s in (question_scores or (None, None))
+    ]
     rows = []
     for qid in sorted(set(a.index) | set(b.index)):
         x = a.loc[qid] if qid in a.index else None
         y = b.loc[qid] if qid in b.index else None
-        get = lambda r, c: (None if r is None else r[c])  # noqa: E731
+        get = lambda r, c: None if r is None else r[c]  # noqa: E731
         row = {
-            "base_run": base_id, "candidate_run": candidate_id, "question_id": qid,
+            "base_run": base_id,
+            "candidate_run": candidate_id,
+            "question_id": qid,
             "question": get(x, "question") if x is not None else get(y, "question"),
-            "in_base": x is not None, "in_candidate": y is not None,
-            "answer_base": get(x, "answer"), "answer_candidate": get(y, "answer"),
-            "answer_changed": None, "answer_similarity": None,
-            "action_base": get(x, "action"), "action_candidate": get(y, "action"),
-            "route_base": get(x, "route"), "route_candidate": get(y, "route"),
-            "action_flip": None, "route_flip": None,
-            "n_relevant_base": get(x, "n_relevant"), "n_relevant_candidate": get(y, "n_relevant"), "n_relevant_delta": None,
+            "in_base": x is not None,
+            "in_candidate": y is not None,
+            "answer_base": get(x, "answer"),
+            "answer_candidate": get(y, "answer"),
+            "answer_changed": None,
+            "answer_similarity": None,
+            "action_base": get(x, "action"),
+            "action_candidate": get(y, "action"),
+            "route_base": get(x, "route"),
+            "route_candidate": get(y, "route"),
+            "action_flip": None,
+            "route_flip": None,
+            "n_relevant_base": get(x, "n_relevant"),
+            "n_relevant_candidate": get(y, "n_relevant"),
+            "n_relevant_delta": None,
             "grade_flips": flips.get(qid, []),
-            "f1_delta": None, "answer_contained_delta": None, "routing_accuracy_delta": None,
+            "f1_delta": None,
+            "answer_contained_delta": None,
+            "routing_accuracy_delta": None,
         }
         if x is not None and y is not None:
             row["answer_changed"] = normalize_answer(x["answer"] or "") != normalize_answer(y["answer"] or "")
@@ -91,12 +112,16 @@ def metric_deltas(base_metrics: pd.DataFrame, candidate_metrics: pd.DataFrame, s
     x = base_metrics[base_metrics["slice"] == slice_].set_index("metric")
     y = candidate_metrics[candidate_metrics["slice"] == slice_].set_index("metric")
     metrics = [m for m in x.index if m in y.index]
-    return pd.DataFrame({
-        "metric": metrics,
-        "base": [x.loc[m, "value"] for m in metrics], "candidate": [y.loc[m, "value"] for m in metrics],
-        "delta": [y.loc[m, "value"] - x.loc[m, "value"] for m in metrics],
-        "n_base": [int(x.loc[m, "n"]) for m in metrics], "n_candidate": [int(y.loc[m, "n"]) for m in metrics],
-    })
+    return pd.DataFrame(
+        {
+            "metric": metrics,
+            "base": [x.loc[m, "value"] for m in metrics],
+            "candidate": [y.loc[m, "value"] for m in metrics],
+            "delta": [y.loc[m, "value"] - x.loc[m, "value"] for m in metrics],
+            "n_base": [int(x.loc[m, "n"]) for m in metrics],
+            "n_candidate": [int(y.loc[m, "n"]) for m in metrics],
+        }
+    )
 
 
 def summary_lines(rows: pd.DataFrame, deltas: pd.DataFrame) -> list[str]:
@@ -106,21 +131,29 @@ def summary_lines(rows: pd.DataFrame, deltas: pd.DataFrame) -> list[str]:
         f"{len(both)} questions in both, {int((~rows['in_candidate']).sum())} only in base, "
         f"{int((~rows['in_base']).sum())} only in candidate",
         f"  answers changed   {int(both['answer_changed'].sum())} (mean similarity {both['answer_similarity'].mean():.3f})",
-        f"  route flips       {int(both['route_flip'].sum())}" + "".join(
-            f", {a}->{b} {n}" for (a, b), n in sorted(Counter(zip(both.loc[both['route_flip'], 'route_base'],
-                                                               both.loc[both['route_flip'], 'route_candidate'])).items())),
+        f"  route flips       {int(both['route_flip'].sum())}"
+        + "".join(
+            f", {a}->{b} {n}"
+            for (a, b), n in sorted(
+                Counter(
+                    zip(both.loc[both["route_flip"], "route_base"], both.loc[both["route_flip"], "route_candidate"])
+                ).items()
+            )
+        ),
         f"  action flips      {int(both['action_flip'].sum())}",
         f"  grade flips       {int(both['grade_flips'].map(len).sum())} documents in {int((both['grade_flips'].map(len) > 0).sum())} questions",
     ]
     for r in deltas.itertuples(index=False):
-        lines.append(f"  {r.metric:18s}{r.base:8.3f} -> {r.candidate:8.3f}  ({r.delta:+.3f}; n {r.n_base} / {r.n_candidate})")
+        lines.append(
+            f"  {r.metric:18s}{r.base:8.3f} -> {r.candidate:8.3f}  ({r.delta:+.3f}; n {r.n_base} / {r.n_candidate})"
+        )
     return lines
 
 
 # ------------------------------------------------------------------ HTML report
 
-_CHANGED_SHOWN = 20   # most changed answers in the report; the comparisons table has them all
-_FLIPS_SHOWN = 50     # grade flips in the report
+_CHANGED_SHOWN = 20  # most changed answers in the report; the comparisons table has them all
+_FLIPS_SHOWN = 50  # grade flips in the report
 
 
 def _environment():
@@ -158,15 +191,22 @@ def gold_verdict(score: pd.Series | None) -> dict[str, str]:
         return {"verdict": "no gold", "why": "no gold answer or expected route"}
     should_refuse = refused if score["refusal_correct"] == 1 else not refused
     if should_refuse:
-        return ({"verdict": "correct", "why": "refused, as the gold says it should"} if refused
-                else {"verdict": "wrong", "why": "answered a question the gold says has no answer"})
+        return (
+            {"verdict": "correct", "why": "refused, as the gold says it should"}
+            if refused
+            else {"verdict": "wrong", "why": "answered a question the gold says has no answer"}
+        )
     if refused:
         return {"verdict": "wrong", "why": "refused a question the gold expects answered"}
     return {"verdict": "no gold", "why": "answered; the gold has no answer text to check it against"}
 
 
-_VERDICT_CHANGES = {("wrong", "correct"): ("fixed", "better"), ("correct", "wrong"): ("broken", "worse"),
-                    ("wrong", "wrong"): ("still wrong", "worse"), ("correct", "correct"): ("still correct", "same")}
+_VERDICT_CHANGES = {
+    ("wrong", "correct"): ("fixed", "better"),
+    ("correct", "wrong"): ("broken", "worse"),
+    ("wrong", "wrong"): ("still wrong", "worse"),
+    ("correct", "correct"): ("still correct", "same"),
+}
 
 
 def diff_segments(a: str | None, b: str | None) -> list[tuple[str, str]]:
@@ -198,59 +238,118 @@ def _chart(title: str, counts: dict[str, int], run: str, width: int = 380, label
     """A horizontal bar chart's geometry; crag/templates draws it as inline SVG. The longest bar
     leaves room for its count label."""
     total, top = max(sum(counts.values()), 1), max(counts.values(), default=0) or 1
-    return {"title": title, "run": run, "width": width, "label_width": label_width,
-            "bars": [{"label": str(label), "n": n, "share": n / total, "width": int((width - label_width - 90) * n / top)}
-                     for label, n in counts.items()]}
+    return {
+        "title": title,
+        "run": run,
+        "width": width,
+        "label_width": label_width,
+        "bars": [
+            {"label": str(label), "n": n, "share": n / total, "width": int((width - label_width - 90) * n / top)}
+            for label, n in counts.items()
+        ],
+    }
 
 
 def _nullable(value) -> float | None:
     return None if value is None or pd.isna(value) else float(value)
 
 
-def render_report(rows: pd.DataFrame, deltas: pd.DataFrame, base: dict[str, pd.DataFrame],
-                  candidate: dict[str, pd.DataFrame], most_changed: int = _CHANGED_SHOWN,
-                  question_scores: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> str:
+def render_report(
+    rows: pd.DataFrame,
+    deltas: pd.DataFrame,
+    base: dict[str, pd.DataFrame],
+    candidate: dict[str, pd.DataFrame],
+    most_changed: int = _CHANGED_SHOWN,
+    question_scores: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+) -> str:
     """The self-contained HTML report (crag/templates/compare_report.html.j2). `question_scores`
     (each run's crag.evaluation.question_scores, when gold exists) gives each changed answer its gold
     verdict."""
     base_id, cand_id = rows["base_run"].iloc[0], rows["candidate_run"].iloc[0]
     both = rows[rows["in_base"] & rows["in_candidate"]]
-    scores = [s.set_index("question_id") if s is not None and not s.empty else None for s in (question_scores or (None, None))]
-    score_of = lambda i, qid: None if scores[i] is None or qid not in scores[i].index else scores[i].loc[qid]  # noqa: E731
+    scores = [
+        s.set_index("question_id") if s is not None and not s.empty else None for s in (question_scores or (None, None))
+    ]
+
+    def score_of(i: int, qid: str):
+        frame = scores[i]
+        return None if frame is None or qid not in frame.index else frame.loc[qid]
 
     changed_all = both[both["answer_changed"].astype(bool)].sort_values(["answer_similarity", "question_id"])
     changed = []
     for r in changed_all.itertuples(index=False):
         vb, vc = gold_verdict(score_of(0, r.question_id)), gold_verdict(score_of(1, r.question_id))
         change, change_css = _VERDICT_CHANGES.get((vb["verdict"], vc["verdict"]), ("", ""))
-        changed.append({"question": r.question, "similarity": r.answer_similarity, "verdict_base": vb,
-                        "verdict_candidate": vc, "change": change, "change_css": change_css,
-                        "route_base": r.route_base, "route_candidate": r.route_candidate,
-                        "f1_delta": _nullable(r.f1_delta), "f1_verdict": change_verdict("f1", r.f1_delta),
-                        "diff": diff_segments(r.answer_base, r.answer_candidate)})
+        changed.append(
+            {
+                "question": r.question,
+                "similarity": r.answer_similarity,
+                "verdict_base": vb,
+                "verdict_candidate": vc,
+                "change": change,
+                "change_css": change_css,
+                "route_base": r.route_base,
+                "route_candidate": r.route_candidate,
+                "f1_delta": _nullable(r.f1_delta),
+                "f1_verdict": change_verdict("f1", r.f1_delta),
+                "diff": diff_segments(r.answer_base, r.answer_candidate),
+            }
+        )
     verdict_counts = Counter(c["change"] for c in changed if c["change"])
     summary = {
-        "both": len(both), "only_base": int((~rows["in_candidate"]).sum()), "only_candidate": int((~rows["in_base"]).sum()),
-        "changed": len(changed_all), "similarity": float(both["answer_similarity"].mean()) if len(both) else 1.0,
-        "verdicts": [(label, verdict_counts[label], css) for label, css in _VERDICT_CHANGES.values() if verdict_counts[label]],
+        "both": len(both),
+        "only_base": int((~rows["in_candidate"]).sum()),
+        "only_candidate": int((~rows["in_base"]).sum()),
+        "changed": len(changed_all),
+        "similarity": float(both["answer_similarity"].mean()) if len(both) else 1.0,
+        "verdicts": [
+            (label, verdict_counts[label], css) for label, css in _VERDICT_CHANGES.values() if verdict_counts[label]
+        ],
         "route_flips": int(both["route_flip"].sum()),
-        "route_flip_kinds": [(f"{a}→{b}", n) for (a, b), n in sorted(Counter(zip(
-            both.loc[both["route_flip"].astype(bool), "route_base"], both.loc[both["route_flip"].astype(bool), "route_candidate"])).items())],
+        "route_flip_kinds": [
+            (f"{a}→{b}", n)
+            for (a, b), n in sorted(
+                Counter(
+                    zip(
+                        both.loc[both["route_flip"].astype(bool), "route_base"],
+                        both.loc[both["route_flip"].astype(bool), "route_candidate"],
+                    )
+                ).items()
+            )
+        ],
         "action_flips": int(both["action_flip"].sum()),
         "grade_flips": int(both["grade_flips"].map(len).sum()),
         "grade_flip_questions": int((both["grade_flips"].map(len) > 0).sum()),
     }
-    metrics = [{"metric": r.metric, "base": r.base, "candidate": r.candidate, "delta": float(r.delta),
-                "verdict": change_verdict(r.metric, r.delta), "n_base": r.n_base, "n_candidate": r.n_candidate,
-                "better_when": {1: "higher", -1: "lower"}.get(METRIC_DIRECTIONS.get(r.metric), "–")}
-               for r in deltas.itertuples(index=False)]
+    metrics = [
+        {
+            "metric": r.metric,
+            "base": r.base,
+            "candidate": r.candidate,
+            "delta": float(r.delta),
+            "verdict": change_verdict(r.metric, r.delta),
+            "n_base": r.n_base,
+            "n_candidate": r.n_candidate,
+            "better_when": {1: "higher", -1: "lower"}.get(METRIC_DIRECTIONS.get(r.metric) or 0, "–"),
+        }
+        for r in deltas.itertuples(index=False)
+    ]
 
     questions = dict(zip(rows["question_id"], rows["question"]))
     flips = grade_flip_rows(base["grades"], candidate["grades"])
-    flip_rows = [{"question": questions.get(f.question_id, f.question_id), "source": f.source, "title": f.title,
-                  "parent_id": f.parent_id, "grade_base": f.grade_base, "grade_candidate": f.grade_candidate,
-                  "relevance_base": _nullable(f.relevance_base), "relevance_candidate": _nullable(f.relevance_candidate)}
-                 for f in flips.head(_FLIPS_SHOWN).itertuples(index=False)]
+    flip_rows = [
+        {
+            "question": questions.get(f.question_id, f.question_id),
+            "source": f.source,
+            "title": f.title,
+            "parent_id": f.parent_id,
+            "grade_base": f.grade_base,
+            "grade_candidate": f.grade_candidate,
+            "relevance_base": _nullable(f.relevance_base),
+            "relevance_candidate": _nullable(f.relevance_candidate),
+        }
+        for f in flips.head(_FLIPS_SHOWN).itertuples(index=False)
+    ]
 
     routes = sorted(set(base["answers"]["route"]) | set(candidate["answers"]["route"]))
     actions = sorted(set(base["answers"]["action"].dropna()) | set(candidate["answers"]["action"].dropna()))
@@ -258,22 +357,38 @@ def render_report(rows: pd.DataFrame, deltas: pd.DataFrame, base: dict[str, pd.D
     bins = np.linspace(0, 1, 11)
     relevance = lambda run: run["grades"]["relevance"].dropna().to_numpy()  # noqa: E731
     runs = (("base", base_id, base), ("candidate", cand_id, candidate))
-    return _environment().get_template("compare_report.html.j2").render(
-        base_id=base_id, candidate_id=cand_id, summary=summary, metrics=metrics,
-        route_charts=[_chart(f"route — {rid}", count(run["answers"], "route", routes), kind) for kind, rid, run in runs],
-        action_charts=[_chart(f"action — {rid}", count(run["answers"], "action", actions), kind) for kind, rid, run in runs],
-        relevance_charts=[_chart(f"relevance — {rid}", _histogram(relevance(run), bins), kind) for kind, rid, run in runs],
-        changed=changed[:most_changed], more_changed=max(len(changed) - most_changed, 0),
-        flips=flip_rows, more_flips=max(len(flips) - _FLIPS_SHOWN, 0),
+    return (
+        _environment()
+        .get_template("compare_report.html.j2")
+        .render(
+            base_id=base_id,
+            candidate_id=cand_id,
+            summary=summary,
+            metrics=metrics,
+            route_charts=[
+                _chart(f"route — {rid}", count(run["answers"], "route", routes), kind) for kind, rid, run in runs
+            ],
+            action_charts=[
+                _chart(f"action — {rid}", count(run["answers"], "action", actions), kind) for kind, rid, run in runs
+            ],
+            relevance_charts=[
+                _chart(f"relevance — {rid}", _histogram(relevance(run), bins), kind) for kind, rid, run in runs
+            ],
+            changed=changed[:most_changed],
+            more_changed=max(len(changed) - most_changed, 0),
+            flips=flip_rows,
+            more_flips=max(len(flips) - _FLIPS_SHOWN, 0),
+        )
     )
 
 
-def compare(warehouse, base_id: str, candidate_id: str, report: str | None, tracking=None,
-            allow_unfinished: bool = False) -> tuple[pd.DataFrame, list[str], str]:
+def compare(
+    warehouse, base_id: str, candidate_id: str, report: str | None, tracking=None, allow_unfinished: bool = False
+) -> tuple[pd.DataFrame, list[str], str]:
     """Read both runs from the Warehouse, write their comparison rows (replacing an earlier comparison
     of the same pair) and the HTML report; return the rows, the summary lines and the report's path.
     A run that has not succeeded (still running, or failed) is refused unless `allow_unfinished`."""
-    from datetime import datetime, timezone
+    from datetime import datetime
     from pathlib import Path
 
     import pyarrow as pa
@@ -286,8 +401,10 @@ def compare(warehouse, base_id: str, candidate_id: str, report: str | None, trac
 
     path = Path(report or f"compare_{base_id}_vs_{candidate_id}.html")
     if path.is_dir():  # checked first: not after both runs are read
-        raise InputError(f"--report {path} is a folder: give the path of the HTML file to write, "
-                         f"e.g. {path / f'compare_{base_id}_vs_{candidate_id}.html'}")
+        raise InputError(
+            f"--report {path} is a folder: give the path of the HTML file to write, "
+            f"e.g. {path / f'compare_{base_id}_vs_{candidate_id}.html'}"
+        )
     runs = {}
     for run_id in (base_id, candidate_id):
         check_run_id(run_id)
@@ -295,8 +412,10 @@ def compare(warehouse, base_id: str, candidate_id: str, report: str | None, trac
         if not status:
             raise InputError(f"no run {run_id!r} in {warehouse.location}")
         if status[0]["status"] != "succeeded" and not allow_unfinished:
-            raise InputError(f"run {run_id!r} has not finished (status {status[0]['status']}): compare it when it "
-                             f"has succeeded, or pass --allow-unfinished to compare the rows it has")
+            raise InputError(
+                f"run {run_id!r} has not finished (status {status[0]['status']}): compare it when it "
+                f"has succeeded, or pass --allow-unfinished to compare the rows it has"
+            )
         runs[run_id] = read_run(warehouse, run_id, ("answers", "grades", "gold", "metrics"))
     base, candidate = runs[base_id], runs[candidate_id]
     scores = None
@@ -304,10 +423,13 @@ def compare(warehouse, base_id: str, candidate_id: str, report: str | None, trac
         scores = tuple(question_scores(r["answers"], r["grades"], r["gold"]) for r in (base, candidate))
     rows = compare_runs(base, candidate, base_id, candidate_id, scores)
     deltas = metric_deltas(base["metrics"], candidate["metrics"])
-    stored = rows.assign(created_at=pd.Timestamp(datetime.now(timezone.utc)))
+    stored = rows.assign(created_at=pd.Timestamp(datetime.now(UTC)))
     pair = (F.col("base_run") == F.lit(base_id)) & (F.col("candidate_run") == F.lit(candidate_id))
-    warehouse.replace("comparisons", warehouse.frame(
-        "comparisons", pa.Table.from_pandas(stored, schema=schema.COMPARISONS, preserve_index=False)), pair)
+    warehouse.replace(
+        "comparisons",
+        warehouse.frame("comparisons", pa.Table.from_pandas(stored, schema=schema.COMPARISONS, preserve_index=False)),
+        pair,
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_report(rows, deltas, base, candidate, question_scores=scores), encoding="utf-8")
     if tracking is not None:

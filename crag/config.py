@@ -11,8 +11,9 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -43,8 +44,9 @@ class Section(BaseModel):
             for name, value in data.items():
                 field = cls.model_fields.get(name)
                 if isinstance(value, bool) and field is not None and _is_number(field.annotation):
-                    raise PydanticCustomError("boolean_number", "{field}: a boolean is not a number",
-                                              {"field": name, "value": value})
+                    raise PydanticCustomError(
+                        "boolean_number", "{field}: a boolean is not a number", {"field": name, "value": value}
+                    )
         return data
 
 
@@ -188,8 +190,12 @@ class SemanticLanguages(Section):
     bench/quality.py (--setup actions --seed 1, the three sets together; en from SQuAD 2.0, ja from
     JSQuAD and JaQuAD)."""
 
-    en: LanguageCalibration = Field(default_factory=lambda: LanguageCalibration(lexical=5.545, semantic=41.093, bias=-40.114))
-    ja: LanguageCalibration = Field(default_factory=lambda: LanguageCalibration(lexical=11.5, semantic=18.347, bias=-23.594))
+    en: LanguageCalibration = Field(
+        default_factory=lambda: LanguageCalibration(lexical=5.545, semantic=41.093, bias=-40.114)
+    )
+    ja: LanguageCalibration = Field(
+        default_factory=lambda: LanguageCalibration(lexical=11.5, semantic=18.347, bias=-23.594)
+    )
 
 
 class SemanticGraderConfig(Section):
@@ -278,15 +284,22 @@ class LLMGeneratorConfig(LLMConfig):
     max_tokens: int = Field(300, gt=0)
 
 
-RetrieverConfig = Annotated[Union[BM25RetrieverConfig, HybridRetrieverConfig, VectorSearchRetrieverConfig,
-                                  LangChainRetrieverConfig], Field(discriminator="backend")]
-GraderConfig = Annotated[Union[LexicalGraderConfig, SemanticGraderConfig, LLMGraderConfig], Field(discriminator="backend")]
-RewriterConfig = Annotated[Union[KeywordRewriterConfig, LLMRewriterConfig], Field(discriminator="backend")]
-WebSearchConfig = Annotated[Union[OfflineCorpusConfig, TavilyConfig, NoWebSearchConfig], Field(discriminator="backend")]
-GeneratorConfig = Annotated[Union[ExtractiveGeneratorConfig, LLMGeneratorConfig], Field(discriminator="backend")]
+RetrieverConfig = Annotated[
+    BM25RetrieverConfig | HybridRetrieverConfig | VectorSearchRetrieverConfig | LangChainRetrieverConfig,
+    Field(discriminator="backend"),
+]
+GraderConfig = Annotated[LexicalGraderConfig | SemanticGraderConfig | LLMGraderConfig, Field(discriminator="backend")]
+RewriterConfig = Annotated[KeywordRewriterConfig | LLMRewriterConfig, Field(discriminator="backend")]
+WebSearchConfig = Annotated[OfflineCorpusConfig | TavilyConfig | NoWebSearchConfig, Field(discriminator="backend")]
+GeneratorConfig = Annotated[ExtractiveGeneratorConfig | LLMGeneratorConfig, Field(discriminator="backend")]
 # A role section that names no backend gets the embedded one.
-DEFAULT_BACKENDS = {"retriever": "bm25", "grader": "lexical", "rewriter": "keywords", "web_search": "offline_corpus",
-                    "generator": "extractive"}
+DEFAULT_BACKENDS = {
+    "retriever": "bm25",
+    "grader": "lexical",
+    "rewriter": "keywords",
+    "web_search": "offline_corpus",
+    "generator": "extractive",
+}
 
 
 class RoutingConfig(Section):
@@ -297,7 +310,7 @@ class RoutingConfig(Section):
     lower: float = Field(0.3, ge=0, le=1)
 
     @model_validator(mode="after")
-    def _ordered(self) -> "RoutingConfig":
+    def _ordered(self) -> RoutingConfig:
         if self.lower > self.upper:
             raise ValueError(f"routing.lower ({self.lower}) must not exceed routing.upper ({self.upper})")
         return self
@@ -366,7 +379,7 @@ class TablesConfig(Section):
     local_catalog: str = "spark_catalog"
     local_schema: str = "crag"
     # a run id held by a process that stopped sending heartbeats this long ago may be taken over
-    stale_run_after_s: float = Field(900, gt=0)
+    stale_run_after_s: float = Field(default=900, gt=0)
 
 
 class CragConfig(Section):
@@ -395,8 +408,12 @@ class CragConfig(Section):
 
     def llm_roles(self) -> dict[str, LLMConfig]:
         """The sections that call a chat model, by dotted config path."""
-        roles = {"grader": self.grader, "rewriter": self.rewriter, "generator": self.generator,
-                 "web_search.verify": self.web_search.verify}
+        roles = {
+            "grader": self.grader,
+            "rewriter": self.rewriter,
+            "generator": self.generator,
+            "web_search.verify": self.web_search.verify,
+        }
         return {name: role for name, role in roles.items() if isinstance(role, LLMConfig)}
 
     def hash(self) -> str:
@@ -514,7 +531,9 @@ def interpolate(value: Any, where: str = "") -> Any:
         if name in os.environ:
             return os.environ[name]
         if default is None:
-            raise ConfigError(f"config key {where!r} refers to ${{{name}}}, which is not set (give a default: ${{{name}:-...}})")
+            raise ConfigError(
+                f"config key {where!r} refers to ${{{name}}}, which is not set (give a default: ${{{name}:-...}})"
+            )
         return default
 
     result = _ENV_REF.sub(replace, value)
@@ -532,8 +551,10 @@ def variant_path(conf_path: Path, variant: str) -> Path:
     named, never given as a path: no folder, no "..", so only files in that folder can be loaded."""
     folder = conf_path.parent / "variants"
     if not _VARIANT_NAME.fullmatch(variant) or ".." in variant or len(variant) > 128:
-        raise ConfigError(f"--variant {variant!r}: give the name of a file in {folder} without .yaml "
-                          "(letters, digits, '_', '-', '.'), not a path")
+        raise ConfigError(
+            f"--variant {variant!r}: give the name of a file in {folder} without .yaml "
+            "(letters, digits, '_', '-', '.'), not a path"
+        )
     return folder / f"{variant}.yaml"
 
 
@@ -554,7 +575,7 @@ def config_path(conf: str | Path) -> Path:
     raise ConfigError(f"config file not found: {conf} (nor is it the name of a config shipped with crag: {known})")
 
 
-def load_config(path: str | Path | None, overrides: list[str] = (), variant: str | None = None) -> CragConfig:
+def load_config(path: str | Path | None, overrides: Sequence[str] = (), variant: str | None = None) -> CragConfig:
     path = config_path(path) if path else None
     data: dict = _read_yaml(path, "config file") if path else {}
     if variant and variant != BASE_VARIANT:
@@ -646,7 +667,9 @@ def describe_validation_error(exc: ValidationError) -> str:
             lines.append(f"config key {key!r}: got {err['input']!r}, expected {err['ctx']['expected']}")
         elif err["type"] == "boolean_number":
             ctx = err["ctx"]
-            lines.append(f"config key '{key + '.' if key else ''}{ctx['field']}': a boolean is not a number (got {ctx['value']})")
+            lines.append(
+                f"config key '{key + '.' if key else ''}{ctx['field']}': a boolean is not a number (got {ctx['value']})"
+            )
         elif err["type"] == "missing":
             lines.append(f"config key {key!r} is required here")
         else:

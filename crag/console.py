@@ -71,11 +71,17 @@ def _grid(data: pd.DataFrame | pa.Table) -> _Grid:
         types = data.schema.types
         numeric = [pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) for t in types]
         columns = [c.to_pylist() for c in data.columns]
-        return _Grid([str(n) for n in data.column_names], numeric, [pa.types.is_temporal(t) for t in types],
-                     [list(r) for r in zip(*columns)])
+        return _Grid(
+            [str(n) for n in data.column_names],
+            numeric,
+            [pa.types.is_temporal(t) for t in types],
+            [list(r) for r in zip(*columns)],
+        )
     if isinstance(data, pd.DataFrame):
         numeric = [pd.api.types.is_numeric_dtype(t) and not pd.api.types.is_bool_dtype(t) for t in data.dtypes]
-        temporal = [pd.api.types.is_datetime64_any_dtype(t) or pd.api.types.is_timedelta64_dtype(t) for t in data.dtypes]
+        temporal = [
+            pd.api.types.is_datetime64_any_dtype(t) or pd.api.types.is_timedelta64_dtype(t) for t in data.dtypes
+        ]
         rows = [[_plain(v) for v in row] for row in data.itertuples(index=False, name=None)]
         return _Grid([str(c) for c in data.columns], numeric, temporal, rows)
     raise TypeError(f"expected a pandas DataFrame or an Arrow table, got {type(data).__name__}")
@@ -195,7 +201,7 @@ def _table(grid: _Grid, width: int, null: str, float_format) -> str:
     fixed = [num or time for num, time in zip(grid.numeric, grid.temporal)]  # never cut
     minimum = [n if keep else min(n, MIN_TEXT_WIDTH) for n, keep in zip(natural, fixed)]
     roomy = [n if keep else min(n, BLOCK_TEXT_WIDTH) for n, keep in zip(natural, fixed)]
-    out = []
+    out: list[str] = []
     for block in _column_blocks(minimum, roomy, width):
         widths = _shrink([natural[i] for i in block], [minimum[i] for i in block], width)
         aligns = ["right" if grid.numeric[i] else "left" for i in block]
@@ -216,11 +222,20 @@ def _csv(grid: _Grid) -> str:
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(grid.columns)
     for row in grid.rows:
-        writer.writerow([
-            "" if v is None else _json(v) if isinstance(v, (list, dict)) else ("true" if v else "false") if isinstance(v, bool)
-            else v.isoformat() if isinstance(v, (datetime.datetime, datetime.date)) else v
-            for v in row
-        ])
+        writer.writerow(
+            [
+                ""
+                if v is None
+                else _json(v)
+                if isinstance(v, (list, dict))
+                else ("true" if v else "false")
+                if isinstance(v, bool)
+                else v.isoformat()
+                if isinstance(v, (datetime.datetime, datetime.date))
+                else v
+                for v in row
+            ]
+        )
     return buffer.getvalue().rstrip("\n")
 
 
@@ -235,14 +250,21 @@ def _markdown(grid: _Grid, null: str, float_format) -> str:
     def row(values: Iterable[str]) -> str:
         return "| " + " | ".join(v.replace("\\", "\\\\").replace("|", "\\|") for v in values) + " |"
 
-    lines = [row(_cell(c, "", float_format) for c in grid.columns),
-             "|" + "|".join(" ---: " if num else " --- " for num in grid.numeric) + "|"]
+    lines = [
+        row(_cell(c, "", float_format) for c in grid.columns),
+        "|" + "|".join(" ---: " if num else " --- " for num in grid.numeric) + "|",
+    ]
     lines += [row(_cell(v, null, float_format) for v in r) for r in grid.rows]
     return "\n".join(lines)
 
 
-def render(data: pd.DataFrame | pa.Table, fmt: str = "table", width: int | None = None, null: str = "",
-           float_format: Callable[[float], str] = _default_float) -> str:
+def render(
+    data: pd.DataFrame | pa.Table,
+    fmt: str = "table",
+    width: int | None = None,
+    null: str = "",
+    float_format: Callable[[float], str] = _default_float,
+) -> str:
     """The table as text in one of FORMATS. `width` (table only): columns to fit, default the
     terminal's. `null` and `float_format` shape the table and markdown cells; csv and json keep values
     exact."""
@@ -272,7 +294,9 @@ def select_slices(metrics: pd.DataFrame, spec: str | Sequence[str] | None = None
     for name in names:
         matches = [name] if name in available else sorted(s for s in available if s.startswith(f"{name}="))
         if not matches:
-            raise InputError(f"unknown slice {name!r}: this run has {', '.join(['all'] + sorted(set(available) - {'all'}))}")
+            raise InputError(
+                f"unknown slice {name!r}: this run has {', '.join(['all'] + sorted(set(available) - {'all'}))}"
+            )
         chosen += [m for m in matches if m not in chosen]
     if not chosen:
         raise InputError("--slices names no slice")
@@ -292,8 +316,9 @@ def metrics_frame(metrics: pd.DataFrame, slices: Sequence[str]) -> pd.DataFrame:
     return frame
 
 
-def render_metrics(metrics: pd.DataFrame, slices: str | Sequence[str] | None = None, fmt: str = "table",
-                   width: int | None = None) -> str:
+def render_metrics(
+    metrics: pd.DataFrame, slices: str | Sequence[str] | None = None, fmt: str = "table", width: int | None = None
+) -> str:
     """`crag eval`'s output. table and markdown: metric x slice, three decimals, "-" where a metric does
     not apply. csv and json: the long rows (metric, slice, value, n) of the chosen slices, which keep
     how many questions or documents stand behind each value."""

@@ -64,7 +64,9 @@ class PptxLoader(BaseLoader):
         first_title = None
         for number, slide in enumerate(deck.slides, start=1):
             title_shape = slide.shapes.title
-            title = title_shape.text_frame.text.strip() if title_shape is not None and title_shape.has_text_frame else ""
+            title = (
+                title_shape.text_frame.text.strip() if title_shape is not None and title_shape.has_text_frame else ""
+            )
             first_title = first_title or title or None
             lines = []
             for shape in slide.shapes:
@@ -82,8 +84,11 @@ class PptxLoader(BaseLoader):
                 sections.append(f"## {title or f'Slide {number}'}\n\n" + "\n\n".join(lines))
         yield Document(
             page_content="\n\n".join(sections),
-            metadata={"source": str(self.file_path), "title": deck.core_properties.title or first_title,
-                      "slides": len(deck.slides)},
+            metadata={
+                "source": str(self.file_path),
+                "title": deck.core_properties.title or first_title,
+                "slides": len(deck.slides),
+            },
         )
 
 
@@ -124,8 +129,9 @@ def _load_table(loaders, file: Path, doc_id: str, stem_title: str, delimiter: st
         with file.open(encoding="utf-8", newline="") as f:
             header = next(csv.reader(f, delimiter=delimiter), [])
         field_columns = [c for c in _FIELD_COLUMNS if c in header]
-        rows = loaders.CSVLoader(str(file), metadata_columns=field_columns, encoding="utf-8",
-                                 csv_args={"delimiter": delimiter}).load()
+        rows = loaders.CSVLoader(
+            str(file), metadata_columns=field_columns, encoding="utf-8", csv_args={"delimiter": delimiter}
+        ).load()
     except UnicodeDecodeError:
         raise InputError(f"{file}: not valid UTF-8") from None
     except (RuntimeError, ValueError, csv.Error) as exc:  # CSVLoader wraps what it cannot decode or parse
@@ -139,11 +145,13 @@ def _load_table(loaders, file: Path, doc_id: str, stem_title: str, delimiter: st
         number = row.metadata["row"] + 1
         if not any(line.partition(": ")[2].strip() for line in row.page_content.splitlines()):
             continue  # a row of empty cells
-        documents.append(LoadedDocument(
-            doc_id=row.metadata.get("doc_id") or f"{doc_id}/row-{number}",
-            title=row.metadata.get("title") or f"{stem_title}, row {number}",
-            text=row.page_content,
-            url=row.metadata.get("url") or None,
-            markdown=False,
-        ))
+        documents.append(
+            LoadedDocument(
+                doc_id=row.metadata.get("doc_id") or f"{doc_id}/row-{number}",
+                title=row.metadata.get("title") or f"{stem_title}, row {number}",
+                text=row.page_content,
+                url=row.metadata.get("url") or None,
+                markdown=False,
+            )
+        )
     return documents

@@ -36,8 +36,6 @@ import pyarrow as pa
 
 from crag.questions import EXPECTED_ROUTES, GOLD_COLUMNS
 
-
-
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f]")
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
@@ -54,7 +52,9 @@ def normalize_answer(text: str) -> str:
     CJK text also NFKC and no spaces at all, since words are not space-separated."""
     text = unicodedata.normalize("NFKC", text or "").lower()
     if is_cjk(text):
-        return "".join(ch for ch in text if not unicodedata.category(ch).startswith(("P", "Z", "S")) and not ch.isspace())
+        return "".join(
+            ch for ch in text if not unicodedata.category(ch).startswith(("P", "Z", "S")) and not ch.isspace()
+        )
     text = "".join(ch for ch in text if ch not in set(string.punctuation))
     return " ".join(_ARTICLES.sub(" ", text).split())
 
@@ -107,7 +107,9 @@ def _as_list(value) -> list:
 def question_scores(answers: pd.DataFrame, grades: pd.DataFrame, gold: pd.DataFrame) -> pd.DataFrame:
     """One row per answered question with its slice keys and per-question metric values (NaN where a
     metric does not apply)."""
-    df = answers.merge(gold.drop(columns=[c for c in ("run_id", "variant") if c in gold]), on="question_id", how="inner")
+    df = answers.merge(
+        gold.drop(columns=[c for c in ("run_id", "variant") if c in gold]), on="question_id", how="inner"
+    )
     internal = grades[grades["source"] == "internal"].groupby("question_id")["doc_id"].apply(set)
     web = grades[grades["source"] == "web"].groupby("question_id")["doc_id"].apply(set)
     rows = []
@@ -132,7 +134,9 @@ def question_scores(answers: pd.DataFrame, grades: pd.DataFrame, gold: pd.DataFr
             "f1": best(f1, answer, golds) if answerable else np.nan,
             "answer_contained": best(contained, answer, golds) if answerable else np.nan,
             "refused": float(bool(r.refused)),
-            "refusal_correct": float(bool(r.refused) == should_refuse) if (golds or should_refuse or expected) else np.nan,
+            "refusal_correct": float(bool(r.refused) == should_refuse)
+            if (golds or should_refuse or expected)
+            else np.nan,
             "answerable_refused": float(bool(r.refused)) if answerable else np.nan,
             "web_search_rate": float(searched),
             "routing_accuracy": np.nan,
@@ -164,18 +168,41 @@ def question_scores(answers: pd.DataFrame, grades: pd.DataFrame, gold: pd.DataFr
 ACTIONS = ("correct", "ambiguous", "incorrect")
 # The paper's action that is right for each expected route; `ambiguous` is right for none of them.
 EXPECTED_ACTION = {"internal": "correct", "web": "incorrect"}
-QUESTION_METRICS = ("exact_match", "f1", "answer_contained", "refused", "refusal_correct", "answerable_refused",
-                    "routing_accuracy", "route_exact", "action_accuracy", *(f"action_{a}" for a in ACTIONS),
-                    "web_search_rate", "recall_at_k", "web_recall")
+QUESTION_METRICS = (
+    "exact_match",
+    "f1",
+    "answer_contained",
+    "refused",
+    "refusal_correct",
+    "answerable_refused",
+    "routing_accuracy",
+    "route_exact",
+    "action_accuracy",
+    *(f"action_{a}" for a in ACTIONS),
+    "web_search_rate",
+    "recall_at_k",
+    "web_recall",
+)
 SLICES = ("route", "action", "language", "expected_route", "answerable")
 
 # Which way each metric gets better: +1 higher, -1 lower. A web search costs a call and brings outside
 # text into the context, so at equal quality fewer is better; refusals of the same questions too
 # (whether a refusal was right is refusal_correct's business).
 METRIC_DIRECTIONS = {
-    "exact_match": +1, "f1": +1, "answer_contained": +1, "refused": -1, "refusal_correct": +1,
-    "answerable_refused": -1, "routing_accuracy": +1, "route_exact": +1, "web_search_rate": -1,
-    "recall_at_k": +1, "web_recall": +1, "grader_precision": +1, "grader_recall": +1, "action_accuracy": +1,
+    "exact_match": +1,
+    "f1": +1,
+    "answer_contained": +1,
+    "refused": -1,
+    "refusal_correct": +1,
+    "answerable_refused": -1,
+    "routing_accuracy": +1,
+    "route_exact": +1,
+    "web_search_rate": -1,
+    "recall_at_k": +1,
+    "web_recall": +1,
+    "grader_precision": +1,
+    "grader_recall": +1,
+    "action_accuracy": +1,
     # the share of each action is neither better nor worse by itself (None: shown as changed)
     **{f"action_{a}": None for a in ACTIONS},
 }
@@ -189,7 +216,9 @@ def action_confusion(scores: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=[*ACTIONS, "none"])
     table = pd.crosstab(scores["expected_route"], scores["action"])
     rows = [*EXPECTED_ACTION, *sorted(set(table.index) - set(EXPECTED_ACTION))]
-    return table.reindex(index=rows, columns=[*ACTIONS, "none"], fill_value=0).rename_axis(index="expected", columns="action")
+    return table.reindex(index=rows, columns=[*ACTIONS, "none"], fill_value=0).rename_axis(
+        index="expected", columns="action"
+    )
 
 
 def _grader_pr(docs: pd.DataFrame) -> list[tuple[str, float, int]]:
@@ -209,7 +238,11 @@ def evaluate(answers: pd.DataFrame, grades: pd.DataFrame, gold: pd.DataFrame) ->
     scores = question_scores(answers, grades, gold)
     if scores.empty:
         return pd.DataFrame(columns=["metric", "slice", "value", "n"])
-    gold_docs = gold.set_index("question_id")["gold_doc_ids"].map(lambda v: set(_as_list(v))) if "gold_doc_ids" in gold else None
+    gold_docs = (
+        gold.set_index("question_id")["gold_doc_ids"].map(lambda v: set(_as_list(v)))
+        if "gold_doc_ids" in gold
+        else None
+    )
     docs = grades[grades["question_id"].isin(scores["question_id"])].copy()
     if gold_docs is not None and gold_docs.map(bool).any():
         docs["is_gold"] = [d in gold_docs.get(q, set()) for q, d in zip(docs["question_id"], docs["doc_id"])]
@@ -255,8 +288,9 @@ def read_run(warehouse, run_id: str, names=("answers", "grades", "gold")) -> dic
 _ANSWER_COLUMNS = ("question_id", "question", "answer", "action", "route", "refused", "web_query", "sources")
 
 
-def evaluate_run(warehouse, run_id: str, variant: str | None = None, tables: dict | None = None,
-                 replace: bool = True) -> pd.DataFrame:
+def evaluate_run(
+    warehouse, run_id: str, variant: str | None = None, tables: dict | None = None, replace: bool = True
+) -> pd.DataFrame:
     """`crag eval`: the run's metrics from its stored tables (or from `tables`, the DataFrames of its
     answers, grades and gold that crag run is about to store), computed in Spark, and stored. Each
     partition of questions (with their grades and gold) is evaluated by `evaluate`; every metric is a
@@ -273,26 +307,42 @@ def evaluate_run(warehouse, run_id: str, variant: str | None = None, tables: dic
         if not first:
             raise InputError(f"run {run_id!r} has no answers in {warehouse.location}")
         if not tables["gold"].limit(1).count():
-            raise InputError(f"run {run_id!r} has no gold columns (answers, is_impossible, expected_route, gold_doc_ids) to evaluate against")
+            raise InputError(
+                f"run {run_id!r} has no gold columns (answers, is_impossible, expected_route, gold_doc_ids) to evaluate against"
+            )
         variant = variant or first[0]["variant"]
     gold = tables["gold"].drop("run_id", "variant")
-    grades = tables["grades"].groupBy("question_id").agg(F.collect_list(F.struct("source", "doc_id", "grade")).alias("graded"))
+    grades = (
+        tables["grades"]
+        .groupBy("question_id")
+        .agg(F.collect_list(F.struct("source", "doc_id", "grade")).alias("graded"))
+    )
     joined = tables["answers"].select(*_ANSWER_COLUMNS).join(gold, "question_id").join(grades, "question_id", "left")
 
     def per_partition(frames):
         for frame in frames:
-            graded = [{"question_id": q, **g} for q, docs in zip(frame["question_id"], frame["graded"])
-                      for g in (docs if docs is not None else [])]
+            graded = [
+                {"question_id": q, **g}
+                for q, docs in zip(frame["question_id"], frame["graded"])
+                for g in (docs if docs is not None else [])
+            ]
             doc_frame = pd.DataFrame(graded, columns=["question_id", "source", "doc_id", "grade"])
             m = evaluate(frame[list(_ANSWER_COLUMNS)], doc_frame, frame[["question_id", *GOLD_COLUMNS]])
             yield pd.DataFrame({"metric": m["metric"], "slice": m["slice"], "total": m["value"] * m["n"], "n": m["n"]})
 
-    totals = (joined.mapInPandas(per_partition, "metric string, slice string, total double, n long")
-              .groupBy("metric", "slice").agg((F.sum("total") / F.sum("n")).alias("value"), F.sum("n").alias("n")))
+    totals = (
+        joined.mapInPandas(per_partition, "metric string, slice string, total double, n long")
+        .groupBy("metric", "slice")
+        .agg((F.sum("total") / F.sum("n")).alias("value"), F.sum("n").alias("n"))
+    )
     metrics = totals.toPandas()  # metrics x slices: a few hundred rows at most
     metrics.attrs.clear()  # Spark Connect leaves its plan metrics there, which Arrow cannot carry
-    rows = warehouse.frame("metrics", pa.Table.from_pandas(metrics.assign(run_id=run_id, variant=variant),
-                                                           schema=schema.METRICS, preserve_index=False))
+    rows = warehouse.frame(
+        "metrics",
+        pa.Table.from_pandas(
+            metrics.assign(run_id=run_id, variant=variant), schema=schema.METRICS, preserve_index=False
+        ),
+    )
     if replace:
         warehouse.replace("metrics", rows, F.col("run_id") == F.lit(run_id))
     else:

@@ -150,9 +150,7 @@ class Chunker:
             chunk_size=cfg.child_chars, chunk_overlap=cfg.child_overlap, separators=SEPARATORS, keep_separator="end"
         )
         self.flat = cfg.parents == "chunk"
-        self.sections = MarkdownHeaderTextSplitter(
-            [("#", "h1"), ("##", "h2"), ("###", "h3")], strip_headers=False
-        )
+        self.sections = MarkdownHeaderTextSplitter([("#", "h1"), ("##", "h2"), ("###", "h3")], strip_headers=False)
 
     def parents(self, doc: SourceDocument) -> list[str]:
         if self.flat:  # reference flow 3: fixed-size chunks, each its own document
@@ -202,8 +200,11 @@ def build_index(docs: str | Path, out: str | Path, cfg: IndexingConfig) -> dict:
     from crag.backends.bm25 import write_index  # the index format lives with its reader
 
     chunks = chunk_documents(docs, cfg)
-    print(f"crag index: {chunks.num_rows} child chunks from {docs}"
-          + (f", embedding them with {cfg.embedding}" if cfg.embedding != "none" else ""), file=sys.stderr)
+    print(
+        f"crag index: {chunks.num_rows} child chunks from {docs}"
+        + (f", embedding them with {cfg.embedding}" if cfg.embedding != "none" else ""),
+        file=sys.stderr,
+    )
     return write_index(chunks, Path(out), cfg.tokenizer, cfg.embedding)
 
 
@@ -216,18 +217,21 @@ def build_knowledge_base(docs: str | Path, out: str | Path, cfg: CragConfig) -> 
         return manifest
     from crag import tables
     from crag.backends import resolve_credentials
-    from crag.backends.vector_search import sync_vector_index
-
     from crag.backends.bm25 import index_data
     from crag.backends.remote import on_databricks
+    from crag.backends.vector_search import sync_vector_index
     from crag.spark import get_spark
 
     if on_databricks():  # the Vector Search index syncs from a Unity Catalog table
         if not r.source_table:
             raise InputError("config key 'retriever.source_table' is required: the Unity Catalog chunk table to write")
-        tables.write_uc_chunk_table(r.source_table, tables.read_whole_table(index_data(out) / "chunks"), get_spark(cfg.spark))
+        tables.write_uc_chunk_table(
+            r.source_table, tables.read_whole_table(index_data(out) / "chunks"), get_spark(cfg.spark)
+        )
         manifest["source_table"] = r.source_table
         print(f"crag index: chunk table written to {r.source_table}", file=sys.stderr)
-    manifest["vector_index"] = f"{sync_vector_index(r, resolve_credentials(cfg))} {r.index_name} on endpoint {r.endpoint}"
+    manifest["vector_index"] = (
+        f"{sync_vector_index(r, resolve_credentials(cfg))} {r.index_name} on endpoint {r.endpoint}"
+    )
     print(f"crag index: Vector Search index {manifest['vector_index']}", file=sys.stderr)
     return manifest

@@ -20,8 +20,9 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
@@ -41,7 +42,7 @@ log = logging.getLogger("crag")
 
 
 def new_run_id() -> str:
-    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
+    return f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
 
 
 def resolve_paths(cfg: CragConfig) -> CragConfig:
@@ -49,8 +50,9 @@ def resolve_paths(cfg: CragConfig) -> CragConfig:
     absolute ones. Names that are not local paths (Unity Catalog, Volumes) are left as they are."""
     cfg = cfg.model_copy(deep=True)
     for section in (cfg.retriever, cfg.web_search):
-        if getattr(section, "index", None) and not section.index.startswith(("/", "dbfs:", "s3:", "abfss:", "gs:")):
-            section.index = str(Path(section.index).resolve())
+        index = getattr(section, "index", None)
+        if isinstance(index, str) and index and not index.startswith(("/", "dbfs:", "s3:", "abfss:", "gs:")):
+            setattr(section, "index", str(Path(index).resolve()))
     return cfg
 
 
@@ -85,19 +87,36 @@ class RunPlan:
         return Warehouse.staging("run_staging", self.run_id)
 
     def runs_row(self, status: str, counts: dict[str, int] | None = None, finished: datetime | None = None) -> pa.Table:
-        return pa.Table.from_pylist([{
-            "run_id": self.run_id, "variant": self.variant,
-            "config": json.dumps(redacted(self.cfg.model_dump(mode="json")), sort_keys=True, ensure_ascii=False),
-            "config_hash": self.cfg.hash(), "started_at": self.started, "finished_at": finished, "status": status,
-            "counts": list((counts or {}).items()), "attempt": self.attempt, "owner": _owner(),
-            "heartbeat_at": datetime.now(timezone.utc), "input_hash": self.input_hash,
-        }], schema=schema.RUNS)
+        return pa.Table.from_pylist(
+            [
+                {
+                    "run_id": self.run_id,
+                    "variant": self.variant,
+                    "config": json.dumps(
+                        redacted(self.cfg.model_dump(mode="json")), sort_keys=True, ensure_ascii=False
+                    ),
+                    "config_hash": self.cfg.hash(),
+                    "started_at": self.started,
+                    "finished_at": finished,
+                    "status": status,
+                    "counts": list((counts or {}).items()),
+                    "attempt": self.attempt,
+                    "owner": _owner(),
+                    "heartbeat_at": datetime.now(UTC),
+                    "input_hash": self.input_hash,
+                }
+            ],
+            schema=schema.RUNS,
+        )
 
     def record(self, status: str, counts: dict[str, int] | None = None, finished: datetime | None = None) -> None:
         from pyspark.sql import functions as F
 
-        self.warehouse.replace("runs", self.warehouse.frame("runs", self.runs_row(status, counts, finished)),
-                               F.col("run_id") == F.lit(self.run_id))
+        self.warehouse.replace(
+            "runs",
+            self.warehouse.frame("runs", self.runs_row(status, counts, finished)),
+            F.col("run_id") == F.lit(self.run_id),
+        )
 
 
 def _owner() -> str:
@@ -117,7 +136,7 @@ class RunResult:
         c = self.counts
 
         def group(prefix: str) -> str:
-            return ", ".join(f"{k[len(prefix):]} {v}" for k, v in sorted(c.items()) if k.startswith(prefix)) or "-"
+            return ", ".join(f"{k[len(prefix) :]} {v}" for k, v in sorted(c.items()) if k.startswith(prefix)) or "-"
 
         lines = [
             f"run {self.run_id} (variant {self.variant}) -> {self.warehouse}",
@@ -143,8 +162,16 @@ class RunResult:
 # ------------------------------------------------------------------ prepare
 
 
-def prepare(conf: str | None, questions: str, warehouse: str, variant: str | None, run_id: str | None,
-            overrides: list[str], spark, resume: bool) -> RunPlan:
+def prepare(
+    conf: str | None,
+    questions: str,
+    warehouse: str,
+    variant: str | None,
+    run_id: str | None,
+    overrides: list[str],
+    spark,
+    resume: bool,
+) -> RunPlan:
     cfg = resolve_paths(load_config(conf, overrides, variant))
     if resume and not run_id:
         raise CragError("--resume needs the id of the run to continue")
@@ -154,7 +181,7 @@ def prepare(conf: str | None, questions: str, warehouse: str, variant: str | Non
     secrets = resolve_credentials(cfg)
     build_backends(cfg, secrets)
     wh = Warehouse(spark or get_spark(cfg.spark), warehouse, cfg.tables)
-    plan = RunPlan(cfg, run_id, variant or "base", wh, secrets, uuid.uuid4().hex, datetime.now(timezone.utc))
+    plan = RunPlan(cfg, run_id, variant or "base", wh, secrets, uuid.uuid4().hex, datetime.now(UTC))
     previous = _previous_run(plan, resume)
     plan.fresh = previous is None
     raw = read_questions(wh.spark, questions)
@@ -172,9 +199,17 @@ def prepare(conf: str | None, questions: str, warehouse: str, variant: str | Non
             wh.drop(table)
         wh.append(plan.inputs, checked.withColumn("run_id", F.lit(run_id)))
     inputs = wh.load(plan.inputs)
-    totals = inputs.selectExpr("count(*) AS rows", "count_if(reason IS NULL) AS accepted",
-                               "count_if(reason IS NULL AND has_gold) AS gold_rows", f"{_HASH} AS input_hash").collect()[0]
-    plan.input_rows, plan.accepted, plan.gold_rows = int(totals["rows"]), int(totals["accepted"]), int(totals["gold_rows"])
+    totals = inputs.selectExpr(
+        "count(*) AS rows",
+        "count_if(reason IS NULL) AS accepted",
+        "count_if(reason IS NULL AND has_gold) AS gold_rows",
+        f"{_HASH} AS input_hash",
+    ).collect()[0]
+    plan.input_rows, plan.accepted, plan.gold_rows = (
+        int(totals["rows"]),
+        int(totals["accepted"]),
+        int(totals["gold_rows"]),
+    )
     plan.rejected = plan.input_rows - plan.accepted
     plan.input_hash = str(totals["input_hash"])
     log.info("run %s: %d input rows, %d accepted, %d rejected", run_id, plan.input_rows, plan.accepted, plan.rejected)
@@ -201,7 +236,9 @@ def _previous_run(plan: RunPlan, resume: bool):
     if previous["status"] == "succeeded":
         raise CragError(f"run {plan.run_id!r} has already succeeded: nothing to resume")
     if not plan.warehouse.exists(plan.inputs):
-        raise CragError(f"run {plan.run_id!r} left no record of its input to resume from: start it again without --resume")
+        raise CragError(
+            f"run {plan.run_id!r} left no record of its input to resume from: start it again without --resume"
+        )
     return previous
 
 
@@ -212,9 +249,11 @@ def _check_same_input(checked, stored, run_id: str) -> None:
     added = now.exceptAll(before).count()
     removed = before.exceptAll(now).count()
     if added or removed:
-        raise CragError(f"run {run_id!r} was started on other questions: {added} row(s) here are not in its input and "
-                        f"{removed} of its rows are not here (changed text counts in both): resume with the same "
-                        f"--questions, or start a new run")
+        raise CragError(
+            f"run {run_id!r} was started on other questions: {added} row(s) here are not in its input and "
+            f"{removed} of its rows are not here (changed text counts in both): resume with the same "
+            f"--questions, or start a new run"
+        )
 
 
 def claim_run(plan: RunPlan, previous) -> None:
@@ -229,7 +268,8 @@ def claim_run(plan: RunPlan, previous) -> None:
                 raise CragError(
                     f"run {plan.run_id!r} is being written by another crag process ({previous['owner']}, last "
                     f"heartbeat {previous['heartbeat_at']:%Y-%m-%d %H:%M:%S} UTC): wait for it to end, or resume it "
-                    f"after it stops (crag run --resume {plan.run_id})")
+                    f"after it stops (crag run --resume {plan.run_id})"
+                )
             takeover = previous["attempt"]
         try:
             _merge_claim(plan, takeover)
@@ -256,7 +296,7 @@ def _writer_gone(row, stale_after_s: float) -> bool:
         except PermissionError:
             return False
     beat = row["heartbeat_at"]
-    return beat is None or (datetime.now(timezone.utc) - beat.replace(tzinfo=timezone.utc)).total_seconds() > stale_after_s
+    return beat is None or (datetime.now(UTC) - beat.replace(tzinfo=UTC)).total_seconds() > stale_after_s
 
 
 def _merge_claim(plan: RunPlan, takeover: str | None) -> None:
@@ -300,7 +340,9 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
     batches = math.ceil(remaining / cfg.spark.batch_questions)
     slots = parallelism(wh.spark, cfg.spark)
     bucket = F.pmod(F.xxhash64("question_id"), F.lit(batches))
-    reporter = ProgressReporter(enabled=progress, desc="crag: questions").start(plan.accepted, plan.accepted - remaining)
+    reporter = ProgressReporter(enabled=progress, desc="crag: questions").start(
+        plan.accepted, plan.accepted - remaining
+    )
     reported = 0
     for i in range(batches):
         batch = todo.where(bucket == i)
@@ -311,8 +353,12 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
         size = math.ceil(remaining / batches)
         partitions = max(1, min(cfg.spark.partitions or slots, size))
         output = run_stages(batch, cfg, plan.secrets, partitions, slots)
-        staged = output.select(F.lit(plan.run_id).alias("run_id"), F.lit(i).cast("int").alias("batch"), "*",
-                               F.current_timestamp().alias("created_at"))
+        staged = output.select(
+            F.lit(plan.run_id).alias("run_id"),
+            F.lit(i).cast("int").alias("batch"),
+            "*",
+            F.current_timestamp().alias("created_at"),
+        )
         wh.append(plan.staging, staged)
         if i + 1 < batches:
             plan.record("running")  # heartbeat: this process still holds the run
@@ -321,8 +367,13 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
         reporter.advance(done_now - reported)
         reported = done_now
         if not reporter.enabled:  # the bar says it on a terminal; a log line says it elsewhere
-            log.info("batch %d/%d committed: about %d of %d questions answered", i + 1, batches,
-                     plan.accepted - remaining + done_now, plan.accepted)
+            log.info(
+                "batch %d/%d committed: about %d of %d questions answered",
+                i + 1,
+                batches,
+                plan.accepted - remaining + done_now,
+                plan.accepted,
+            )
     reporter.close()
 
 
@@ -331,12 +382,17 @@ def _with_stored_results(wh: Warehouse, batch):
     from pyspark.sql import functions as F
 
     keyed = batch.withColumn("question_key", F.substring(F.sha2("question", 256), 1, 24))
-    stored = (wh.load("stage_cache").join(keyed.select("question_key").distinct(), "question_key")
-              .dropDuplicates(["key"])
-              .groupBy("question_key").agg(F.collect_list(F.struct("key", "value")).alias("cache")))
+    stored = (
+        wh.load("stage_cache")
+        .join(keyed.select("question_key").distinct(), "question_key")
+        .dropDuplicates(["key"])
+        .groupBy("question_key")
+        .agg(F.collect_list(F.struct("key", "value")).alias("cache"))
+    )
     empty = F.expr("array()").cast("array<struct<key:string,value:string>>")
-    return (keyed.join(stored, "question_key", "left")
-            .select("question_id", "question", F.coalesce("cache", empty).alias("cache")))
+    return keyed.join(stored, "question_key", "left").select(
+        "question_id", "question", F.coalesce("cache", empty).alias("cache")
+    )
 
 
 # ------------------------------------------------------------------ finalise
@@ -363,7 +419,8 @@ def _derived_tables(plan: RunPlan) -> dict:
         "grades": exploded("grades", schema.GRADES),
         "decisions": exploded("decisions", schema.DECISIONS),
         "rejects": inputs.where(F.col("reason").isNotNull()).select(
-            *run_cols, "question_id", "question", "input_row", "reason", F.current_timestamp().alias("created_at")),
+            *run_cols, "question_id", "question", "input_row", "reason", F.current_timestamp().alias("created_at")
+        ),
         "gold": inputs.where(F.col("reason").isNull() & F.col("has_gold")).select(*run_cols, *gold_fields),
     }
 
@@ -395,13 +452,21 @@ def finalise(plan: RunPlan) -> RunResult:
             write.result()
         metrics = evaluated.result() if evaluated else None
     seconds = time.perf_counter() - plan.t0
-    plan.record("succeeded", counts, datetime.now(timezone.utc))
+    plan.record("succeeded", counts, datetime.now(UTC))
     for table in (plan.staging, plan.inputs):
         wh.drop(table)
     from crag.tracking import log_run
 
-    mlflow_run = log_run(plan.cfg, wh.location, run_id, plan.variant, counts, metrics, seconds,
-                         redacted(plan.cfg.model_dump(mode="json")))
+    mlflow_run = log_run(
+        plan.cfg,
+        wh.location,
+        run_id,
+        plan.variant,
+        counts,
+        metrics,
+        seconds,
+        redacted(plan.cfg.model_dump(mode="json")),
+    )
     if mlflow_run:
         log.info("logged to MLflow run %s", mlflow_run)
     return RunResult(run_id, plan.variant, wh.location, seconds, counts, metrics)
@@ -415,9 +480,11 @@ def _store_cache_rows(plan: RunPlan) -> None:
         return
     wh = plan.warehouse
     staged = wh.load(plan.staging)
-    rows = (staged.select(F.explode("cache_entries").alias("e"), "created_at")
-            .select("e.key", "e.question_key", "e.role", "e.value", F.lit(plan.run_id).alias("run_id"), "created_at")
-            .dropDuplicates(["key"]))
+    rows = (
+        staged.select(F.explode("cache_entries").alias("e"), "created_at")
+        .select("e.key", "e.question_key", "e.role", "e.value", F.lit(plan.run_id).alias("run_id"), "created_at")
+        .dropDuplicates(["key"])
+    )
     wh.append("stage_cache", rows.join(wh.load("stage_cache").select("key"), "key", "left_anti"))
 
 
@@ -433,10 +500,14 @@ def run_counts(staged, plan: RunPlan) -> dict[str, int]:
         return F.coalesce(F.sum(F.size(F.filter("grades", lambda g: g["parse_status"] == status))), F.lit(0))
 
     aggregates = [
-        F.count("*").alias("accepted"), F.countDistinct("question_id").alias("distinct_ids"),
-        F.count_if(F.col("refused")).alias("refused"), F.count("error").alias("errors"),
-        *[F.coalesce(F.sum(c), F.lit(0)).alias(c) for c in
-          ("search_calls", "llm_calls", "prompt_tokens", "completion_tokens", "retries", "cache_hits")],
+        F.count("*").alias("accepted"),
+        F.countDistinct("question_id").alias("distinct_ids"),
+        F.count_if(F.col("refused")).alias("refused"),
+        F.count("error").alias("errors"),
+        *[
+            F.coalesce(F.sum(c), F.lit(0)).alias(c)
+            for c in ("search_calls", "llm_calls", "prompt_tokens", "completion_tokens", "retries", "cache_hits")
+        ],
         F.coalesce(F.sum("n_relevant"), F.lit(0)).alias("relevant_docs"),
         *[F.count_if(F.col("action") == a).alias(f"action_{a}") for a in ACTIONS],
         *[F.count_if(F.col("route") == r).alias(f"route_{r}") for r in ROUTES],
@@ -451,10 +522,14 @@ def run_counts(staged, plan: RunPlan) -> dict[str, int]:
 def check_invariant(counts: dict[str, int], plan: RunPlan) -> None:
     """accepted + rejected = input rows, and every accepted question exactly once in answers."""
     if counts["accepted"] + counts["rejected"] != plan.input_rows or counts["accepted"] != plan.accepted:
-        raise CragError(f"row accounting failed: {counts['accepted']} answers + {counts['rejected']} rejects != "
-                        f"{plan.input_rows} input rows ({plan.accepted} accepted)")
+        raise CragError(
+            f"row accounting failed: {counts['accepted']} answers + {counts['rejected']} rejects != "
+            f"{plan.input_rows} input rows ({plan.accepted} accepted)"
+        )
     if counts["distinct_ids"] != counts["accepted"]:
-        raise CragError(f"row accounting failed: {counts['accepted'] - counts['distinct_ids']} questions answered twice")
+        raise CragError(
+            f"row accounting failed: {counts['accepted'] - counts['distinct_ids']} questions answered twice"
+        )
 
 
 # ------------------------------------------------------------------ the whole run
@@ -466,7 +541,7 @@ def run(
     warehouse: str,
     variant: str | None = None,
     run_id: str | None = None,
-    overrides: list[str] = (),
+    overrides: Sequence[str] = (),
     spark=None,
     resume: bool = False,
     progress: bool | None = None,
@@ -478,13 +553,15 @@ def run(
     try:
         if plan.accepted == 0:
             finalise(plan)
-            raise InputError(f"no question was accepted: all {plan.input_rows} input rows were rejected "
-                             f"(see the rejects table of run {plan.run_id})")
+            raise InputError(
+                f"no question was accepted: all {plan.input_rows} input rows were rejected "
+                f"(see the rejects table of run {plan.run_id})"
+            )
         answer_batches(plan, progress)
         return finalise(plan)
     except BaseException:
         try:
-            plan.record("failed", finished=datetime.now(timezone.utc))
+            plan.record("failed", finished=datetime.now(UTC))
         except Exception:  # the original failure is the one to report
             log.debug("could not record the failed run", exc_info=True)
         raise

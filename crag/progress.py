@@ -25,8 +25,13 @@ class ProgressReporter:
     A resumed run passes the questions already answered as `start(total, done=...)`: the rate and the
     time left count only this run's work."""
 
-    def __init__(self, stream: TextIO | None = None, enabled: bool | None = None, desc: str = "crag",
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        enabled: bool | None = None,
+        desc: str = "crag",
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.stream = stream if stream is not None else sys.stderr
         self.interactive = _is_terminal(self.stream)
         self.enabled = self.interactive if enabled is None else enabled
@@ -41,8 +46,17 @@ class ProgressReporter:
         self._total, self._done, self._initial = total, done, done
         self._started_at = self._clock()
         if self.enabled and self.interactive:
-            self._bar = tqdm(total=total, initial=done, file=self.stream, desc=self.desc, unit=_UNIT,
-                             bar_format=_BAR, dynamic_ncols=True, leave=True, mininterval=0.2)
+            self._bar = tqdm(
+                total=total,
+                initial=done,
+                file=self.stream,
+                desc=self.desc,
+                unit=_UNIT,
+                bar_format=_BAR,
+                dynamic_ncols=True,
+                leave=True,
+                mininterval=0.2,
+            )
         return self
 
     def advance(self, n: int) -> None:
@@ -50,8 +64,15 @@ class ProgressReporter:
         if self._bar is not None:
             self._bar.update(n)
         elif self.enabled:
-            line = tqdm.format_meter(self._done, self._total, self._clock() - self._started_at, prefix=self.desc,
-                                     unit=_UNIT, bar_format=_LINE, initial=self._initial)
+            line = tqdm.format_meter(
+                self._done,
+                self._total,
+                self._clock() - self._started_at,
+                prefix=self.desc,
+                unit=_UNIT,
+                bar_format=_LINE,
+                initial=self._initial,
+            )
             self.stream.write(line + "\n")
             self.stream.flush()
 

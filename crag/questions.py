@@ -70,11 +70,15 @@ def read_questions(spark, source: str):
                 raise InputError(f"{path} is empty: not a Parquet file")
             return _require_columns(spark.read.parquet(str(path.resolve())), source)
         if suffix == ".csv":
-            frame = spark.read.options(header=True, inferSchema=False, multiLine=True, escape='"').csv(str(path.resolve()))
+            frame = spark.read.options(header=True, inferSchema=False, multiLine=True, escape='"').csv(
+                str(path.resolve())
+            )
             return _require_columns(frame, source)
     except spark_errors() as exc:
         raise InputError(f"cannot read questions from {source}: {_first_line(exc)}") from None
-    raise InputError(f"unsupported questions file {source}: expected a Delta folder or {', '.join(QUESTION_FILE_SUFFIXES)}")
+    raise InputError(
+        f"unsupported questions file {source}: expected a Delta folder or {', '.join(QUESTION_FILE_SUFFIXES)}"
+    )
 
 
 def spark_errors() -> tuple[type[BaseException], ...]:
@@ -91,15 +95,20 @@ def spark_errors() -> tuple[type[BaseException], ...]:
 
 def _first_line(exc: BaseException) -> str:
     """The line that says what went wrong (py4j puts "An error occurred while calling ..." first)."""
-    lines = [line.strip() for line in str(exc).splitlines()
-             if line.strip() and not line.startswith("An error occurred while calling")]
+    lines = [
+        line.strip()
+        for line in str(exc).splitlines()
+        if line.strip() and not line.startswith("An error occurred while calling")
+    ]
     return re.sub(r"^[\w.$]+(Exception|Error): ", "", lines[0]) if lines else type(exc).__name__
 
 
 def _require_columns(frame, source: str):
     missing = [c for c in REQUIRED if c not in frame.columns]
     if missing:
-        raise InputError(f"questions lack column(s) {', '.join(missing)} (found: {', '.join(frame.columns) or 'none'}) in {source}")
+        raise InputError(
+            f"questions lack column(s) {', '.join(missing)} (found: {', '.join(frame.columns) or 'none'}) in {source}"
+        )
     return frame.select(*[c for c in (*REQUIRED, *GOLD_COLUMNS) if c in frame.columns])
 
 
@@ -230,8 +239,11 @@ def check_rows(frame: pd.DataFrame, max_chars: int) -> pd.DataFrame:
     Returns CHECKED columns: reason is null for a good row; id_problem says the id itself is bad."""
     out = []
     for record in frame.to_dict("records"):
-        row, reason = (_parse_line(record[JSONL_LINE]) if JSONL_LINE in record else
-                       ({k: v for k, v in record.items() if k != "input_row"}, None))
+        row, reason = (
+            _parse_line(record[JSONL_LINE])
+            if JSONL_LINE in record
+            else ({k: v for k, v in record.items() if k != "input_row"}, None)
+        )
         row = row or {}
         qid = _id_text(row.get("question_id"))
         id_reason = reason or _id_problem(row.get("question_id"), qid)
@@ -243,15 +255,17 @@ def check_rows(frame: pd.DataFrame, max_chars: int) -> pd.DataFrame:
             except ValueError as exc:
                 reason = str(exc)
         question = row.get("question")
-        out.append({
-            "question_id": _storable(qid),
-            "question": _storable(question) if reason else question,
-            "input_row": int(record["input_row"]),
-            "reason": reason,
-            "has_gold": any(c in row for c in GOLD_COLUMNS),
-            **gold,
-            "id_problem": id_reason is not None,
-        })
+        out.append(
+            {
+                "question_id": _storable(qid),
+                "question": _storable(question) if reason else question,
+                "input_row": int(record["input_row"]),
+                "reason": reason,
+                "has_gold": any(c in row for c in GOLD_COLUMNS),
+                **gold,
+                "id_problem": id_reason is not None,
+            }
+        )
     return pd.DataFrame(out, columns=CHECKED.names)
 
 
@@ -274,12 +288,20 @@ def validate(spark, raw, max_chars: int):
 
     checked = numbered.mapInPandas(check, from_arrow_schema(CHECKED))
     first = F.min("input_row").over(Window.partitionBy("question_id"))
-    duplicate = F.concat(F.lit("duplicate question_id '"), F.col("question_id"),
-                         F.lit("': first seen at input row "), F.col("first_row").cast("string"))
+    duplicate = F.concat(
+        F.lit("duplicate question_id '"),
+        F.col("question_id"),
+        F.lit("': first seen at input row "),
+        F.col("first_row").cast("string"),
+    )
     return (
         checked.withColumn("first_row", F.when(~F.col("id_problem"), first))
-        .withColumn("reason", F.when(~F.col("id_problem") & (F.col("input_row") > F.col("first_row")), duplicate)
-                    .otherwise(F.col("reason")))
+        .withColumn(
+            "reason",
+            F.when(~F.col("id_problem") & (F.col("input_row") > F.col("first_row")), duplicate).otherwise(
+                F.col("reason")
+            ),
+        )
         .drop("first_row", "id_problem")
     )
 
@@ -303,13 +325,17 @@ def _numbered(spark, raw):
     starts = spark.createDataFrame(offsets, "_part int, _start long")
     # monotonically_increasing_id: the partition index in the upper 31 bits, the row's offset below
     position = F.col("_id") - F.shiftleft(F.col("_part").cast("long"), 33)
-    return (tagged.join(F.broadcast(starts), "_part")
-            .withColumn("input_row", F.col("_start") + position)
-            .drop("_id", "_part", "_start"))
+    return (
+        tagged.join(F.broadcast(starts), "_part")
+        .withColumn("input_row", F.col("_start") + position)
+        .drop("_id", "_part", "_start")
+    )
 
 
 def check_one(question_id: str, question: str, max_chars: int) -> None:
     """`crag ask`: the same checks for one question, as an InputError."""
-    checked = check_rows(pd.DataFrame({"question_id": [question_id], "question": [question], "input_row": [0]}), max_chars)
+    checked = check_rows(
+        pd.DataFrame({"question_id": [question_id], "question": [question], "input_row": [0]}), max_chars
+    )
     if checked["reason"].iloc[0]:
         raise InputError(checked["reason"].iloc[0])

@@ -7,9 +7,7 @@ import pyarrow as pa
 
 UTC_TIMESTAMP = pa.timestamp("us", tz="UTC")
 
-SOURCE = pa.struct(
-    [("source", pa.string()), ("doc_id", pa.string()), ("title", pa.string()), ("url", pa.string())]
-)
+SOURCE = pa.struct([("source", pa.string()), ("doc_id", pa.string()), ("title", pa.string()), ("url", pa.string())])
 
 # Per-stage wall time in milliseconds. A stage that calls its backend once per question records each
 # question's own time; a stage that serves a whole partition in one call (BM25 retrieval) records the
@@ -142,7 +140,9 @@ STAGE_CACHE = pa.schema(
         ("created_at", UTC_TIMESTAMP),
     ]
 )
-CACHE_ENTRY = pa.struct([("key", pa.string()), ("question_key", pa.string()), ("role", pa.string()), ("value", pa.string())])
+CACHE_ENTRY = pa.struct(
+    [("key", pa.string()), ("question_key", pa.string()), ("role", pa.string()), ("value", pa.string())]
+)
 
 # One row per question of two compared runs (crag compare).
 COMPARISONS = pa.schema(
@@ -174,9 +174,17 @@ COMPARISONS = pa.schema(
     ]
 )
 
-TABLES = {"answers": ANSWERS, "grades": GRADES, "decisions": DECISIONS, "runs": RUNS, "rejects": REJECTS,
-          "gold": GOLD, "metrics": METRICS, "stage_cache": STAGE_CACHE,
-          "comparisons": COMPARISONS}
+TABLES = {
+    "answers": ANSWERS,
+    "grades": GRADES,
+    "decisions": DECISIONS,
+    "runs": RUNS,
+    "rejects": REJECTS,
+    "gold": GOLD,
+    "metrics": METRICS,
+    "stage_cache": STAGE_CACHE,
+    "comparisons": COMPARISONS,
+}
 
 # What the Spark stage returns per question: the answer row without the driver-side columns, with the
 # question's grades and decisions nested so that one pass over the partition yields all three tables.
@@ -185,13 +193,21 @@ GRADE_ITEM = pa.struct([f for f in GRADES if f.name not in _DRIVER_SIDE | {"ques
 DECISION_ITEM = pa.struct([f for f in DECISIONS if f.name not in _DRIVER_SIDE | {"question_id"}])
 STAGE_OUTPUT = pa.schema(
     [f for f in ANSWERS if f.name not in _DRIVER_SIDE]
-    + [pa.field("grades", pa.list_(GRADE_ITEM)), pa.field("decisions", pa.list_(DECISION_ITEM)),
-       pa.field("cache_entries", pa.list_(CACHE_ENTRY))]
+    + [
+        pa.field("grades", pa.list_(GRADE_ITEM)),
+        pa.field("decisions", pa.list_(DECISION_ITEM)),
+        pa.field("cache_entries", pa.list_(CACHE_ENTRY)),
+    ]
 )
 # What each Spark task receives per question: the question and the stored backend results that may
 # serve it (empty with the cache off).
-STAGE_INPUT = pa.schema([("question_id", pa.string()), ("question", pa.string()),
-                         ("cache", pa.list_(pa.struct([("key", pa.string()), ("value", pa.string())])))])
+STAGE_INPUT = pa.schema(
+    [
+        ("question_id", pa.string()),
+        ("question", pa.string()),
+        ("cache", pa.list_(pa.struct([("key", pa.string()), ("value", pa.string())]))),
+    ]
+)
 
 # Work in progress of a run, kept until the run is finalised (crag.job): the validated input rows,
 # and each committed batch's stage output, from which answers, grades, decisions and cache rows are

@@ -16,8 +16,8 @@ import os
 import sys
 import tempfile
 import warnings
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -49,8 +49,10 @@ def _jars(cfg: SparkConfig) -> list[str]:
     folder = Path(cfg.jars_dir) if cfg.jars_dir else Path(__file__).resolve().parents[1] / ".crag" / "jars"
     jars = sorted(str(p) for p in folder.glob("*.jar"))
     if not any("delta-spark" in Path(j).name for j in jars):
-        raise ConfigError(f"the Delta Lake jars for Spark are not in {folder}: run `make install` (it fetches them "
-                          f"from Maven Central), or set spark.jars_dir")
+        raise ConfigError(
+            f"the Delta Lake jars for Spark are not in {folder}: run `make install` (it fetches them "
+            f"from Maven Central), or set spark.jars_dir"
+        )
     return jars
 
 
@@ -78,7 +80,7 @@ def get_spark(cfg: SparkConfig):
         master = remote or cfg.master
         if master.startswith("local"):
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode needs no other interface
-            slots = master[master.find("[") + 1:-1] if "[" in master else "1"
+            slots = master[master.find("[") + 1 : -1] if "[" in master else "1"
             if slots.isdigit():
                 if int(slots) < 1:
                     raise ConfigError(f"config key 'spark.{'remote' if remote else 'master'}': {master!r} has no cores")
@@ -141,14 +143,18 @@ def _partition_task(config_json: str, secrets: dict[str, str], concurrent_tasks:
             cache = None
             if slices is not None:
                 cache = StageCache({e["key"]: e["value"] for entries in frame["cache"] for e in entries})
-            serving = with_cache(backends, cache, slices) if cache else backends
+            serving = with_cache(backends, cache, slices) if cache and slices else backends
             table = _run_subpipelines(frame[["question_id", "question"]], serving, cfg)
             by_question: dict[str, list] = {}
             for entry in cache.new if cache else []:
                 by_question.setdefault(entry["question_key"], []).append(entry)
-            entries = pa.array([by_question.pop(question_key(q), []) for q in frame["question"]],
-                               type=schema.STAGE_OUTPUT.field("cache_entries").type)
-            yield from table.set_column(table.schema.get_field_index("cache_entries"), "cache_entries", entries).to_batches()
+            entries = pa.array(
+                [by_question.pop(question_key(q), []) for q in frame["question"]],
+                type=schema.STAGE_OUTPUT.field("cache_entries").type,
+            )
+            yield from table.set_column(
+                table.schema.get_field_index("cache_entries"), "cache_entries", entries
+            ).to_batches()
 
     return process
 
@@ -164,7 +170,7 @@ def _run_subpipelines(frame: pd.DataFrame, backends, cfg: CragConfig) -> pa.Tabl
 
     threads = max(1, min(cfg.spark.pipelines_per_task, len(frame)))
     size = cfg.spark.questions_per_pipeline or math.ceil(len(frame) / threads)
-    parts = [frame.iloc[i:i + size] for i in range(0, len(frame), size)]
+    parts = [frame.iloc[i : i + size] for i in range(0, len(frame), size)]
 
     def through_stages(part: pd.DataFrame) -> pa.Table:
         return to_stage_output(run_pipeline(part, backends, cfg))

@@ -25,9 +25,28 @@ from crag.errors import InputError
 DEFAULT_TIMEOUT_S = 60.0
 READING_STATEMENTS = frozenset({"Query", "Explain", "ExplainTable", "ShowTables", "ShowColumns"})
 # Anything that writes or changes state, also when nested in a query (a data-modifying CTE).
-_WRITING_NODES = frozenset({"Insert", "Update", "Delete", "Merge", "Copy", "CopyIntoSnowflake", "CreateTable",
-                            "CreateView", "CreateExternalTable", "Drop", "Truncate", "AlterTable", "Set",
-                            "SetVariable", "Unload", "Directory", "Call", "Execute"})
+_WRITING_NODES = frozenset(
+    {
+        "Insert",
+        "Update",
+        "Delete",
+        "Merge",
+        "Copy",
+        "CopyIntoSnowflake",
+        "CreateTable",
+        "CreateView",
+        "CreateExternalTable",
+        "Drop",
+        "Truncate",
+        "AlterTable",
+        "Set",
+        "SetVariable",
+        "Unload",
+        "Directory",
+        "Call",
+        "Execute",
+    }
+)
 
 
 def check_read_only(sql: str) -> None:
@@ -44,7 +63,9 @@ def check_read_only(sql: str) -> None:
     [statement] = statements
     kind = next(iter(statement))
     if kind not in READING_STATEMENTS:
-        raise InputError(f"SQL not run: crag sql only reads (SELECT, WITH, EXPLAIN, SHOW, DESCRIBE), got {_words(kind)}")
+        raise InputError(
+            f"SQL not run: crag sql only reads (SELECT, WITH, EXPLAIN, SHOW, DESCRIBE), got {_words(kind)}"
+        )
     if kind == "Explain":  # EXPLAIN ANALYZE runs its statement: it must be a query too
         inner = statement["Explain"].get("statement")
         inner_kind = next(iter(inner)) if isinstance(inner, dict) and inner else None
@@ -91,8 +112,12 @@ def query(warehouse: str | Path, sql: str, timeout_s: float = DEFAULT_TIMEOUT_S)
     check_read_only(sql)
     _tables(warehouse)  # no tables: say so before starting a process
     try:
-        child = subprocess.run([sys.executable, "-m", "crag.sql", str(warehouse)], input=sql.encode("utf-8"),
-                               capture_output=True, timeout=timeout_s)
+        child = subprocess.run(
+            [sys.executable, "-m", "crag.sql", str(warehouse)],
+            input=sql.encode("utf-8"),
+            capture_output=True,
+            timeout=timeout_s,
+        )
     except subprocess.TimeoutExpired:  # subprocess.run has killed the child
         raise InputError(f"SQL stopped after {timeout_s:g} s (the time limit; raise it with --timeout)") from None
     if child.returncode != 0:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache, wraps
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pandas as pd
 import pyarrow as pa
@@ -26,7 +26,6 @@ from crag.backends.base import Backends, Document, Grade, Grader, Usage, current
 from crag.config import CragConfig, RefinementConfig, RoutingConfig
 from crag.secrets import scrub
 from crag.text import split_sentences, word_windows
-
 
 # The bookkeeping every stage reads and rewrites: a row's error (set when this stage fails it) and its
 # decision log (grown by this stage's entries).
@@ -56,13 +55,21 @@ STAGES = {
         Stage("retrieve", ("question", "usage"), ("retrieved", "n_retrieved", "ms_retrieve")),
         Stage("grade", ("question", "usage", "retrieved"), ("graded", "n_relevant", "ms_grade")),
         # Routing cannot fail a question: it reads the error column and passes failed rows by.
-        Stage("decide", ("graded", "error"), ("action", "needs_web", "use_internal", "relevant", "ms_decide"),
-              updates=("decisions",)),
+        Stage(
+            "decide",
+            ("graded", "error"),
+            ("action", "needs_web", "use_internal", "relevant", "ms_decide"),
+            updates=("decisions",),
+        ),
         Stage("rewrite", ("question", "usage", "needs_web"), ("web_query", "ms_rewrite")),
         # With the two-stage fallback the second search's query replaces the first in web_query: the
         # query that found the results.
-        Stage("web_search", ("question", "usage", "relevant", "use_internal"), ("web_results", "n_web", "ms_web_search"),
-              updates=(*BOOKKEEPING, "web_query")),
+        Stage(
+            "web_search",
+            ("question", "usage", "relevant", "use_internal"),
+            ("web_results", "n_web", "ms_web_search"),
+            updates=(*BOOKKEEPING, "web_query"),
+        ),
         Stage("refine", ("question", "usage", "relevant", "use_internal", "web_results"), ("context", "ms_refine")),
         Stage("generate", ("question", "usage", "context"), ("answer", "refused", "sources", "route", "ms_generate")),
     )
@@ -75,7 +82,9 @@ def _check_inputs(df: pd.DataFrame, stage: Stage) -> None:
         raise ValueError(f"stage {stage.name!r} needs column(s) {missing}; run the stages before it first")
     present = [c for c in stage.outputs if c in df.columns]
     if present:
-        raise ValueError(f"stage {stage.name!r} would overwrite column(s) {present}, which it does not declare as updates")
+        raise ValueError(
+            f"stage {stage.name!r} would overwrite column(s) {present}, which it does not declare as updates"
+        )
 
 
 def _check_outputs(stage: Stage, written: dict) -> None:
@@ -83,8 +92,10 @@ def _check_outputs(stage: Stage, written: dict) -> None:
     missing = [c for c in (*stage.outputs, *stage.updates) if c not in written]
     undeclared = [c for c in written if c not in declared]
     if missing or undeclared:
-        raise ValueError(f"stage {stage.name!r} broke its contract: declared column(s) {missing} not written, "
-                         f"undeclared column(s) {undeclared} written")
+        raise ValueError(
+            f"stage {stage.name!r} broke its contract: declared column(s) {missing} not written, "
+            f"undeclared column(s) {undeclared} written"
+        )
 
 
 def runs(stage: Stage):
@@ -129,7 +140,7 @@ def _log(df: pd.DataFrame, entries: list) -> list[list[dict]]:
 
 
 @lru_cache(maxsize=64)
-def _row_type(columns: tuple[str, ...]) -> type:
+def _row_type(columns: tuple[str, ...]) -> Any:
     return namedtuple("Row", columns)
 
 
@@ -206,10 +217,19 @@ def retrieve(df: pd.DataFrame, backends: Backends, k: int) -> dict:
         n_retrieved=[len(d) for d in retrieved],
         error=errors,
         ms_retrieve=millis,
-        decisions=_log(df, [
-            None if e else ("retrieve", f"{len(d)} documents", f"{retriever.name}: top {k} child chunks -> {len(d)} parent documents")
-            for d, e in zip(retrieved, errors)
-        ]),
+        decisions=_log(
+            df,
+            [
+                None
+                if e
+                else (
+                    "retrieve",
+                    f"{len(d)} documents",
+                    f"{retriever.name}: top {k} child chunks -> {len(d)} parent documents",
+                )
+                for d, e in zip(retrieved, errors)
+            ],
+        ),
     )
 
 
@@ -243,17 +263,24 @@ def grade(df: pd.DataFrame, backends: Backends) -> dict:
     def grade_row(row):
         return _apply_grades(row.retrieved, grader.grade(row.question, row.retrieved, row.usage), grader)
 
-    graded, millis, errors = _per_row(df, "grade", grade_row, when=lambda r: bool(r.retrieved), workers=grader.concurrency)
+    graded, millis, errors = _per_row(
+        df, "grade", grade_row, when=lambda r: bool(r.retrieved), workers=grader.concurrency
+    )
     all_graded = [g if g is not None else list(d) for g, d in zip(graded, df["retrieved"])]
     return dict(
         graded=all_graded,
         n_relevant=[sum(d.get("grade") == "yes" for d in docs) for docs in all_graded],
         error=errors,
         ms_grade=millis,
-        decisions=_log(df, [
-            ("grade", f"{sum(d['grade'] == 'yes' for d in g)} of {len(g)} relevant", f"grader {grader.name}") if g else None
-            for g in graded
-        ]),
+        decisions=_log(
+            df,
+            [
+                ("grade", f"{sum(d['grade'] == 'yes' for d in g)} of {len(g)} relevant", f"grader {grader.name}")
+                if g
+                else None
+                for g in graded
+            ],
+        ),
     )
 
 
@@ -281,12 +308,32 @@ def route_question(graded: list[Document], routing: RoutingConfig) -> Route:
         best = max(scores, default=0.0)
         # A document at or above `upper` is what makes the action correct: it is relevant by the
         # policy's own measure even when the grader's yes/no threshold sits higher.
-        relevant = [d for d in graded if d.get("grade") == "yes" or d.get("relevance", 0.0) >= routing.upper][: routing.max_relevant_docs]
+        relevant = [d for d in graded if d.get("grade") == "yes" or d.get("relevance", 0.0) >= routing.upper][
+            : routing.max_relevant_docs
+        ]
         if best >= routing.upper:
-            return Route("correct", False, True, relevant, f"best relevance {best:.2f} >= upper {routing.upper}; policy thresholds -> internal documents")
+            return Route(
+                "correct",
+                False,
+                True,
+                relevant,
+                f"best relevance {best:.2f} >= upper {routing.upper}; policy thresholds -> internal documents",
+            )
         if best < routing.lower:
-            return Route("incorrect", True, False, [], f"best relevance {best:.2f} < lower {routing.lower}; policy thresholds -> web search only")
-        return Route("ambiguous", True, True, relevant, f"best relevance {best:.2f} between {routing.lower} and {routing.upper}; policy thresholds -> internal documents and web search")
+            return Route(
+                "incorrect",
+                True,
+                False,
+                [],
+                f"best relevance {best:.2f} < lower {routing.lower}; policy thresholds -> web search only",
+            )
+        return Route(
+            "ambiguous",
+            True,
+            True,
+            relevant,
+            f"best relevance {best:.2f} between {routing.lower} and {routing.upper}; policy thresholds -> internal documents and web search",
+        )
     action = "correct" if n and n_rel == n else "incorrect" if n_rel == 0 else "ambiguous"
     if n == 0 and policy != "min_context_chars":
         return Route("incorrect", True, True, [], f"nothing retrieved; policy {policy}: web search")
@@ -308,7 +355,10 @@ def route_question(graded: list[Document], routing: RoutingConfig) -> Route:
 @runs(STAGES["decide"])
 def decide(df: pd.DataFrame, routing: RoutingConfig) -> dict:
     t0 = time.perf_counter()
-    routed = [route_question(g, routing) if e is None else Route(None, False, False, [], None) for g, e in zip(df["graded"], df["error"])]
+    routed = [
+        route_question(g, routing) if e is None else Route(None, False, False, [], None)
+        for g, e in zip(df["graded"], df["error"])
+    ]
     return dict(
         action=[r.action for r in routed],
         needs_web=[r.needs_web for r in routed],
@@ -338,20 +388,25 @@ def rewrite(df: pd.DataFrame, backends: Backends, fallback: str = "single") -> d
         make = lambda r: _direct_query(r.question, rewriter.policy_keywords)  # noqa: E731
     else:
         make = lambda r: rewriter.rewrite(r.question, r.usage)  # noqa: E731
-    queries, millis, errors = _per_row(df, "rewrite", make, when=lambda r: r.needs_web and enabled, workers=rewriter.concurrency)
+    queries, millis, errors = _per_row(
+        df, "rewrite", make, when=lambda r: r.needs_web and enabled, workers=rewriter.concurrency
+    )
     why = "two-stage fallback: the question itself first" if fallback == "two_stage" else f"rewriter {rewriter.name}"
     return dict(
         web_query=queries,
         error=errors,
         ms_rewrite=millis,
-        decisions=_log(df, [
-            ("rewrite", q, why)
-            if q is not None
-            else ("rewrite", "skipped", "web search is switched off (web_search.backend: none)")
-            if nw and not enabled and e is None
-            else None
-            for q, nw, e in zip(queries, df["needs_web"], errors)
-        ]),
+        decisions=_log(
+            df,
+            [
+                ("rewrite", q, why)
+                if q is not None
+                else ("rewrite", "skipped", "web search is switched off (web_search.backend: none)")
+                if nw and not enabled and e is None
+                else None
+                for q, nw, e in zip(queries, df["needs_web"], errors)
+            ],
+        ),
     )
 
 
@@ -369,7 +424,10 @@ def web_search(df: pd.DataFrame, backends: Backends, cfg: CragConfig) -> dict:
     w = cfg.web_search
 
     def search_once(row, query: str, first_rank: int, log: list) -> list[Document]:
-        results = [{**d, "rank": first_rank + i} for i, d in enumerate(ws.search(query, w.k, row.usage))]
+        assert ws is not None  # rows get a web query only when web search is on
+        results: list[Document] = [
+            {**d, "rank": first_rank + i} for i, d in enumerate(ws.search(query, w.k, row.usage))
+        ]
         log.append(("web_search", f"{len(results)} results", f"{ws.name}, query {query!r}"))
         if check is not None and results:
             keep = check.verify(row.question, results, row.usage)
@@ -377,7 +435,13 @@ def web_search(df: pd.DataFrame, backends: Backends, cfg: CragConfig) -> dict:
             results = [d for d, ok in zip(results, keep) if ok]
         if w.grade_results and results:
             results = _apply_grades(results, grader.grade(row.question, results, row.usage), grader)
-            log.append(("grade_web", f"{sum(d['grade'] == 'yes' for d in results)} of {len(results)} relevant", f"grader {grader.name}"))
+            log.append(
+                (
+                    "grade_web",
+                    f"{sum(d['grade'] == 'yes' for d in results)} of {len(results)} relevant",
+                    f"grader {grader.name}",
+                )
+            )
         return results
 
     def search_row(row):
@@ -389,14 +453,22 @@ def web_search(df: pd.DataFrame, backends: Backends, cfg: CragConfig) -> dict:
             chars = sum(len(d["text"]) for d in internal + _usable_web(results))
             if chars < cfg.routing.min_context_chars:
                 query = backends.rewriter.rewrite(row.question, row.usage)
-                log.append(("rewrite", query, f"context {chars} chars < {cfg.routing.min_context_chars}: second search with rewriter {backends.rewriter.name}"))
+                log.append(
+                    (
+                        "rewrite",
+                        query,
+                        f"context {chars} chars < {cfg.routing.min_context_chars}: second search with rewriter {backends.rewriter.name}",
+                    )
+                )
                 seen = {d["parent_id"] for d in results}
                 more = [d for d in search_once(row, query, len(results) + 1, log) if d["parent_id"] not in seen]
                 results = results + more
         return query, results, log
 
     concurrency = max(ws.concurrency if ws else 1, grader.concurrency, check.concurrency if check else 1)
-    found, millis, errors = _per_row(df, "web_search", search_row, when=lambda r: r.web_query is not None, workers=concurrency)
+    found, millis, errors = _per_row(
+        df, "web_search", search_row, when=lambda r: r.web_query is not None, workers=concurrency
+    )
     results = [f[1] if f else [] for f in found]
     return dict(
         web_query=[f[0] if f else q for f, q in zip(found, df["web_query"])],
@@ -415,7 +487,9 @@ def _strips(text: str, cfg: RefinementConfig) -> list[str]:
     return split_sentences(text) if cfg.strip == "sentence" else word_windows(text, cfg.window_words)
 
 
-def refine_context(question: str, context: list[Document], grader: Grader, cfg: RefinementConfig, usage: Usage) -> list[Document]:
+def refine_context(
+    question: str, context: list[Document], grader: Grader, cfg: RefinementConfig, usage: Usage
+) -> list[Document]:
     """The CRAG paper's knowledge refinement: split each document into strips, grade every strip, keep
     the best `keep`, and recompose them in their original order (a document with no kept strip drops out)."""
     strips = [(d, s, text) for d, doc in enumerate(context) for s, text in enumerate(_strips(doc["text"], cfg))]
@@ -443,8 +517,13 @@ def refine(df: pd.DataFrame, backends: Backends, cfg: RefinementConfig) -> dict:
             context = refine_context(row.question, context, backends.grader, cfg, row.usage)
         return context
 
-    contexts, millis, errors = _per_row(df, "refine", compose, workers=backends.grader.concurrency if cfg.enabled else 1)
-    logged = [("refine", f"{len(c)} documents", "knowledge refinement: best strips kept") if c is not None else None for c in contexts]
+    contexts, millis, errors = _per_row(
+        df, "refine", compose, workers=backends.grader.concurrency if cfg.enabled else 1
+    )
+    logged = [
+        ("refine", f"{len(c)} documents", "knowledge refinement: best strips kept") if c is not None else None
+        for c in contexts
+    ]
     return dict(
         context=[c or [] for c in contexts],
         error=errors,
@@ -465,25 +544,57 @@ def _route(context: list[Document]) -> str:
 def generate(df: pd.DataFrame, backends: Backends, refusal_message: str) -> dict:
     """Answer the ORIGINAL question from the context. No context: the refusal message, and no call."""
     answers, millis, errors = _per_row(
-        df, "generate", lambda r: backends.generator.generate(r.question, r.context, r.usage),
-        when=lambda r: bool(r.context), workers=backends.generator.concurrency,
+        df,
+        "generate",
+        lambda r: backends.generator.generate(r.question, r.context, r.usage),  # type: ignore[attr-defined]
+        when=lambda r: bool(r.context),
+        workers=backends.generator.concurrency,
     )
-    texts, refused, sources, routes, log = [], [], [], [], []
+    texts: list[str | None] = []
+    refused: list[bool] = []
+    sources: list[list[dict]] = []
+    routes: list[str] = []
+    log: list = []
     for answer, context, error in zip(answers, df["context"], errors):
         if error is not None:
-            texts.append(None), refused.append(False), sources.append([]), routes.append("error")
+            texts.append(None)
+            refused.append(False)
+            sources.append([])
+            routes.append("error")
             log.append(("generate", "error", error))
         elif answer is None or answer.text is None:
-            texts.append(refusal_message), refused.append(True), sources.append([]), routes.append("refused")
-            why = "no relevant context survived; generator not called" if answer is None else f"generator {backends.generator.name} found no answer in the context"
+            texts.append(refusal_message)
+            refused.append(True)
+            sources.append([])
+            routes.append("refused")
+            why = (
+                "no relevant context survived; generator not called"
+                if answer is None
+                else f"generator {backends.generator.name} found no answer in the context"
+            )
             log.append(("generate", "refused", why))
         else:
             cited = [context[i] for i in answer.cited if 0 <= i < len(context)]
-            texts.append(answer.text), refused.append(False), routes.append(_route(context))
+            texts.append(answer.text)
+            refused.append(False)
+            routes.append(_route(context))
             sources.append([{k: d.get(k) for k in ("source", "doc_id", "title", "url")} for d in cited])
-            log.append(("generate", "answered", f"generator {backends.generator.name} from {len(context)} documents ({_route(context)}), {len(cited)} cited"))
-    return dict(answer=texts, refused=refused, sources=sources, route=routes, error=errors, ms_generate=millis,
-                decisions=_log(df, log))
+            log.append(
+                (
+                    "generate",
+                    "answered",
+                    f"generator {backends.generator.name} from {len(context)} documents ({_route(context)}), {len(cited)} cited",
+                )
+            )
+    return dict(
+        answer=texts,
+        refused=refused,
+        sources=sources,
+        route=routes,
+        error=errors,
+        ms_generate=millis,
+        decisions=_log(df, log),
+    )
 
 
 # ---------------------------------------------------------------- the whole flow

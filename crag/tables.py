@@ -42,8 +42,13 @@ def write_table(location: str | Path, table: pa.Table) -> None:
 def write_uc_chunk_table(name: str, chunks: pa.Table, spark) -> None:
     """The chunk table in Unity Catalog, replaced whole; change data feed on, as a Delta Sync Vector
     Search index requires of its source."""
-    (spark.createDataFrame(chunks).writeTo(name).using("delta")
-     .tableProperty("delta.enableChangeDataFeed", "true").createOrReplace())
+    (
+        spark.createDataFrame(chunks)
+        .writeTo(name)
+        .using("delta")
+        .tableProperty("delta.enableChangeDataFeed", "true")
+        .createOrReplace()
+    )
 
 
 def read_whole_table(location: str | Path) -> pa.Table:

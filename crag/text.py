@@ -42,11 +42,24 @@ ENGLISH_STOP_WORDS = frozenset(
     yourselves also many much may might must shall whose s t""".split()
 )
 # Words that ask rather than describe: removed from web queries and from the terms a grader looks for.
-QUESTION_WORDS = frozenset(
-    "what when where which who whom whose why how name named called kind type".split()
-)
+QUESTION_WORDS = frozenset("what when where which who whom whose why how name named called kind type".split())
 _QUESTION_STEMS = frozenset(Stemmer.Stemmer("english").stemWords(sorted(QUESTION_WORDS)))
-JAPANESE_QUESTION_WORDS = ("何", "なに", "なん", "どこ", "いつ", "だれ", "誰", "どの", "どれ", "どう", "なぜ", "どんな", "いくつ", "いくら")
+JAPANESE_QUESTION_WORDS = (
+    "何",
+    "なに",
+    "なん",
+    "どこ",
+    "いつ",
+    "だれ",
+    "誰",
+    "どの",
+    "どれ",
+    "どう",
+    "なぜ",
+    "どんな",
+    "いくつ",
+    "いくら",
+)
 
 
 _ACCENTED = re.compile(r"[\u00c0-\u024f\u1e00-\u1eff]+")  # Latin letters with diacritics
@@ -82,11 +95,7 @@ def _sudachi():
 
 def _sudachi_words(run: str) -> list[str]:
     tokenizer, mode = _sudachi()
-    return [
-        m.normalized_form()
-        for m in tokenizer.tokenize(run, mode)
-        if m.part_of_speech()[0] not in _SUDACHI_SKIP
-    ]
+    return [m.normalized_form() for m in tokenizer.tokenize(run, mode) if m.part_of_speech()[0] not in _SUDACHI_SKIP]
 
 
 TOKENIZERS = ("cjk_ngram", "sudachi")
@@ -180,7 +189,7 @@ class TermWeights:
         df = self.document_frequency.get(term)
         return self._unseen if df is None else self.idf_of(df)
 
-    def merged(self, other: "TermWeights") -> "TermWeights":
+    def merged(self, other: TermWeights) -> TermWeights:
         """Statistics of both corpora together, as if they were one."""
         df = dict(self.document_frequency)
         for term, count in other.document_frequency.items():
@@ -188,7 +197,7 @@ class TermWeights:
         return TermWeights(df, self.n_documents + other.n_documents)
 
     @classmethod
-    def from_tokens(cls, corpus_tokens: Sequence[Sequence[str]]) -> "TermWeights":
+    def from_tokens(cls, corpus_tokens: Sequence[Sequence[str]]) -> TermWeights:
         df: Counter[str] = Counter()
         for tokens in corpus_tokens:
             df.update(set(tokens))

@@ -8,7 +8,6 @@ workspace's tracking server. `mlflow.enabled: false` turns it off.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from crag.backends.remote import on_databricks
@@ -33,7 +32,7 @@ def _client(cfg: TrackingConfig, warehouse: str):
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     uri = tracking_uri(cfg, warehouse)
     if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name(cfg.experiment)
     if experiment is not None:
@@ -42,8 +41,16 @@ def _client(cfg: TrackingConfig, warehouse: str):
     return client, client.create_experiment(cfg.experiment, artifact_location=location)
 
 
-def log_run(cfg: CragConfig, warehouse: str, run_id: str, variant: str, counts: dict[str, int], metrics, seconds: float,
-            config_json: dict) -> str | None:
+def log_run(
+    cfg: CragConfig,
+    warehouse: str,
+    run_id: str,
+    variant: str,
+    counts: dict[str, int],
+    metrics,
+    seconds: float,
+    config_json: dict,
+) -> str | None:
     """Log one crag run; returns the MLflow run id (None when tracking is off)."""
     if not cfg.mlflow.enabled:
         return None
@@ -52,24 +59,39 @@ def log_run(cfg: CragConfig, warehouse: str, run_id: str, variant: str, counts: 
     client, experiment_id = _client(cfg.mlflow, warehouse)
     run = client.create_run(experiment_id, run_name=run_id, tags={"crag.run_id": run_id, "crag.variant": variant})
     params = {
-        "run_id": run_id, "variant": variant, "config_hash": cfg.hash(),
-        "retriever": cfg.retriever.backend, "grader": cfg.grader.backend, "rewriter": cfg.rewriter.backend,
-        "web_search": cfg.web_search.backend, "generator": cfg.generator.backend, "routing.policy": cfg.routing.policy,
+        "run_id": run_id,
+        "variant": variant,
+        "config_hash": cfg.hash(),
+        "retriever": cfg.retriever.backend,
+        "grader": cfg.grader.backend,
+        "rewriter": cfg.rewriter.backend,
+        "web_search": cfg.web_search.backend,
+        "generator": cfg.generator.backend,
+        "routing.policy": cfg.routing.policy,
     }
     for name, role in cfg.llm_roles().items():
         params[f"{name}.endpoint"] = role.endpoint
     accepted = max(counts.get("accepted", 0), 1)
     values = {
-        "questions": counts.get("input_rows", 0), "accepted": counts.get("accepted", 0), "rejected": counts.get("rejected", 0),
-        "refusal_rate": counts.get("refused", 0) / accepted, "errors": counts.get("errors", 0),
-        "llm_calls": counts.get("llm_calls", 0), "search_calls": counts.get("search_calls", 0),
-        "prompt_tokens": counts.get("prompt_tokens", 0), "completion_tokens": counts.get("completion_tokens", 0),
-        "retries": counts.get("retries", 0), "cache_hits": counts.get("cache_hits", 0),
-        "mean_relevant_docs": counts.get("relevant_docs", 0) / accepted, "wall_time_s": seconds,
+        "questions": counts.get("input_rows", 0),
+        "accepted": counts.get("accepted", 0),
+        "rejected": counts.get("rejected", 0),
+        "refusal_rate": counts.get("refused", 0) / accepted,
+        "errors": counts.get("errors", 0),
+        "llm_calls": counts.get("llm_calls", 0),
+        "search_calls": counts.get("search_calls", 0),
+        "prompt_tokens": counts.get("prompt_tokens", 0),
+        "completion_tokens": counts.get("completion_tokens", 0),
+        "retries": counts.get("retries", 0),
+        "cache_hits": counts.get("cache_hits", 0),
+        "mean_relevant_docs": counts.get("relevant_docs", 0) / accepted,
+        "wall_time_s": seconds,
     }
     values.update({f"{k}_rate": v / accepted for k, v in counts.items() if k.startswith(("route_", "action_"))})
     if metrics is not None:
-        values.update({f"eval.{m}": v for m, s, v in metrics[["metric", "slice", "value"]].itertuples(index=False) if s == "all"})
+        values.update(
+            {f"eval.{m}": v for m, s, v in metrics[["metric", "slice", "value"]].itertuples(index=False) if s == "all"}
+        )
     client.log_batch(
         run.info.run_id,
         params=[Param(k, scrub(str(v))) for k, v in params.items()],

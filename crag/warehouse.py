@@ -47,9 +47,20 @@ def _is_conflict(exc: Exception) -> bool:
     as text, so the error's class name, condition and message are all looked at."""
     condition = getattr(exc, "getCondition", None) or getattr(exc, "getErrorClass", None)
     text = f"{type(exc).__name__} {exc} {condition() if callable(condition) else ''} {getattr(exc, 'desc', '')}"
-    return any(word in text for word in ("ConcurrentAppend", "ConcurrentDeleteRead", "ConcurrentDeleteDelete",
-                                         "ConcurrentTransaction", "ProtocolChanged", "MetadataChanged",
-                                         "DELTA_CONCURRENT", "already exists", "TABLE_OR_VIEW_ALREADY_EXISTS"))
+    return any(
+        word in text
+        for word in (
+            "ConcurrentAppend",
+            "ConcurrentDeleteRead",
+            "ConcurrentDeleteDelete",
+            "ConcurrentTransaction",
+            "ProtocolChanged",
+            "MetadataChanged",
+            "DELTA_CONCURRENT",
+            "already exists",
+            "TABLE_OR_VIEW_ALREADY_EXISTS",
+        )
+    )
 
 
 class Warehouse:
@@ -96,6 +107,7 @@ class Warehouse:
         if table in self._attached:
             return
         name, path = self.name(table), self.path(table)
+        assert path is not None  # only a local folder's tables are attached
         if self.spark.catalog.tableExists(name):
             rows = self.spark.sql(f"DESCRIBE TABLE EXTENDED {name}").where("col_name = 'Location'").collect()
             registered = rows[0]["data_type"].rstrip("/") if rows else None

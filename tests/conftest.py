@@ -43,7 +43,11 @@ def sample_indexes(tmp_path_factory) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def index_overrides(sample_indexes) -> list[str]:
     # MLflow logging is tested on its own (test_variants); elsewhere it would only add set-up time.
-    return [f"retriever.index={sample_indexes['kb']}", f"web_search.index={sample_indexes['web']}", "mlflow.enabled=false"]
+    return [
+        f"retriever.index={sample_indexes['kb']}",
+        f"web_search.index={sample_indexes['web']}",
+        "mlflow.enabled=false",
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -58,8 +62,6 @@ def sample_backends(sample_config):
     from crag.backends import build_backends
 
     return build_backends(sample_config)
-
-
 
 
 @pytest.fixture(scope="session")
@@ -80,8 +82,12 @@ def emulator(emulator_server, monkeypatch):
         emulator_server.behaviour[service] = ServiceBehaviour()
     url = emulator_server.url
     for name, value in {
-        "DATABRICKS_HOST": url, "DATABRICKS_TOKEN": TOKEN, "TAVILY_API_KEY": TOKEN, "OPENAI_API_KEY": TOKEN,
-        "TAVILY_API_BASE_URL": url, "OPENAI_BASE_URL": f"{url}/v1",
+        "DATABRICKS_HOST": url,
+        "DATABRICKS_TOKEN": TOKEN,
+        "TAVILY_API_KEY": TOKEN,
+        "OPENAI_API_KEY": TOKEN,
+        "TAVILY_API_BASE_URL": url,
+        "OPENAI_BASE_URL": f"{url}/v1",
     }.items():
         monkeypatch.setenv(name, value)
     return emulator_server

@@ -16,9 +16,13 @@ from crag.spark import LOCAL_SETTINGS, _jars
 
 
 def command(port: int) -> list[str]:
-    settings = {**LOCAL_SETTINGS, "spark.jars": ",".join(_jars(SparkConfig())),
-                "spark.connect.grpc.binding.address": "127.0.0.1",
-                "spark.connect.grpc.binding.port": str(port), "spark.default.parallelism": "2"}
+    settings = {
+        **LOCAL_SETTINGS,
+        "spark.jars": ",".join(_jars(SparkConfig())),
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.default.parallelism": "2",
+    }
     submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
     args = [str(submit), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", "local[2]"]
     for key, value in settings.items():

@@ -35,12 +35,24 @@ class HashedBagOfWords(Embeddings):
 
 # Child chunks, each carrying its parent's id and text (the small/large scheme crag index writes).
 PARENTS = {
-    "filter#p0": ("filter", "Filter care", "https://example.test/filter",
-                  "Replace the HEPA-13 main filter every twelve months. Vacuum the pre-filter every two weeks."),
-    "noise#p0": ("noise", "Noise levels", "https://example.test/noise",
-                 "The purifier runs at 24 decibels in sleep mode and 52 decibels on the turbo setting."),
-    "warranty#p0": ("warranty", "保証", "https://example.test/warranty",
-                    "保証期間は購入日から三年間です。フィルターは保証の対象外です。"),
+    "filter#p0": (
+        "filter",
+        "Filter care",
+        "https://example.test/filter",
+        "Replace the HEPA-13 main filter every twelve months. Vacuum the pre-filter every two weeks.",
+    ),
+    "noise#p0": (
+        "noise",
+        "Noise levels",
+        "https://example.test/noise",
+        "The purifier runs at 24 decibels in sleep mode and 52 decibels on the turbo setting.",
+    ),
+    "warranty#p0": (
+        "warranty",
+        "保証",
+        "https://example.test/warranty",
+        "保証期間は購入日から三年間です。フィルターは保証の対象外です。",
+    ),
 }
 CHILDREN = [
     ("filter#p0", "Replace the HEPA-13 main filter every twelve months."),
@@ -56,14 +68,30 @@ def child_documents() -> list[Document]:
     docs = []
     for i, (parent_id, text) in enumerate(CHILDREN):
         doc_id, title, url, parent_text = PARENTS[parent_id]
-        docs.append(Document(page_content=text, id=f"{parent_id}#c{i}", metadata={
-            "doc_id": doc_id, "parent_id": parent_id, "parent_text": parent_text, "title": title, "source": url}))
+        docs.append(
+            Document(
+                page_content=text,
+                id=f"{parent_id}#c{i}",
+                metadata={
+                    "doc_id": doc_id,
+                    "parent_id": parent_id,
+                    "parent_text": parent_text,
+                    "title": title,
+                    "source": url,
+                },
+            )
+        )
     return docs
 
 
 def write_documents(path: Path) -> Path:
-    path.write_text("\n".join(json.dumps({"id": d.id, "text": d.page_content, "metadata": d.metadata}, ensure_ascii=False)
-                              for d in child_documents()), encoding="utf-8")
+    path.write_text(
+        "\n".join(
+            json.dumps({"id": d.id, "text": d.page_content, "metadata": d.metadata}, ensure_ascii=False)
+            for d in child_documents()
+        ),
+        encoding="utf-8",
+    )
     return path
 
 
@@ -82,8 +110,13 @@ def write_faiss(path: Path) -> Path:
 def write_chroma(path: Path, collection: str = "crag-test") -> Path:
     from langchain_chroma import Chroma
 
-    store = Chroma(collection_name=collection, embedding_function=HashedBagOfWords(), persist_directory=str(path),
-                   client_settings=_chroma_settings(), collection_metadata={"hnsw:space": "cosine"})
+    store = Chroma(
+        collection_name=collection,
+        embedding_function=HashedBagOfWords(),
+        persist_directory=str(path),
+        client_settings=_chroma_settings(),
+        collection_metadata={"hnsw:space": "cosine"},
+    )
     docs = child_documents()
     store.add_documents(docs, ids=[d.id for d in docs])
     return path
@@ -108,15 +141,20 @@ def faiss_store(path: str):
 def chroma_store(path: str, collection: str = "crag-test"):
     from langchain_chroma import Chroma
 
-    return Chroma(collection_name=collection, embedding_function=HashedBagOfWords(), persist_directory=path,
-                  client_settings=_chroma_settings())
+    return Chroma(
+        collection_name=collection,
+        embedding_function=HashedBagOfWords(),
+        persist_directory=path,
+        client_settings=_chroma_settings(),
+    )
 
 
 def bm25_retriever(documents: str, k: int = 4):
     from langchain_community.retrievers import BM25Retriever
 
-    return BM25Retriever.from_documents(read_documents(documents), k=k,
-                                        preprocess_func=lambda text: _TOKEN.findall(text.lower()))
+    return BM25Retriever.from_documents(
+        read_documents(documents), k=k, preprocess_func=lambda text: _TOKEN.findall(text.lower())
+    )
 
 
 def not_a_store():

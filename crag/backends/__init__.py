@@ -49,12 +49,18 @@ def credentials(cfg: CragConfig) -> list[tuple[str, str | None, str, bool]]:
     for name, role in cfg.llm_roles().items():
         what = f"{name} ({role.backend} model {role.endpoint!r})"
         if role.backend == "databricks":  # on a Databricks cluster the runtime's own auth serves
-            needed += [(role.host_env, None, f"{what}, workspace URL", True), (role.token_env, role.token_secret, what, True)]
+            needed += [
+                (role.host_env, None, f"{what}, workspace URL", True),
+                (role.token_env, role.token_secret, what, True),
+            ]
         else:
             needed.append((role.api_key_env, role.api_key_secret, what, False))
     if cfg.retriever.backend == "databricks_vector_search":
         r = cfg.retriever
-        needed += [(r.host_env, None, "retriever (workspace URL)", True), (r.token_env, r.token_secret, "retriever", True)]
+        needed += [
+            (r.host_env, None, "retriever (workspace URL)", True),
+            (r.token_env, r.token_secret, "retriever", True),
+        ]
     if cfg.web_search.backend == "tavily":
         needed.append((cfg.web_search.api_key_env, cfg.web_search.api_key_secret, "web_search (Tavily)", False))
     return needed
@@ -65,7 +71,9 @@ def resolve_credentials(cfg: CragConfig) -> dict[str, str]:
     naming it. The values travel to Spark workers in memory only: never logged, never stored."""
     from crag.backends.remote import secret
 
-    found = {env: secret(env, ref, what, optional_on_databricks=optional) for env, ref, what, optional in credentials(cfg)}
+    found = {
+        env: secret(env, ref, what, optional_on_databricks=optional) for env, ref, what, optional in credentials(cfg)
+    }
     return {env: value for env, value in found.items() if value is not None}
 
 
@@ -82,12 +90,19 @@ def shared_policies(cfg: CragConfig) -> dict[tuple, EndpointPolicy]:
     policies: dict[tuple, list[EndpointPolicy]] = {}
     for role in cfg.llm_roles().values():
         policies.setdefault(_endpoint_key(role), []).append(role.policy)
-    return {key: EndpointPolicy(**{name: max(getattr(p, name) for p in group) for name in EndpointPolicy.model_fields})
-            for key, group in policies.items()}
+    return {
+        key: EndpointPolicy(**{name: max(getattr(p, name) for p in group) for name in EndpointPolicy.model_fields})
+        for key, group in policies.items()
+    }
 
 
-def _chat_model(role: LLMConfig, secrets, concurrent_tasks: int, shared: dict | None = None,
-                policies: dict[tuple, EndpointPolicy] | None = None):
+def _chat_model(
+    role: LLMConfig,
+    secrets,
+    concurrent_tasks: int,
+    shared: dict | None = None,
+    policies: dict[tuple, EndpointPolicy] | None = None,
+):
     """One client per endpoint: roles that name the same endpoint share it, with the policy
     `shared_policies` merged for them."""
     key = _endpoint_key(role)
@@ -231,8 +246,9 @@ def _llm_rewriter(b: _Building, cfg: LLMRewriterConfig):
 def _extractive_generator(b: _Building, cfg: ExtractiveGeneratorConfig):
     from crag.backends.extractive import ExtractiveGenerator
 
-    return ExtractiveGenerator(b.scorer, cfg.max_sentences, cfg.min_sentence_score, cfg.document_weight,
-                               cfg.answer_from_best_document)
+    return ExtractiveGenerator(
+        b.scorer, cfg.max_sentences, cfg.min_sentence_score, cfg.document_weight, cfg.answer_from_best_document
+    )
 
 
 def _llm_generator(b: _Building, cfg: LLMGeneratorConfig):

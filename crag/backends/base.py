@@ -23,7 +23,7 @@ class Document(TypedDict):
     title: str | None
     url: str | None
     text: str
-    retrieval_score: float
+    retrieval_score: float | None
     rank: int
     relevance: NotRequired[float]  # 0..1
     grade: NotRequired[str]  # "yes" | "no"
@@ -73,8 +73,16 @@ class ChatModel(Protocol):
     name: str
     concurrency: int  # requests this process may have in flight
 
-    def chat(self, messages: list[dict], usage: Usage, *, max_tokens: int, temperature: float,
-             json_schema: dict | None = None, regex: str | None = None) -> str: ...
+    def chat(
+        self,
+        messages: list[dict],
+        usage: Usage,
+        *,
+        max_tokens: int,
+        temperature: float,
+        json_schema: dict | None = None,
+        regex: str | None = None,
+    ) -> str: ...
 
 
 @runtime_checkable

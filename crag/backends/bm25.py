@@ -22,7 +22,7 @@ import os
 import shutil
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import bm25s
@@ -47,7 +47,7 @@ def write_index(chunks: pa.Table, out: Path, tokenizer: str, embedding: str = "n
     """`embedding`: a model name from crag.backends.embedding to store dense vectors of the child chunks
     too (the hybrid retriever and the semantic grader read them), or "none"."""
     out.mkdir(parents=True, exist_ok=True)
-    data = f"build-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+    data = f"build-{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
     build = out / data
     build.mkdir()
     tables.write_table(build / "chunks", chunks)
@@ -69,7 +69,7 @@ def write_index(chunks: pa.Table, out: Path, tokenizer: str, embedding: str = "n
         "n_chunks": chunks.num_rows,
         "n_parents": len(set(chunks.column("parent_id").to_pylist())),
         "n_documents": len(set(chunks.column("doc_id").to_pylist())),
-        "built_at": datetime.now(timezone.utc).isoformat(),
+        "built_at": datetime.now(UTC).isoformat(),
     }
     staged = out / f".manifest-{uuid.uuid4().hex}.json"
     staged.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
@@ -92,7 +92,8 @@ def _remove_old_builds(out: Path, keep: set) -> None:
     now = time.time()
     for folder in out.glob("build-*"):
         if folder.name not in keep and now - folder.stat().st_mtime > (
-                STALE_COMPLETE_BUILD_S if _is_complete(folder) else STALE_BUILD_S):
+            STALE_COMPLETE_BUILD_S if _is_complete(folder) else STALE_BUILD_S
+        ):
             shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -126,7 +127,9 @@ class LexicalIndex:
         try:
             manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise UnusableIndexError(f"index manifest {manifest_path} is not valid JSON: rebuild the index with {build_command(path)}") from None
+            raise UnusableIndexError(
+                f"index manifest {manifest_path} is not valid JSON: rebuild the index with {build_command(path)}"
+            ) from None
         if manifest.get("format") != INDEX_FORMAT or manifest.get("version") != INDEX_VERSION:
             raise UnusableIndexError(
                 f"index {path} is {manifest.get('format')} version {manifest.get('version')}; this crag reads "
@@ -138,13 +141,17 @@ class LexicalIndex:
         self.embedding = manifest.get("embedding", "none")
         rebuild = f"rebuild it with {build_command(path)}"
         if not _is_complete(self.data):
-            raise UnusableIndexError(f"index {path}: its manifest names build {manifest['data']}, which is missing or incomplete: {rebuild}")
+            raise UnusableIndexError(
+                f"index {path}: its manifest names build {manifest['data']}, which is missing or incomplete: {rebuild}"
+            )
         chunks = self._chunks = tables.read_whole_table(self.data / "chunks")
         self._bm25 = bm25s.BM25.load(str(self.data / "bm25"), show_progress=False)
         n_bm25 = int(self._bm25.scores["num_docs"])
         if not chunks.num_rows == n_bm25 == manifest["n_chunks"]:
-            raise UnusableIndexError(f"index {path} does not agree with itself: {chunks.num_rows} chunks in the table, "
-                              f"{n_bm25} in the BM25 index, {manifest['n_chunks']} in the manifest: {rebuild}")
+            raise UnusableIndexError(
+                f"index {path} does not agree with itself: {chunks.num_rows} chunks in the table, "
+                f"{n_bm25} in the BM25 index, {manifest['n_chunks']} in the manifest: {rebuild}"
+            )
         self._vocab = self._bm25.vocab_dict
         self._chunk_parent = np.asarray(chunks.column("parent_id").to_pylist(), dtype=object)
         parents = chunks.select(["parent_id", "doc_id", "title", "url", "parent_text"]).to_pylist()
@@ -154,11 +161,15 @@ class LexicalIndex:
     def dense(self) -> np.ndarray:
         """The child chunks' unit vectors (n_chunks, dim), loaded on first use."""
         if self.embedding == "none":
-            raise UnusableIndexError(f"index {self.path} has no dense vectors: rebuild it with indexing.embedding set "
-                              "(e.g. --set indexing.embedding=multilingual-e5-small)")
+            raise UnusableIndexError(
+                f"index {self.path} has no dense vectors: rebuild it with indexing.embedding set "
+                "(e.g. --set indexing.embedding=multilingual-e5-small)"
+            )
         vectors = np.load(self.data / DENSE_FILE)
         if len(vectors) != len(self._chunk_parent):
-            raise UnusableIndexError(f"index {self.path}: {len(vectors)} dense vectors for {len(self._chunk_parent)} chunks: rebuild it")
+            raise UnusableIndexError(
+                f"index {self.path}: {len(vectors)} dense vectors for {len(self._chunk_parent)} chunks: rebuild it"
+            )
         return vectors
 
     @functools.cached_property
@@ -212,12 +223,15 @@ class LexicalIndex:
             results.append([(int(c), float(row[c])) for c in sorted(top, key=lambda c: (-row[c], c))])
         return results
 
-    def hybrid_top_chunks(self, queries: list[str], query_vectors: np.ndarray, k: int, candidates: int,
-                          rrf_k: int) -> list[list[tuple[int, float]]]:
+    def hybrid_top_chunks(
+        self, queries: list[str], query_vectors: np.ndarray, k: int, candidates: int, rrf_k: int
+    ) -> list[list[tuple[int, float]]]:
         """Reciprocal rank fusion of the BM25 and the dense top `candidates` child chunks: each chunk
         scores the sum of 1 / (rrf_k + rank) over the lists it is in; the top k, best first."""
         fused = []
-        for lexical, dense in zip(self._top_chunks(queries, candidates), self.dense_top_chunks(query_vectors, candidates)):
+        for lexical, dense in zip(
+            self._top_chunks(queries, candidates), self.dense_top_chunks(query_vectors, candidates)
+        ):
             score: dict[int, float] = {}
             for ranked in (lexical, dense):
                 for rank, (chunk, _) in enumerate(ranked, start=1):
@@ -225,8 +239,14 @@ class LexicalIndex:
             fused.append(sorted(score.items(), key=lambda cs: (-cs[1], cs[0]))[:k])
         return fused
 
-    def search(self, queries: list[str], k: int, source: str, max_parents: int | None = None,
-               ranked: list[list[tuple[int, float]]] | None = None) -> list[list[Document]]:
+    def search(
+        self,
+        queries: list[str],
+        k: int,
+        source: str,
+        max_parents: int | None = None,
+        ranked: list[list[tuple[int, float]]] | None = None,
+    ) -> list[list[Document]]:
         """The top-k child chunks of each query (BM25, or `ranked` when given), replaced by their
         parents, de-duplicated by parent (at most `max_parents` of them)."""
         results: list[list[Document]] = []

@@ -71,8 +71,17 @@ class DatabricksServing:
         usage.completion_tokens += int(tokens.get("completion_tokens") or 0)
         return message_text(reply)
 
-    def batch(self, system_prompt: str, prompts: list[str], usage: Usage, *, max_tokens: int, temperature: float,
-              json_schema: dict | None = None, stop: list[str] | None = None) -> list[str]:
+    def batch(
+        self,
+        system_prompt: str,
+        prompts: list[str],
+        usage: Usage,
+        *,
+        max_tokens: int,
+        temperature: float,
+        json_schema: dict | None = None,
+        stop: list[str] | None = None,
+    ) -> list[str]:
         """One request, one output per prompt (in order)."""
         params: dict = {"system_prompt": system_prompt, "temperature": temperature, "max_tokens": max_tokens}
         if json_schema is not None:
@@ -84,7 +93,9 @@ class DatabricksServing:
         predictions = reply.get("predictions")
         if not isinstance(predictions, list) or len(predictions) != len(prompts):
             got = len(predictions) if isinstance(predictions, list) else type(predictions).__name__
-            raise ValueError(f"batch endpoint {self.endpoint_name!r} returned {got} predictions for {len(prompts)} inputs")
+            raise ValueError(
+                f"batch endpoint {self.endpoint_name!r} returned {got} predictions for {len(prompts)} inputs"
+            )
         return [p.get("output", "") if isinstance(p, dict) else str(p) for p in predictions]
 
 
@@ -96,5 +107,7 @@ def message_text(reply: dict) -> str:
         raise ValueError("chat completion reply has no choices")
     content = (choices[0].get("message") or {}).get("content")
     if isinstance(content, list):
-        return "".join(block.get("text", "") for block in content if isinstance(block, dict) and block.get("type") == "text")
+        return "".join(
+            block.get("text", "") for block in content if isinstance(block, dict) and block.get("type") == "text"
+        )
     return content or ""

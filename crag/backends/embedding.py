@@ -41,8 +41,10 @@ class E5Embedder:
         """(len(texts), dim) float32 unit vectors."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        parts = [np.asarray(self._model.passage(texts[i:i + batch]), dtype=np.float32).reshape(-1, self.dim)
-                 for i in range(0, len(texts), batch)]
+        parts = [
+            np.asarray(self._model.passage(texts[i : i + batch]), dtype=np.float32).reshape(-1, self.dim)
+            for i in range(0, len(texts), batch)
+        ]
         return np.concatenate(parts)
 
 

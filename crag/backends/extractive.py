@@ -20,8 +20,15 @@ _BULLET = re.compile(r"^([-*+]|\d+[.)])\s+")
 
 class ExtractiveGenerator:
     concurrency = 1
-    def __init__(self, scorer: LexicalScorer, max_sentences: int, min_sentence_score: float, document_weight: float = 0.0,
-                 answer_from_best_document: bool = False):
+
+    def __init__(
+        self,
+        scorer: LexicalScorer,
+        max_sentences: int,
+        min_sentence_score: float,
+        document_weight: float = 0.0,
+        answer_from_best_document: bool = False,
+    ):
         self.scorer = scorer
         self.answer_from_best_document = answer_from_best_document
         self.document_weight = document_weight
@@ -31,8 +38,8 @@ class ExtractiveGenerator:
 
     def generate(self, question: str, context: list[Document], usage: Usage) -> Answer:
         terms = self.scorer.terms(question)
-        candidates = []  # (score, doc position, sentence position, sentence)
-        below = []  # the same for sentences under min_sentence_score
+        candidates: list[tuple[float, int, int, str]] = []  # (score, doc position, sentence position, sentence)
+        below: list[tuple[float, int, int, str]] = []  # the same for sentences under min_sentence_score
         for d, doc in enumerate(context):
             for s, sentence in enumerate(split_sentences(doc["text"])):
                 if _HEADING.match(sentence):

@@ -21,8 +21,10 @@ class HybridRetriever:
     def __init__(self, cfg: HybridRetrieverConfig, index_path: str):
         self.index = load_index(str(Path(index_path).resolve()))
         if self.index.embedding == "none":
-            raise UnusableIndexError(f"retriever.backend hybrid needs dense vectors, and index {index_path} has none: "
-                              "rebuild it with --set indexing.embedding=multilingual-e5-small")
+            raise UnusableIndexError(
+                f"retriever.backend hybrid needs dense vectors, and index {index_path} has none: "
+                "rebuild it with --set indexing.embedding=multilingual-e5-small"
+            )
         self.embedder = load_embedder(self.index.embedding)
         self.candidates, self.rrf_k = cfg.candidates, cfg.rrf_k
         self.name = "hybrid"
@@ -31,6 +33,10 @@ class HybridRetriever:
         for usage in usages or []:
             if usage is not None:
                 usage.search_calls += 1
-        vectors = np.stack([self.embedder.query(q) for q in queries]) if queries else np.zeros((0, self.embedder.dim), np.float32)
+        vectors = (
+            np.stack([self.embedder.query(q) for q in queries])
+            if queries
+            else np.zeros((0, self.embedder.dim), np.float32)
+        )
         ranked = self.index.hybrid_top_chunks(queries, vectors, k, max(k, self.candidates), self.rrf_k)
         return self.index.search(queries, k, source="internal", ranked=ranked)

@@ -32,7 +32,9 @@ def load_factory(path: str) -> Callable:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"retriever.factory {path!r}: cannot import {module_name} ({type(exc).__name__}: {exc})") from None
+        raise ConfigError(
+            f"retriever.factory {path!r}: cannot import {module_name} ({type(exc).__name__}: {exc})"
+        ) from None
     factory = getattr(module, function_name, None)
     if not callable(factory):
         raise ConfigError(f"retriever.factory {path!r}: {module_name} has no function {function_name!r}")
@@ -47,8 +49,10 @@ def build_store(cfg: LangChainRetrieverConfig) -> BaseRetriever | VectorStore:
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise ConfigError(f"retriever.factory {cfg.factory!r} failed: {type(exc).__name__}: {first}") from None
     if not isinstance(store, (BaseRetriever, VectorStore)):
-        raise ConfigError(f"retriever.factory {cfg.factory!r} returned a {type(store).__name__}, "
-                          "expected a LangChain BaseRetriever or VectorStore")
+        raise ConfigError(
+            f"retriever.factory {cfg.factory!r} returned a {type(store).__name__}, "
+            "expected a LangChain BaseRetriever or VectorStore"
+        )
     return store
 
 
@@ -98,21 +102,25 @@ class LangChainRetriever:
         for doc, score in found:
             meta = doc.metadata or {}
             field = lambda key: meta.get(key) if key else None  # noqa: E731
-            doc_id = field(keys.doc_id) or doc.id or "sha256:" + hashlib.sha256(doc.page_content.encode()).hexdigest()[:16]
+            doc_id = (
+                field(keys.doc_id) or doc.id or "sha256:" + hashlib.sha256(doc.page_content.encode()).hexdigest()[:16]
+            )
             parent_id = str(field(keys.parent_id) or doc_id)
             if parent_id in seen:
                 continue
             seen.add(parent_id)
-            docs.append({
-                "source": "internal",
-                "doc_id": str(doc_id),
-                "parent_id": parent_id,
-                "title": _text(field(keys.title)),
-                "url": _text(field(keys.url)),
-                "text": field(keys.parent_text) or doc.page_content,
-                "retrieval_score": score,
-                "rank": len(seen),
-            })
+            docs.append(
+                {
+                    "source": "internal",
+                    "doc_id": str(doc_id),
+                    "parent_id": parent_id,
+                    "title": _text(field(keys.title)),
+                    "url": _text(field(keys.url)),
+                    "text": field(keys.parent_text) or doc.page_content,
+                    "retrieval_score": score,
+                    "rank": len(seen),
+                }
+            )
         return docs
 
     def search(self, queries: list[str], k: int, usages=None) -> list[list[Document]]:

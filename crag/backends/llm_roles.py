@@ -39,7 +39,11 @@ class Prompt:
             data = safe_yaml(text)
         except yaml.YAMLError:
             raise ConfigError(f"prompt {origin} is not valid YAML") from None
-        if not isinstance(data, dict) or not isinstance(data.get("system"), str) or not isinstance(data.get("user"), str):
+        if (
+            not isinstance(data, dict)
+            or not isinstance(data.get("system"), str)
+            or not isinstance(data.get("user"), str)
+        ):
             raise ConfigError(f"prompt {origin} must have string keys 'system' and 'user'")
         self.system = string.Template(data["system"])
         self.user = string.Template(data["user"])
@@ -87,7 +91,9 @@ class _Role:
         self.concurrency = model.concurrency
 
     def _chat(self, messages, usage, **extra) -> str:
-        return self.model.chat(messages, usage, max_tokens=self.cfg.max_tokens, temperature=self.cfg.temperature, **extra)
+        return self.model.chat(
+            messages, usage, max_tokens=self.cfg.max_tokens, temperature=self.cfg.temperature, **extra
+        )
 
 
 class LLMGrader(_Role):
@@ -123,9 +129,17 @@ class LLMGrader(_Role):
             [system, _] = self.prompt.messages(question=question)
             prompts = [self.prompt.user.safe_substitute(document=t).strip() for t in texts]
             schema = GRADE_SCHEMA if self.cfg.format == "binary" and self.cfg.structured_output else None
-            return self.model.batch(system["content"], prompts, usage, max_tokens=self.cfg.max_tokens,
-                                    temperature=self.cfg.temperature, json_schema=schema)
-        return [self._chat(self.prompt.messages(question=question, document=t), usage, **self._chat_extra()) for t in texts]
+            return self.model.batch(  # type: ignore[attr-defined]  # grader.batch is for Databricks serving, which has it
+                system["content"],
+                prompts,
+                usage,
+                max_tokens=self.cfg.max_tokens,
+                temperature=self.cfg.temperature,
+                json_schema=schema,
+            )
+        return [
+            self._chat(self.prompt.messages(question=question, document=t), usage, **self._chat_extra()) for t in texts
+        ]
 
     def grade(self, question: str, documents: list[Document], usage: Usage) -> list[Grade]:
         grades = [self._parse(o) for o in self._grade_all(question, documents, usage)]
@@ -156,8 +170,10 @@ class LLMGenerator(_Role):
     def generate(self, question: str, context: list[Document], usage: Usage) -> Answer:
         language = f"Reply in {self.cfg.reply_language}." if self.cfg.reply_language else ""
         messages = self.prompt.messages(
-            question=defused(question), context=render_context(context, self.cfg.max_doc_chars),
-            refusal=self.cfg.refusal_message, language_line=language,
+            question=defused(question),
+            context=render_context(context, self.cfg.max_doc_chars),
+            refusal=self.cfg.refusal_message,
+            language_line=language,
         )
         text, cited = parse_answer(self._chat(messages, usage), self.cfg.refusal_message, len(context))
         return Answer(text, cited)
@@ -175,7 +191,8 @@ class LLMSourceCheck(_Role):
         verdicts = []
         for doc in results:
             messages = self.prompt.messages(
-                question=defused(question), subject=self.subject,
+                question=defused(question),
+                subject=self.subject,
                 web_result=fenced(f"{doc.get('title') or ''}\n{doc['text']}".strip(), self.cfg.max_doc_chars),
             )
             verdicts.append(parse_yes_no(self._chat(messages, usage)) is True)

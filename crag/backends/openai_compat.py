@@ -10,12 +10,19 @@ from crag.config import LLMConfig
 
 
 class OpenAICompatible:
-    def __init__(self, cfg: LLMConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1,
-                 regex_key: str = "guided_regex"):
+    def __init__(
+        self,
+        cfg: LLMConfig,
+        secrets: dict[str, str] | None = None,
+        concurrent_tasks: int = 1,
+        regex_key: str = "guided_regex",
+    ):
         from openai import OpenAI
 
         where = cfg.base_url or "api.openai.com"
-        key = secret(cfg.api_key_env, cfg.api_key_secret, f"OpenAI-compatible model {cfg.endpoint!r} at {where}", secrets)
+        key = secret(
+            cfg.api_key_env, cfg.api_key_secret, f"OpenAI-compatible model {cfg.endpoint!r} at {where}", secrets
+        )
         # max_retries=0: crag's policy retries (and counts) instead of the client.
         self._client = OpenAI(api_key=key, base_url=cfg.base_url, max_retries=0, timeout=cfg.policy.timeout_s)
         self.model = cfg.endpoint

@@ -81,12 +81,12 @@ def parse_binary(text: str) -> Parsed:
 
 
 def parse_score(text: str) -> Parsed:
-    """"Score: N" (0-5) and "Reason: ..." lines as asked -> ok, relevance N/5; a score inside JSON or
+    """ "Score: N" (0-5) and "Reason: ..." lines as asked -> ok, relevance N/5; a score inside JSON or
     prose -> repaired; none, or out of range -> failed."""
     stripped = (text or "").strip()
-    lines = [l.strip() for l in stripped.splitlines() if l.strip()]
+    lines = [line.strip() for line in stripped.splitlines() if line.strip()]
     if lines and re.fullmatch(r"Score:\s*[0-5]", lines[0]) and (len(lines) == 1 or lines[1].startswith("Reason:")):
-        reason = lines[1][len("Reason:"):].strip() if len(lines) > 1 else None
+        reason = lines[1][len("Reason:") :].strip() if len(lines) > 1 else None
         return Parsed(int(lines[0].split(":")[1]) / 5, "ok", reason)
     for candidate in _json_candidates(stripped):
         try:
@@ -100,8 +100,8 @@ def parse_score(text: str) -> Parsed:
             return Parsed(float(score) / 5, "repaired", str(reason) if reason is not None else None)
     match = _SCORE.search(stripped)
     if match and 0 <= float(match.group(1)) <= 5:
-        reason = _REASON.search(stripped)
-        return Parsed(float(match.group(1)) / 5, "repaired", reason.group(1).strip() if reason else None)
+        found = _REASON.search(stripped)
+        return Parsed(float(match.group(1)) / 5, "repaired", found.group(1).strip() if found else None)
     return Parsed(None, "failed")
 
 
@@ -135,7 +135,7 @@ def clean_query(text: str) -> str:
         pass
     first = stripped.splitlines()[0] if stripped else ""
     first = re.sub(r"^(search query|query|improved query)\s*:\s*", "", first, flags=re.I)
-    return first.strip().strip('"\'`').strip()
+    return first.strip().strip("\"'`").strip()
 
 
 def _normalise(text: str) -> str:

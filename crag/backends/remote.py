@@ -43,7 +43,7 @@ def http_status(exc: BaseException) -> int | None:
     return None
 
 
-def is_transient(exc: BaseException) -> bool:
+def is_transient(exc: BaseException | None) -> bool:
     """Worth another try: rate limits, server errors, timeouts and dropped connections, also when a
     client library wraps them in an error of its own (mlflow: MlflowException from a requests error)."""
     seen = 0
@@ -51,7 +51,9 @@ def is_transient(exc: BaseException) -> bool:
         if http_status(exc) in RETRYABLE_STATUS:
             return True
         names = {cls.__name__ for cls in type(exc).__mro__}
-        if isinstance(exc, (TimeoutError, ConnectionError)) or any("Timeout" in n or "ConnectionError" in n for n in names):
+        if isinstance(exc, (TimeoutError, ConnectionError)) or any(
+            "Timeout" in n or "ConnectionError" in n for n in names
+        ):
             return True
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return False
@@ -144,8 +146,13 @@ def on_databricks() -> bool:
     return bool(os.environ.get("DATABRICKS_RUNTIME_VERSION"))
 
 
-def secret(env_name: str, secret_ref: str | None, what: str, secrets: dict[str, str] | None = None,
-           optional_on_databricks: bool = False) -> str | None:
+def secret(
+    env_name: str,
+    secret_ref: str | None,
+    what: str,
+    secrets: dict[str, str] | None = None,
+    optional_on_databricks: bool = False,
+) -> str | None:
     """A credential: from `secrets` (resolved on the driver and shipped to workers), the environment
     variable `env_name`, or a Databricks secret scope "scope/key". Never logged, never stored: every
     value read here is remembered by crag.secrets, which masks it in every error text and stored config.
@@ -156,8 +163,9 @@ def secret(env_name: str, secret_ref: str | None, what: str, secrets: dict[str, 
     return value
 
 
-def _read_secret(env_name: str, secret_ref: str | None, what: str, secrets: dict[str, str] | None,
-                 optional_on_databricks: bool) -> str | None:
+def _read_secret(
+    env_name: str, secret_ref: str | None, what: str, secrets: dict[str, str] | None, optional_on_databricks: bool
+) -> str | None:
     if secrets and env_name in secrets:
         return secrets[env_name]
     value = os.environ.get(env_name)
@@ -172,8 +180,10 @@ def _read_secret(env_name: str, secret_ref: str | None, what: str, secrets: dict
         except Exception as exc:  # not on Databricks, or no such secret
             if optional_on_databricks and on_databricks():
                 return None
-            raise ConfigError(f"missing credential for {what}: {env_name} is not set and secret {secret_ref!r} "
-                              f"could not be read ({type(exc).__name__})") from None
+            raise ConfigError(
+                f"missing credential for {what}: {env_name} is not set and secret {secret_ref!r} "
+                f"could not be read ({type(exc).__name__})"
+            ) from None
     if optional_on_databricks and on_databricks():
         return None
     where = f" (secret {secret_ref!r} is read only on Databricks)" if secret_ref else ""

@@ -61,9 +61,11 @@ class SemanticGrader:
             cosine = self.cosine(question, doc)
             z = weights.bias + weights.lexical * lexical + weights.semantic * cosine
             relevance = round(1 / (1 + math.exp(-z)), 4)  # the stored value is the one compared with the threshold
-            grades.append(Grade(
-                relevance=relevance,
-                grade="yes" if relevance >= self.cfg.threshold else "no",
-                rationale=f"lexical {lexical:.4f}, cosine {cosine:.4f}, language {lang}",
-            ))
+            grades.append(
+                Grade(
+                    relevance=relevance,
+                    grade="yes" if relevance >= self.cfg.threshold else "no",
+                    rationale=f"lexical {lexical:.4f}, cosine {cosine:.4f}, language {lang}",
+                )
+            )
         return grades

@@ -23,8 +23,12 @@ class TavilySearch:
         cfg = self.cfg
         reply = self._endpoint.call(
             lambda: self._client.search(
-                query, search_depth=cfg.search_depth, topic=cfg.topic, max_results=k,
-                include_domains=cfg.include_domains or None, exclude_domains=cfg.exclude_domains or None,
+                query,
+                search_depth=cfg.search_depth,
+                topic=cfg.topic,
+                max_results=k,
+                include_domains=cfg.include_domains or None,
+                exclude_domains=cfg.exclude_domains or None,
                 timeout=cfg.policy.timeout_s,
             ),
             usage,

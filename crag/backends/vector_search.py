@@ -33,8 +33,12 @@ def vector_search_client(cfg: VectorSearchRetrieverConfig, secrets: dict[str, st
 
 def _open_index(client, cfg: VectorSearchRetrieverConfig):
     """The index object, or a ConfigError that names the endpoint, the index and what went wrong."""
-    policy = cfg.policy.model_copy(update={"timeout_s": min(cfg.policy.timeout_s, STARTUP_TIMEOUT_S),
-                                           "max_attempts": min(cfg.policy.max_attempts, STARTUP_ATTEMPTS)})
+    policy = cfg.policy.model_copy(
+        update={
+            "timeout_s": min(cfg.policy.timeout_s, STARTUP_TIMEOUT_S),
+            "max_attempts": min(cfg.policy.max_attempts, STARTUP_ATTEMPTS),
+        }
+    )
     endpoint = Endpoint(f"vector_search:{cfg.index_name}", policy, hard_timeout=True)
     try:
         return endpoint.call(lambda: client.get_index(endpoint_name=cfg.endpoint, index_name=cfg.index_name))
@@ -53,16 +57,19 @@ def unusable(cfg: VectorSearchRetrieverConfig, client, exc: Exception) -> Config
         lines = str(exc).strip().splitlines()
         reason = f"{type(exc).__name__}: {lines[0] if lines else 'no details'}"[:300]
     where = getattr(client, "workspace_url", None) or "the workspace"
-    return ConfigError(scrub(f"Vector Search endpoint {cfg.endpoint!r} (index {cfg.index_name!r}) at {where} "
-                             f"is not usable: {reason}"))
+    return ConfigError(
+        scrub(f"Vector Search endpoint {cfg.endpoint!r} (index {cfg.index_name!r}) at {where} is not usable: {reason}")
+    )
 
 
 def sync_vector_index(cfg: VectorSearchRetrieverConfig, secrets: dict[str, str] | None = None) -> str:
     """Create the Delta Sync index over cfg.source_table if it does not exist, else start a sync.
     Returns "created" or "synced"."""
     if not cfg.source_table:
-        raise ConfigError("config key 'retriever.source_table' is required to build a Vector Search index "
-                          "(the Unity Catalog chunk table it syncs from)")
+        raise ConfigError(
+            "config key 'retriever.source_table' is required to build a Vector Search index "
+            "(the Unity Catalog chunk table it syncs from)"
+        )
     client = vector_search_client(cfg, secrets)
     endpoint = Endpoint(f"vector_search:{cfg.index_name}", cfg.policy, hard_timeout=True)
     try:
@@ -70,18 +77,26 @@ def sync_vector_index(cfg: VectorSearchRetrieverConfig, secrets: dict[str, str] 
     except Exception as exc:
         if type(exc).__name__ != "NotFound":
             raise unusable(cfg, client, exc) from None
-        endpoint.call(lambda: client.create_delta_sync_index(
-            endpoint_name=cfg.endpoint, index_name=cfg.index_name, source_table_name=cfg.source_table,
-            pipeline_type=cfg.pipeline_type, primary_key="chunk_id", embedding_source_column=cfg.columns.chunk_text,
-            embedding_model_endpoint_name=cfg.embedding_endpoint,
-        ))
+        endpoint.call(
+            lambda: client.create_delta_sync_index(
+                endpoint_name=cfg.endpoint,
+                index_name=cfg.index_name,
+                source_table_name=cfg.source_table,
+                pipeline_type=cfg.pipeline_type,
+                primary_key="chunk_id",
+                embedding_source_column=cfg.columns.chunk_text,
+                embedding_model_endpoint_name=cfg.embedding_endpoint,
+            )
+        )
         return "created"
     endpoint.call(index.sync)
     return "synced"
 
 
 class VectorSearchRetriever:
-    def __init__(self, cfg: VectorSearchRetrieverConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1):
+    def __init__(
+        self, cfg: VectorSearchRetrieverConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1
+    ):
         self.cfg = cfg
         # The client has no request timeout of its own: the endpoint enforces one around each call.
         self._endpoint = Endpoint(f"vector_search:{cfg.index_name}", cfg.policy, concurrent_tasks, hard_timeout=True)
@@ -95,8 +110,12 @@ class VectorSearchRetriever:
     def _query(self, question: str, k: int, usage=None) -> list[Document]:
         reply = self._endpoint.call(
             lambda: self._index.similarity_search(
-                columns=self._columns, query_text=question, num_results=k, filters=self.cfg.filters,
-                query_type=self.cfg.query_type, total_retries=0,  # crag's policy retries instead
+                columns=self._columns,
+                query_text=question,
+                num_results=k,
+                filters=self.cfg.filters,
+                query_type=self.cfg.query_type,
+                total_retries=0,  # crag's policy retries instead
                 disable_notice=True,
             ),
             usage,
@@ -113,16 +132,18 @@ class VectorSearchRetriever:
             if parent_id in seen:
                 continue
             seen.add(parent_id)
-            docs.append({
-                "source": "internal",
-                "doc_id": values.get(c.doc_id) or parent_id,
-                "parent_id": parent_id,
-                "title": values.get(c.title),
-                "url": values.get(c.url),
-                "text": values.get(c.parent_text) or values.get(c.chunk_text) or "",
-                "retrieval_score": float(row[-1]),  # the score is always the last element
-                "rank": len(seen),
-            })
+            docs.append(
+                {
+                    "source": "internal",
+                    "doc_id": values.get(c.doc_id) or parent_id,
+                    "parent_id": parent_id,
+                    "title": values.get(c.title),
+                    "url": values.get(c.url),
+                    "text": values.get(c.parent_text) or values.get(c.chunk_text) or "",
+                    "retrieval_score": float(row[-1]),  # the score is always the last element
+                    "rank": len(seen),
+                }
+            )
         return docs
 
     def search(self, queries: list[str], k: int, usages=None) -> list[list[Document]]:

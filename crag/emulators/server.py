@@ -2,7 +2,6 @@
 by its path, and adds the faults (429 with Retry-After, 500, hangs, malformed output), latency and
 capacity limit set per service, for reliability tests and throughput benchmarks."""
 
-
 from __future__ import annotations
 
 import json
@@ -80,9 +79,9 @@ class Emulator:
     @property
     def url(self) -> str:
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host.decode() if isinstance(host, bytes) else host}:{port}"
 
-    def start(self) -> "Emulator":
+    def start(self) -> Emulator:
         self._thread = threading.Thread(target=self._server.serve_forever, name="crag-emulator", daemon=True)
         self._thread.start()
         return self
@@ -91,7 +90,7 @@ class Emulator:
         self._server.shutdown()
         self._server.server_close()
 
-    def __enter__(self) -> "Emulator":
+    def __enter__(self) -> Emulator:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -227,7 +226,9 @@ def _handler(emulator: Emulator):
             if service is None:
                 return self._reply(404, {"error_code": "ENDPOINT_NOT_FOUND", "message": f"no route {path}"})
             with emulator._lock:
-                emulator.requests.append(Recorded(service, self.command, path, CaseInsensitiveDict(self.headers.items()), body))
+                emulator.requests.append(
+                    Recorded(service, self.command, path, CaseInsensitiveDict(self.headers.items()), body)
+                )
             if emulator.token is not None:
                 auth = self.headers.get("Authorization", "")
                 key = body.get("api_key") if isinstance(body, dict) else None
@@ -236,8 +237,11 @@ def _handler(emulator: Emulator):
             endpoint = endpoint_of(service, path, body)
             admitted = emulator._admit(service, endpoint)
             if admitted is None:
-                return self._reply(429, {"error_code": "REQUEST_LIMIT_EXCEEDED", "message": "capacity"},
-                                   {"Retry-After": f"{emulator.retry_after_s:g}"})
+                return self._reply(
+                    429,
+                    {"error_code": "REQUEST_LIMIT_EXCEEDED", "message": "capacity"},
+                    {"Retry-After": f"{emulator.retry_after_s:g}"},
+                )
             # The slot is released before the reply is written: once the client has its answer it may
             # send the next request at once, and that one must find the slot free.
             try:
@@ -245,9 +249,13 @@ def _handler(emulator: Emulator):
                 fault = emulator._fault(service)
                 if behaviour.latency_s:
                     time.sleep(behaviour.latency_s)
+                reply: tuple[int, dict, dict | None]
                 if fault == "429":
-                    reply = (429, {"error_code": "REQUEST_LIMIT_EXCEEDED", "message": "slow down"},
-                             {"Retry-After": f"{emulator.retry_after_s:g}"})
+                    reply = (
+                        429,
+                        {"error_code": "REQUEST_LIMIT_EXCEEDED", "message": "slow down"},
+                        {"Retry-After": f"{emulator.retry_after_s:g}"},
+                    )
                 elif fault == "500":
                     reply = (500, {"error_code": "INTERNAL_ERROR", "message": "injected failure"}, None)
                 else:

@@ -39,7 +39,9 @@ def _model_reply(emulator: Emulator, system: str, user: str, fault: str) -> str:
         with emulator._lock:
             if len(emulator._replies) < 50_000:
                 emulator._replies[(system, user)] = reply
-    return f"Sure! Here is my answer:\n```json\n{reply}\n```\nLet me know if you need more." if fault == "prose" else reply
+    return (
+        f"Sure! Here is my answer:\n```json\n{reply}\n```\nLet me know if you need more." if fault == "prose" else reply
+    )
 
 
 def _lexical_reply(emulator: Emulator, system: str, user: str) -> str:
@@ -53,7 +55,9 @@ def _lexical_reply(emulator: Emulator, system: str, user: str) -> str:
     if "<document" in prompt and "<context" not in prompt:  # relevance grading
         relevance, matched = scorer.score(scorer.terms(question), _tag("document", prompt))
         if "Score:" in system:
-            return f"Score: {round(relevance * 5)}\nReason: {len(matched)} of the question's terms appear in the document."
+            return (
+                f"Score: {round(relevance * 5)}\nReason: {len(matched)} of the question's terms appear in the document."
+            )
         return json.dumps({"grade": "yes" if relevance >= 0.5 else "no"})
     if "<context" in prompt:  # answer generation
         from crag.backends.base import Usage
@@ -86,8 +90,11 @@ def _chat_completion(emulator: Emulator, body: dict, fault: str) -> dict:
         "created": int(time.time()),
         "model": body.get("model", "emulated"),
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": _tokens(system + user), "completion_tokens": _tokens(text),
-                  "total_tokens": _tokens(system + user) + _tokens(text)},
+        "usage": {
+            "prompt_tokens": _tokens(system + user),
+            "completion_tokens": _tokens(text),
+            "total_tokens": _tokens(system + user) + _tokens(text),
+        },
     }
 
 

@@ -16,8 +16,13 @@ def vector_search(emulator: Emulator, method: str, path: str, body: Any, fault: 
         ep, idx = parts[4], parts[6]
         if known is not None and idx not in known:
             return 404, {"error_code": "RESOURCE_DOES_NOT_EXIST", "message": f"Index {idx} does not exist"}
-        return 200, {"name": idx, "endpoint_name": ep, "index_type": "DELTA_SYNC", "primary_key": "chunk_id",
-                     "status": {"ready": True, "detailed_state": "ONLINE_NO_PENDING_UPDATE", "indexed_row_count": 0}}
+        return 200, {
+            "name": idx,
+            "endpoint_name": ep,
+            "index_type": "DELTA_SYNC",
+            "primary_key": "chunk_id",
+            "status": {"ready": True, "detailed_state": "ONLINE_NO_PENDING_UPDATE", "indexed_row_count": 0},
+        }
     if parts[3] == "endpoints" and parts[-1] == "indexes" and method == "POST":  # create a Delta Sync index
         name = body.get("name")
         if known is not None:
@@ -40,7 +45,10 @@ def vector_search(emulator: Emulator, method: str, path: str, body: Any, fault: 
         rows = index.search_chunks(body.get("query_text") or "", int(body.get("num_results") or 5))
         data = [[row.get(c) for c in columns] + [score] for row, score in rows]
         return 200, {
-            "manifest": {"column_count": len(columns) + 1, "columns": [{"name": c} for c in columns] + [{"name": "score"}]},
+            "manifest": {
+                "column_count": len(columns) + 1,
+                "columns": [{"name": c} for c in columns] + [{"name": "score"}],
+            },
             "result": {"row_count": len(data), "data_array": data},
         }
     return 404, {"error_code": "ENDPOINT_NOT_FOUND", "message": path}

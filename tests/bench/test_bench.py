@@ -32,7 +32,8 @@ def test_throughput_benchmark_at_a_tiny_size(spark, tmp_path, restore_env):
     assert 0 < report["busiest_endpoint_utilisation"] <= 1
     assert max(report["busiest_in_flight_per_second"]) <= 4
     assert sum(report["busiest_in_flight_per_second"]) == pytest.approx(
-        report["busiest_endpoint_utilisation"] * 4 * ours["wall_s"], rel=0.02, abs=0.05)
+        report["busiest_endpoint_utilisation"] * 4 * ours["wall_s"], rel=0.02, abs=0.05
+    )
     graph = report["graph"]["calls_per_question"]
     assert graph["vector_search:main.crag.chunks_index"] == 1.0 and graph["serving:crag-batch-grader"] == 1.0
     assert report["graph_over_ours"] > 0
@@ -66,10 +67,22 @@ def test_quality_actions_setup_draws_answerable_questions_from_both_halves(tmp_p
     data = tmp_path / "shared" / "tiny"
     data.mkdir(parents=True)
     titles = ["Alpha", "Beta", "Gamma", "Delta"]  # sorted: Alpha, Beta, Delta, Gamma -> kb Alpha, Delta
-    (data / "corpus.jsonl").write_text("".join(
-        json.dumps({"doc_id": f"{t}-0", "title": t, "text": f"{t} is a letter."}) + "\n" for t in titles), encoding="utf-8")
-    questions = [{"question_id": f"{t}-{i}", "question": f"What is {t}?", "answers": [] if i % 2 else [t],
-                  "is_impossible": bool(i % 2), "doc_id": f"{t}-0", "title": t} for t in titles for i in range(6)]
+    (data / "corpus.jsonl").write_text(
+        "".join(json.dumps({"doc_id": f"{t}-0", "title": t, "text": f"{t} is a letter."}) + "\n" for t in titles),
+        encoding="utf-8",
+    )
+    questions = [
+        {
+            "question_id": f"{t}-{i}",
+            "question": f"What is {t}?",
+            "answers": [] if i % 2 else [t],
+            "is_impossible": bool(i % 2),
+            "doc_id": f"{t}-0",
+            "title": t,
+        }
+        for t in titles
+        for i in range(6)
+    ]
     (data / "questions.jsonl").write_text("".join(json.dumps(q) + "\n" for q in questions), encoding="utf-8")
     monkeypatch.setenv("CRAG_SHARED_DATA", str(tmp_path / "shared"))
     monkeypatch.setitem(quality.URL_BASE, "tiny", "https://example.org/")

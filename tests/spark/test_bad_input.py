@@ -6,8 +6,8 @@ import json
 import pytest
 from deltalake import DeltaTable
 
-from tests.support import LOCAL_CONF, REPO, SAMPLE
 from crag.cli import main
+from tests.support import LOCAL_CONF, REPO, SAMPLE
 
 OPENAI_CONF = REPO / "conf" / "openai.yaml"
 
@@ -17,14 +17,20 @@ REJECTED = {
     "empty": ({"question": ""}, "question is empty"),
     "spaces": ({"question": "  \t "}, "question is only whitespace"),
     "newlines": ({"question": "\n\n"}, "question is only whitespace"),
-    "too-long": ({"question": "why? " * 500}, "question is 2500 characters; the limit is 2000 (input.max_question_chars)"),
+    "too-long": (
+        {"question": "why? " * 500},
+        "question is 2500 characters; the limit is 2000 (input.max_question_chars)",
+    ),
     "bell": ({"question": "ring\x07"}, "question contains control character U+0007"),
     "nul": ({"question": "nul\x00byte"}, "question contains control character U+0000"),
     "escape": ({"question": "\x1b[31mred"}, "question contains control character U+001B"),
     "number": ({"question": 42}, "question is not text (got int)"),
     "list": ({"question": ["a", "b"]}, "question is not text (got list)"),
     "bad-answers": ({"question": "ok?", "answers": 5}, "answers must be a list of strings (got 5"),
-    "bad-route": ({"question": "ok?", "expected_route": "sideways"}, "expected_route must be one of internal, web, none"),
+    "bad-route": (
+        {"question": "ok?", "expected_route": "sideways"},
+        "expected_route must be one of internal, web, none",
+    ),
     "bad-impossible": ({"question": "ok?", "is_impossible": "perhaps"}, "is_impossible must be true or false"),
     "bad-gold-docs": ({"question": "ok?", "gold_doc_ids": [1, 2]}, "gold_doc_ids must be a list of valid strings"),
 }
@@ -35,12 +41,28 @@ def rejected_run(spark, index_overrides, tmp_path_factory):
     folder = tmp_path_factory.mktemp("bad")
     rows = [{"question_id": "good", "question": "How high is Mount Fuji?"}]
     rows += [{"question_id": qid, **row} for qid, (row, _) in REJECTED.items()]
-    rows += [{"question_id": "good", "question": "the same id again?"}, {"question_id": None, "question": "no id?"},
-             {"question_id": {"a": 1}, "question": "odd id?"}]
+    rows += [
+        {"question_id": "good", "question": "the same id again?"},
+        {"question_id": None, "question": "no id?"},
+        {"question_id": {"a": 1}, "question": "odd id?"},
+    ]
     path = folder / "questions.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     sets = [a for o in index_overrides for a in ("--set", o)]
-    code = main(["run", "--conf", str(LOCAL_CONF), *sets, "--questions", str(path), "--warehouse", str(folder / "wh"), "--run-id", "bad"])
+    code = main(
+        [
+            "run",
+            "--conf",
+            str(LOCAL_CONF),
+            *sets,
+            "--questions",
+            str(path),
+            "--warehouse",
+            str(folder / "wh"),
+            "--run-id",
+            "bad",
+        ]
+    )
     assert code == 0
     rejects = DeltaTable(str(folder / "wh" / "rejects")).to_pandas()
     answers = DeltaTable(str(folder / "wh" / "answers")).to_pandas()
@@ -72,29 +94,59 @@ def _write(tmp_path, name, content: bytes):
 
 ERRORS = {
     "empty table": (lambda t: ["--questions", _write(t, "q.jsonl", b"\n")], "the questions table has no rows"),
-    "empty CSV table": (lambda t: ["--questions", _write(t, "q.csv", b"question_id,question\n")], "the questions table has no rows"),
+    "empty CSV table": (
+        lambda t: ["--questions", _write(t, "q.csv", b"question_id,question\n")],
+        "the questions table has no rows",
+    ),
     "path does not exist": (lambda t: ["--questions", str(t / "nope.jsonl")], "questions not found"),
     "unsupported file": (lambda t: ["--questions", _write(t, "q.xlsx", b"x")], "unsupported questions file"),
     "folder not a Delta table": (lambda t: ["--questions", str(t)], "is a folder but not a Delta table"),
     "malformed config": (lambda t: ["--conf", _write(t, "c.yaml", b"retriever: [oops\n")], "is not valid YAML"),
     "config not a mapping": (lambda t: ["--conf", _write(t, "c.yaml", b"- a\n- b\n")], "must be a mapping of sections"),
     "config file missing": (lambda t: ["--conf", str(t / "none.yaml")], "config file not found"),
-    "unknown config key": (lambda t: ["--set", "retriever.top_k=3"], "unknown config key 'retriever.top_k' (allowed here: backend, index, k)"),
+    "unknown config key": (
+        lambda t: ["--set", "retriever.top_k=3"],
+        "unknown config key 'retriever.top_k' (allowed here: backend, index, k)",
+    ),
     "unknown section": (lambda t: ["--set", "retreiver.k=3"], "unknown config key 'retreiver'"),
-    "mistyped value": (lambda t: ["--set", "retriever.k=ten"], "config key 'retriever.k': Input should be a valid integer"),
-    "unknown backend": (lambda t: ["--set", "grader.backend=gpt4"], "config key 'grader.backend': got 'gpt4', expected one of 'lexical', 'semantic', 'databricks', 'openai'"),
+    "mistyped value": (
+        lambda t: ["--set", "retriever.k=ten"],
+        "config key 'retriever.k': Input should be a valid integer",
+    ),
+    "unknown backend": (
+        lambda t: ["--set", "grader.backend=gpt4"],
+        "config key 'grader.backend': got 'gpt4', expected one of 'lexical', 'semantic', 'databricks', 'openai'",
+    ),
     "unknown policy": (lambda t: ["--set", "routing.policy=sometimes"], "config key 'routing.policy': got 'sometimes'"),
-    "thresholds out of order": (lambda t: ["--set", "routing.lower=0.9", "--set", "routing.upper=0.1"], "must not exceed"),
+    "thresholds out of order": (
+        lambda t: ["--set", "routing.lower=0.9", "--set", "routing.upper=0.1"],
+        "must not exceed",
+    ),
     "bad --set": (lambda t: ["--set", "retriever.k"], "--set expects key=value"),
     "unknown variant": (lambda t: ["--variant", "nope"], "unknown variant 'nope'"),
-    "unset env var": (lambda t: ["--conf", _write(t, "c.yaml", b"input:\n  max_question_chars: ${CRAG_NO_SUCH_VAR}\n")], "refers to ${CRAG_NO_SUCH_VAR}, which is not set"),
+    "unset env var": (
+        lambda t: ["--conf", _write(t, "c.yaml", b"input:\n  max_question_chars: ${CRAG_NO_SUCH_VAR}\n")],
+        "refers to ${CRAG_NO_SUCH_VAR}, which is not set",
+    ),
     "missing index": (lambda t: ["--set", f"retriever.index={t / 'none'}"], "no crag index at"),
     "incompatible index": (lambda t: ["--set", f"retriever.index={_old_index(t)}"], "rebuild it with crag index"),
-    "missing credential": (lambda t: ["--set", "grader.backend=openai", "--set", "grader.endpoint=m", "--set", "grader.api_key_env=CRAG_NO_KEY"],
-                           "missing credential for grader (openai model 'm'): set the environment variable CRAG_NO_KEY"),
+    "missing credential": (
+        lambda t: [
+            "--set",
+            "grader.backend=openai",
+            "--set",
+            "grader.endpoint=m",
+            "--set",
+            "grader.api_key_env=CRAG_NO_KEY",
+        ],
+        "missing credential for grader (openai model 'm'): set the environment variable CRAG_NO_KEY",
+    ),
     "invalid run id": (lambda t: ["--run-id", "bad id!"], "invalid run id 'bad id!'"),
     "resume of an unknown run": (lambda t: ["--resume", "ghost"], "no run 'ghost' to resume"),
-    "missing prompt": (lambda t: ["--conf", str(OPENAI_CONF), "--set", "generator.prompt=nope.yaml"], "prompt template not found"),
+    "missing prompt": (
+        lambda t: ["--conf", str(OPENAI_CONF), "--set", "generator.prompt=nope.yaml"],
+        "prompt template not found",
+    ),
 }
 
 
@@ -104,7 +156,11 @@ UNREADABLE = {
     "invalid UTF-8": ("q.jsonl", b'{"question_id": "1", "question": "caf\xe9"}\n', "line is not valid UTF-8"),
     "invalid JSON": ("q.jsonl", b'{"question_id": "1",\n', "line is not valid JSON"),
     "not an object": ("q.jsonl", b'["a"]\n', "line is not a JSON object (got list)"),
-    "invalid UTF-8 in CSV": ("q.csv", b"question_id,question\n1,caf\xe9\n", "question holds U+FFFD: the input was not valid UTF-8"),
+    "invalid UTF-8 in CSV": (
+        "q.csv",
+        b"question_id,question\n1,caf\xe9\n",
+        "question holds U+FFFD: the input was not valid UTF-8",
+    ),
     "missing question field": ("q.jsonl", b'{"question_id": "1", "text": "?"}\n', "question is missing (null)"),
     "missing id field": ("q.jsonl", b'{"question": "?"}\n', "question_id is missing"),
 }
@@ -114,11 +170,23 @@ UNREADABLE = {
 def test_a_file_of_unreadable_rows_is_reject_rows_and_one_line(case, tmp_path, index_overrides, capsys):
     name, content, reason = UNREADABLE[case]
     sets = [a for o in index_overrides for a in ("--set", o)]
-    argv = ["run", "--conf", str(LOCAL_CONF), "--questions", _write(tmp_path, name, content), "--warehouse",
-            str(tmp_path / "wh"), "--run-id", "unreadable", *sets]
+    argv = [
+        "run",
+        "--conf",
+        str(LOCAL_CONF),
+        "--questions",
+        _write(tmp_path, name, content),
+        "--warehouse",
+        str(tmp_path / "wh"),
+        "--run-id",
+        "unreadable",
+        *sets,
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "crag: error: no question was accepted: all 1 input rows were rejected" in err and "Traceback" not in err, err
+    assert "crag: error: no question was accepted: all 1 input rows were rejected" in err and "Traceback" not in err, (
+        err
+    )
     rejects = DeltaTable(str(tmp_path / "wh" / "rejects")).to_pandas()
     assert len(rejects) == 1 and rejects.loc[0, "reason"].startswith(reason), rejects["reason"]
     assert list(rejects["input_row"]) == [0]
@@ -136,12 +204,16 @@ def test_one_line_error(case, tmp_path, index_overrides, capsys, monkeypatch):
     monkeypatch.delenv("CRAG_NO_KEY", raising=False)
     build, message = ERRORS[case]
     extra = build(tmp_path)
-    args = {"--conf": str(LOCAL_CONF), "--questions": str(SAMPLE / "questions.jsonl"), "--warehouse": str(tmp_path / "wh")}
+    args = {
+        "--conf": str(LOCAL_CONF),
+        "--questions": str(SAMPLE / "questions.jsonl"),
+        "--warehouse": str(tmp_path / "wh"),
+    }
     for flag in ("--conf", "--questions"):
         if flag in extra:
             i = extra.index(flag)
             args[flag] = extra[i + 1]
-            extra = extra[:i] + extra[i + 2:]
+            extra = extra[:i] + extra[i + 2 :]
     sets = [a for o in index_overrides for a in ("--set", o)]
     argv = ["run", *[x for kv in args.items() for x in kv], *sets, *extra]
     assert main(argv) == 2
@@ -152,5 +224,7 @@ def test_one_line_error(case, tmp_path, index_overrides, capsys, monkeypatch):
 
 
 def test_index_errors_are_one_line(tmp_path, capsys):
-    assert main(["index", "--conf", str(LOCAL_CONF), "--docs", str(tmp_path / "none"), "--out", str(tmp_path / "i")]) == 2
+    assert (
+        main(["index", "--conf", str(LOCAL_CONF), "--docs", str(tmp_path / "none"), "--out", str(tmp_path / "i")]) == 2
+    )
     assert capsys.readouterr().err == f"crag: error: documents not found: {tmp_path / 'none'}\n"

@@ -5,15 +5,22 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import LOCAL_CONF, REPO, SAMPLE
 from crag.cli import main
+from tests.support import LOCAL_CONF, SAMPLE
 
 
 def test_ask_prints_every_stage(capsys, index_overrides):
     sets = [a for o in index_overrides for a in ("--set", o)]
     assert main(["ask", "--conf", str(LOCAL_CONF), *sets, "How high is Mount Fuji?"]) == 0
     out = capsys.readouterr().out
-    for marker in ("[retrieve]", "[grade]", "[decide] incorrect", "[rewrite] web query: high Mount Fuji", "[web_search] 3 results", "[generate] route web"):
+    for marker in (
+        "[retrieve]",
+        "[grade]",
+        "[decide] incorrect",
+        "[rewrite] web query: high Mount Fuji",
+        "[web_search] 3 results",
+        "[generate] route web",
+    ):
         assert marker in out, out
     assert "3,776 metres" in out and "https://example.org/wiki/Mount_Fuji" in out
 
@@ -27,8 +34,14 @@ def test_ask_rejects_a_blank_question_in_one_line(capsys, index_overrides):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--set", "retriever.kk=1"], "crag: error: unknown config key 'retriever.kk' (allowed here: backend, index, k)\n"),
-        (["--set", "web_search.backend=bing"], "crag: error: config key 'web_search.backend': got 'bing', expected one of 'offline_corpus', 'tavily', 'none'\n"),
+        (
+            ["--set", "retriever.kk=1"],
+            "crag: error: unknown config key 'retriever.kk' (allowed here: backend, index, k)\n",
+        ),
+        (
+            ["--set", "web_search.backend=bing"],
+            "crag: error: config key 'web_search.backend': got 'bing', expected one of 'offline_corpus', 'tavily', 'none'\n",
+        ),
         (["--variant", "nope"], "crag: error: unknown variant 'nope'"),
     ],
 )
@@ -40,15 +53,38 @@ def test_config_errors_are_one_line(capsys, args, message):
 
 def test_run_with_missing_questions_is_one_line(capsys, tmp_path, index_overrides):
     sets = [a for o in index_overrides for a in ("--set", o)]
-    code = main(["run", "--conf", str(LOCAL_CONF), *sets, "--questions", str(tmp_path / "none.jsonl"), "--warehouse", str(tmp_path)])
+    code = main(
+        [
+            "run",
+            "--conf",
+            str(LOCAL_CONF),
+            *sets,
+            "--questions",
+            str(tmp_path / "none.jsonl"),
+            "--warehouse",
+            str(tmp_path),
+        ]
+    )
     assert code == 2
     assert capsys.readouterr().err == f"crag: error: questions not found: {tmp_path / 'none.jsonl'}\n"
 
 
 def test_run_prints_the_summary(capsys, spark, tmp_path, index_overrides):
     sets = [a for o in index_overrides for a in ("--set", o)]
-    code = main(["run", "--conf", str(LOCAL_CONF), *sets, "--questions", str(SAMPLE / "questions.jsonl"),
-                 "--warehouse", str(tmp_path), "--run-id", "cli"])
+    code = main(
+        [
+            "run",
+            "--conf",
+            str(LOCAL_CONF),
+            *sets,
+            "--questions",
+            str(SAMPLE / "questions.jsonl"),
+            "--warehouse",
+            str(tmp_path),
+            "--run-id",
+            "cli",
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "run cli (variant base)" in out and "questions   51: 49 accepted, 2 rejected" in out
@@ -60,7 +96,9 @@ def test_console_script_builds_an_index(tmp_path):
     assert crag, "the crag console script is installed with the package"
     done = subprocess.run(
         [crag, "index", "--conf", str(LOCAL_CONF), "--docs", str(SAMPLE / "web.jsonl"), "--out", str(tmp_path / "web")],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert "indexed 13 documents" in done.stdout
     assert (tmp_path / "web" / "manifest.json").exists()
@@ -68,19 +106,40 @@ def test_console_script_builds_an_index(tmp_path):
 
 def test_sql_over_the_warehouse(capsys, spark, tmp_path, index_overrides):
     sets = [a for o in index_overrides for a in ("--set", o)]
-    assert main(["run", "--conf", str(LOCAL_CONF), *sets, "--questions", str(SAMPLE / "questions.jsonl"),
-                 "--warehouse", str(tmp_path), "--run-id", "sql"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--conf",
+                str(LOCAL_CONF),
+                *sets,
+                "--questions",
+                str(SAMPLE / "questions.jsonl"),
+                "--warehouse",
+                str(tmp_path),
+                "--run-id",
+                "sql",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
-    sql = ("SELECT a.route, count(DISTINCT a.question_id) AS questions, count(g.doc_id) AS graded "
-           "FROM answers a LEFT JOIN grades g ON a.run_id = g.run_id AND a.question_id = g.question_id "
-           "WHERE a.run_id = 'sql' GROUP BY a.route ORDER BY a.route")
+    sql = (
+        "SELECT a.route, count(DISTINCT a.question_id) AS questions, count(g.doc_id) AS graded "
+        "FROM answers a LEFT JOIN grades g ON a.run_id = g.run_id AND a.question_id = g.question_id "
+        "WHERE a.run_id = 'sql' GROUP BY a.route ORDER BY a.route"
+    )
     assert main(["sql", "--warehouse", str(tmp_path), "--format", "csv", sql]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split(",") == ["route", "questions", "graded"]
     assert sum(int(line.split(",")[1]) for line in lines[1:]) == 49
     assert main(["sql", "--warehouse", str(tmp_path), sql]) == 0  # the terminal table: a header, a rule, rows
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split() == ["route", "questions", "graded"] and set(table[1]) <= {"-", " "} and len(table) == len(lines) + 1
+    assert (
+        table[0].split() == ["route", "questions", "graded"]
+        and set(table[1]) <= {"-", " "}
+        and len(table) == len(lines) + 1
+    )
     assert main(["sql", "--warehouse", str(tmp_path), "SELECT nope FROM answers"]) == 2
     assert capsys.readouterr().err.startswith("crag: error: SQL failed:")
     assert main(["sql", "--warehouse", str(tmp_path / "empty"), "SELECT 1"]) == 2

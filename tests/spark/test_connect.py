@@ -17,7 +17,7 @@ import pytest
 from deltalake import DeltaTable
 
 from tests import connect_server
-from tests.support import LOCAL_CONF, REPO, SAMPLE, staging_folder, staged_questions
+from tests.support import LOCAL_CONF, REPO, SAMPLE, staged_questions, staging_folder
 
 QUESTIONS = SAMPLE / "questions.jsonl"
 
@@ -32,8 +32,13 @@ def _free_port() -> int:
 def connect_url(tmp_path_factory):
     port = _free_port()
     log = (tmp_path_factory.mktemp("connect") / "server.log").open("w")
-    server = subprocess.Popen(connect_server.command(port), env=connect_server.environment(), stdout=log,
-                              stderr=subprocess.STDOUT, start_new_session=True)
+    server = subprocess.Popen(
+        connect_server.command(port),
+        env=connect_server.environment(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     deadline = time.time() + 180
     while time.time() < deadline:
         assert server.poll() is None, "the Spark Connect server stopped; see " + log.name
@@ -59,8 +64,18 @@ def crag(*args, url: str, check: bool = True, **popen) -> subprocess.CompletedPr
 
 def _run_args(index_overrides, warehouse, run_id, *extra):
     sets = [a for o in [*index_overrides, *extra] for a in ("--set", o)]
-    return ["run", "--conf", str(LOCAL_CONF), *sets, "--questions", str(QUESTIONS), "--warehouse", str(warehouse),
-            "--run-id", run_id]
+    return [
+        "run",
+        "--conf",
+        str(LOCAL_CONF),
+        *sets,
+        "--questions",
+        str(QUESTIONS),
+        "--warehouse",
+        str(warehouse),
+        "--run-id",
+        run_id,
+    ]
 
 
 def table(warehouse, name) -> pd.DataFrame:
@@ -69,9 +84,11 @@ def table(warehouse, name) -> pd.DataFrame:
 
 def test_the_client_holds_no_jvm(connect_url):
     """The crag process on Connect starts no JVM of its own: the server does the work."""
-    probe = ("from crag.config import SparkConfig; from crag.spark import get_spark, is_connect;"
-             f"s = get_spark(SparkConfig(remote={connect_url!r})); print(is_connect(s), s.range(5).count());"
-             "import pyspark; from pyspark import SparkContext; print(SparkContext._jvm is None)")
+    probe = (
+        "from crag.config import SparkConfig; from crag.spark import get_spark, is_connect;"
+        f"s = get_spark(SparkConfig(remote={connect_url!r})); print(is_connect(s), s.range(5).count());"
+        "import pyspark; from pyspark import SparkContext; print(SparkContext._jvm is None)"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["True", "5", "True"], done.stderr[-2000:]
 
@@ -87,7 +104,12 @@ def test_run_eval_and_compare_on_connect_match_classic_spark(connect_url, spark,
     ours, theirs = table(warehouse, "answers"), table(classic, "answers")
     columns = ["question_id", "answer", "action", "route", "n_retrieved", "n_relevant", "n_web"]
     key = "question_id"
-    assert ours[columns].sort_values(key).reset_index(drop=True).equals(theirs[columns].sort_values(key).reset_index(drop=True))
+    assert (
+        ours[columns]
+        .sort_values(key)
+        .reset_index(drop=True)
+        .equals(theirs[columns].sort_values(key).reset_index(drop=True))
+    )
     assert len(table(warehouse, "grades")) == len(table(classic, "grades"))
     assert sorted(table(warehouse, "rejects")["reason"]) == sorted(table(classic, "rejects")["reason"])
     assert table(warehouse, "runs").loc[0, "status"] == "succeeded"
@@ -98,8 +120,19 @@ def test_run_eval_and_compare_on_connect_match_classic_spark(connect_url, spark,
     stored = table(warehouse, "metrics")
     assert set(metrics["metric"]) == set(stored[stored["run_id"] == "same"]["metric"])
     report = tmp_path / "report.html"
-    crag("compare", "--warehouse", str(warehouse), "--base", "same", "--candidate", "thresholds", "--report", str(report),
-         "--no-mlflow", url=connect_url)
+    crag(
+        "compare",
+        "--warehouse",
+        str(warehouse),
+        "--base",
+        "same",
+        "--candidate",
+        "thresholds",
+        "--report",
+        str(report),
+        "--no-mlflow",
+        url=connect_url,
+    )
     assert report.exists() and set(table(warehouse, "comparisons")["candidate_run"]) == {"thresholds"}
     calibrated = crag("calibrate", "--warehouse", str(warehouse), "--run", "same", url=connect_url)
     assert "routing" in calibrated.stdout
@@ -111,7 +144,9 @@ def test_sigkill_then_resume_on_connect(connect_url, index_overrides, tmp_path):
     warehouse = tmp_path / "wh"
     args = _run_args(index_overrides, warehouse, "killed", "spark.batch_questions=6")
     command = [sys.executable, "-m", "crag.cli", *args, "--set", f"spark.remote={connect_url}"]
-    first = subprocess.Popen(command, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first = subprocess.Popen(
+        command, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     deadline, staged = time.time() + 300, 0
     while time.time() < deadline and first.poll() is None:
         staged = len(staged_questions(warehouse, "killed"))
@@ -135,10 +170,23 @@ def test_one_writer_per_run_id_on_connect(connect_url, index_overrides, tmp_path
     """Two clients start the same run id at once: one runs it, the other is refused with one line;
     a third run id beside them is unaffected."""
     warehouse = tmp_path / "wh"
-    procs = [subprocess.Popen([sys.executable, "-m", "crag.cli", *_run_args(index_overrides, warehouse, run_id),
-                               "--set", f"spark.remote={connect_url}"], cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-             for run_id in ("twice", "twice", "beside")]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "crag.cli",
+                *_run_args(index_overrides, warehouse, run_id),
+                "--set",
+                f"spark.remote={connect_url}",
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for run_id in ("twice", "twice", "beside")
+    ]
     results = [p.communicate(timeout=600) + (p.returncode,) for p in procs]
     codes = sorted(code for _, _, code in results[:2])
     assert codes == [0, 2], [r[1][-800:] for r in results]
@@ -153,7 +201,7 @@ def test_one_writer_per_run_id_on_connect(connect_url, index_overrides, tmp_path
 def test_a_question_id_built_to_inject_sql_touches_no_other_run(connect_url, spark, index_overrides, tmp_path):
     """Ids full of quotes, backslashes and SQL keywords are values in column expressions, never SQL text:
     re-running one run leaves every other run's rows as they were (classic and Connect)."""
-    hostile = ["\\'') OR 1=1 --", "x' OR '1'='1", "a`; DROP TABLE answers; --", "\\\\' OR run_id <> '", "q\") OR (1=1"]
+    hostile = ["\\'') OR 1=1 --", "x' OR '1'='1", "a`; DROP TABLE answers; --", "\\\\' OR run_id <> '", 'q") OR (1=1']
     path = tmp_path / "hostile.jsonl"
     path.write_text("\n".join(json.dumps({"question_id": q, "question": "How high is Mount Fuji?"}) for q in hostile))
     warehouse = tmp_path / "wh"
@@ -165,8 +213,19 @@ def test_a_question_id_built_to_inject_sql_touches_no_other_run(connect_url, spa
     for attempt in range(2):  # the second time replaces the hostile run's own rows
         run(str(LOCAL_CONF), str(path), str(warehouse), run_id="hostile", overrides=base, spark=spark)
     sets = [a for o in base for a in ("--set", o)]
-    crag("run", "--conf", str(LOCAL_CONF), *sets, "--questions", str(path), "--warehouse", str(warehouse),
-         "--run-id", "hostile", url=connect_url)
+    crag(
+        "run",
+        "--conf",
+        str(LOCAL_CONF),
+        *sets,
+        "--questions",
+        str(path),
+        "--warehouse",
+        str(warehouse),
+        "--run-id",
+        "hostile",
+        url=connect_url,
+    )
     after = table(warehouse, "answers")
     bystander = after[after["run_id"] == "bystander"].sort_values("question_id").reset_index(drop=True)
     assert bystander.equals(before[before["run_id"] == "bystander"].sort_values("question_id").reset_index(drop=True))

@@ -1,18 +1,28 @@
 """crag eval and crag calibrate on a run of the sample, through the Warehouse."""
 
-import numpy as np
-import pandas as pd
-import pytest
-from tests.support import LOCAL_CONF, SAMPLE
-from crag.calibration import propose_grade_threshold, propose_routing, routing_scores
 from crag.cli import main
-from crag.evaluation import contained, evaluate, exact_match, f1, normalize_answer
+from tests.support import LOCAL_CONF, SAMPLE
 
 
 def test_eval_and_calibrate_commands_on_the_sample(spark, tmp_path, index_overrides, capsys):
     sets = [a for o in index_overrides for a in ("--set", o)]
-    assert main(["run", "--conf", str(LOCAL_CONF), *sets, "--questions", str(SAMPLE / "questions.jsonl"),
-                 "--warehouse", str(tmp_path), "--run-id", "gold"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--conf",
+                str(LOCAL_CONF),
+                *sets,
+                "--questions",
+                str(SAMPLE / "questions.jsonl"),
+                "--warehouse",
+                str(tmp_path),
+                "--run-id",
+                "gold",
+            ]
+        )
+        == 0
+    )
     assert "quality against the gold columns" in capsys.readouterr().out
     assert main(["eval", "--warehouse", str(tmp_path), "--run", "gold"]) == 0
     out = capsys.readouterr().out
@@ -32,8 +42,23 @@ def test_eval_without_gold_is_a_clear_error(spark, tmp_path, index_overrides, ca
     questions = tmp_path / "q.jsonl"
     questions.write_text('{"question_id": "1", "question": "How high is Mount Fuji?"}\n')
     sets = [a for o in index_overrides for a in ("--set", o)]
-    assert main(["run", "--conf", str(LOCAL_CONF), *sets, "--questions", str(questions), "--warehouse", str(tmp_path / "w"),
-                 "--run-id", "nogold"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--conf",
+                str(LOCAL_CONF),
+                *sets,
+                "--questions",
+                str(questions),
+                "--warehouse",
+                str(tmp_path / "w"),
+                "--run-id",
+                "nogold",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["eval", "--warehouse", str(tmp_path / "w"), "--run", "nogold"]) == 2
     assert "has no gold columns" in capsys.readouterr().err

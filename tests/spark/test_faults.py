@@ -21,7 +21,11 @@ def test_twenty_percent_faults_on_every_endpoint(spark, tmp_path, restore_env):
     # The summary's figures are the tables' counts (report: read from the answers and rejects tables).
     summary = report["summary"]
     questions = re.search(r"^  questions   (\d+): (\d+) accepted, (\d+) rejected$", summary, re.M)
-    assert questions and tuple(map(int, questions.groups())) == (report["questions"], report["accepted"], report["rejected"])
+    assert questions and tuple(map(int, questions.groups())) == (
+        report["questions"],
+        report["accepted"],
+        report["rejected"],
+    )
     assert re.search(r"^  errors      (\d+)$", summary, re.M).group(1) == str(report["errors"])
     assert int(re.search(r"^  calls .*, (\d+) retries,", summary, re.M).group(1)) == report["retries"]
     routes = re.search(r"^  routes      (.*)$", summary, re.M).group(1)
@@ -32,10 +36,19 @@ def test_an_endpoint_that_always_fails_errors_its_questions_and_the_job_goes_on(
     from crag.job import run
 
     emulator.behaviour["serving"].fault_rates = {"500": 1.0}
-    fast = [f"{role}.policy.{key}" for role in ("grader", "rewriter", "generator")
-            for key in ("max_attempts=2", "backoff_initial_s=0.01")]
-    result = run(str(REPO / "conf" / "databricks.yaml"), str(SAMPLE / "questions.jsonl"), str(tmp_path),
-                 run_id="down", overrides=fast, spark=spark)
+    fast = [
+        f"{role}.policy.{key}"
+        for role in ("grader", "rewriter", "generator")
+        for key in ("max_attempts=2", "backoff_initial_s=0.01")
+    ]
+    result = run(
+        str(REPO / "conf" / "databricks.yaml"),
+        str(SAMPLE / "questions.jsonl"),
+        str(tmp_path),
+        run_id="down",
+        overrides=fast,
+        spark=spark,
+    )
     answers = run_rows(result.warehouse, "answers", result.run_id)
     assert len(answers) == 49
     errored = answers[answers["route"] == "error"]

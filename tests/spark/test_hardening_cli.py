@@ -14,11 +14,11 @@ import time
 
 import pytest
 
-from tests.support import LOCAL_CONF, REPO, SAMPLE
 from crag import cli
 from crag.cli import main
 from crag.errors import InputError
 from crag.ids import check_run_id
+from tests.support import LOCAL_CONF, REPO, SAMPLE
 
 
 @pytest.mark.parametrize("run_id", ["r1\n", "r1\r\n", "r1\n\n", "\nr1", "r 1", "r1/..", "", "-r1", "r1\x00"])
@@ -33,8 +33,20 @@ def test_good_run_ids_pass(run_id):
 
 
 def test_the_cli_refuses_a_run_id_with_a_trailing_newline(tmp_path, capsys, index_overrides):
-    code = main(["run", "--conf", str(LOCAL_CONF), "--questions", str(SAMPLE / "questions.jsonl"),
-                 "--warehouse", str(tmp_path), "--run-id", "r1\n", *[x for o in index_overrides for x in ("--set", o)]])
+    code = main(
+        [
+            "run",
+            "--conf",
+            str(LOCAL_CONF),
+            "--questions",
+            str(SAMPLE / "questions.jsonl"),
+            "--warehouse",
+            str(tmp_path),
+            "--run-id",
+            "r1\n",
+            *[x for o in index_overrides for x in ("--set", o)],
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert err.startswith("crag: error: invalid run id 'r1\\n'") and err.count("\n") == 1
@@ -57,8 +69,20 @@ def test_emulate_on_an_impossible_port_is_one_line(capsys):
 
 
 def test_compare_report_given_a_folder_is_one_line_before_any_work(tmp_path, capsys):
-    code = main(["compare", "--warehouse", str(tmp_path / "nowhere"), "--base", "a", "--candidate", "b",
-                 "--report", str(tmp_path), "--no-mlflow"])
+    code = main(
+        [
+            "compare",
+            "--warehouse",
+            str(tmp_path / "nowhere"),
+            "--base",
+            "a",
+            "--candidate",
+            "b",
+            "--report",
+            str(tmp_path),
+            "--no-mlflow",
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert err.startswith(f"crag: error: --report {tmp_path} is a folder") and err.count("\n") == 1
@@ -76,8 +100,18 @@ def _bad_parquet(tmp_path, content: bytes):
 @pytest.mark.parametrize("content", [b"", b"PAR1 not really parquet"])
 def test_unreadable_parquet_input_is_one_line(tmp_path, capsys, index_overrides, content):
     questions = _bad_parquet(tmp_path, content)
-    code = main(["run", "--conf", str(LOCAL_CONF), "--questions", str(questions), "--warehouse", str(tmp_path / "wh"),
-                 *[x for o in index_overrides for x in ("--set", o)]])
+    code = main(
+        [
+            "run",
+            "--conf",
+            str(LOCAL_CONF),
+            "--questions",
+            str(questions),
+            "--warehouse",
+            str(tmp_path / "wh"),
+            *[x for o in index_overrides for x in ("--set", o)],
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert re.fullmatch(r"crag: error: [^\n]*(not a Parquet file|cannot read questions)[^\n]*\n", err), err
@@ -85,8 +119,18 @@ def test_unreadable_parquet_input_is_one_line(tmp_path, capsys, index_overrides,
 
 def test_a_delta_folder_with_an_empty_log_is_one_line(tmp_path, capsys, index_overrides):
     (tmp_path / "questions" / "_delta_log").mkdir(parents=True)
-    code = main(["run", "--conf", str(LOCAL_CONF), "--questions", str(tmp_path / "questions"),
-                 "--warehouse", str(tmp_path / "wh"), *[x for o in index_overrides for x in ("--set", o)]])
+    code = main(
+        [
+            "run",
+            "--conf",
+            str(LOCAL_CONF),
+            "--questions",
+            str(tmp_path / "questions"),
+            "--warehouse",
+            str(tmp_path / "wh"),
+            *[x for o in index_overrides for x in ("--set", o)],
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert err.startswith("crag: error: ") and err.count("\n") == 1, err
@@ -101,8 +145,18 @@ def test_crag_debug_shows_the_traceback(tmp_path, monkeypatch, index_overrides):
 
     monkeypatch.setattr(crag.job, "prepare", full_disk)
     with pytest.raises(OSError, match="No space left"):
-        main(["run", "--conf", str(LOCAL_CONF), "--questions", str(SAMPLE / "questions.jsonl"), "--warehouse",
-              str(tmp_path / "wh"), *[x for o in index_overrides for x in ("--set", o)]])
+        main(
+            [
+                "run",
+                "--conf",
+                str(LOCAL_CONF),
+                "--questions",
+                str(SAMPLE / "questions.jsonl"),
+                "--warehouse",
+                str(tmp_path / "wh"),
+                *[x for o in index_overrides for x in ("--set", o)],
+            ]
+        )
 
 
 def test_a_file_system_error_is_one_scrubbed_line(monkeypatch, capsys):
@@ -134,20 +188,42 @@ def test_an_interrupt_behind_a_cancelled_spark_job_is_an_interrupt(monkeypatch, 
     monkeypatch.setattr(cli, "_run_command", fail)
     assert main(["run", "--conf", "c.yaml", "--questions", "q.jsonl", "--warehouse", "w", "--run-id", "r7"]) == 130
     err = capsys.readouterr().err
-    assert err == ("crag: interrupted: run r7 did not finish; continue it with: "
-                   "crag run --resume r7 --conf c.yaml --questions q.jsonl --warehouse w\n")
+    assert err == (
+        "crag: interrupted: run r7 did not finish; continue it with: "
+        "crag run --resume r7 --conf c.yaml --questions q.jsonl --warehouse w\n"
+    )
 
 
 # ---------------------------------------------------------------- Ctrl-C and SIGTERM, for real
 
 
 def _start_run(tmp_path, sample_indexes, extra: list[str]):
-    sets = [f"retriever.index={sample_indexes['kb']}", f"web_search.index={sample_indexes['web']}",
-            "mlflow.enabled=false", "spark.batch_questions=3", "routing.policy=thresholds"]
-    args = [sys.executable, "-m", "crag.cli", "run", "--conf", str(LOCAL_CONF), "--questions", str(SAMPLE / "questions.jsonl"),
-            "--warehouse", str(tmp_path / "wh"), "--no-cache", *[x for o in sets for x in ("--set", o)], *extra]
+    sets = [
+        f"retriever.index={sample_indexes['kb']}",
+        f"web_search.index={sample_indexes['web']}",
+        "mlflow.enabled=false",
+        "spark.batch_questions=3",
+        "routing.policy=thresholds",
+    ]
+    args = [
+        sys.executable,
+        "-m",
+        "crag.cli",
+        "run",
+        "--conf",
+        str(LOCAL_CONF),
+        "--questions",
+        str(SAMPLE / "questions.jsonl"),
+        "--warehouse",
+        str(tmp_path / "wh"),
+        "--no-cache",
+        *[x for o in sets for x in ("--set", o)],
+        *extra,
+    ]
     err = open(tmp_path / "stderr.txt", "w+", encoding="utf-8")
-    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, cwd=REPO, env={**os.environ, "CRAG_DEBUG": ""}), err
+    return subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=err, cwd=REPO, env={**os.environ, "CRAG_DEBUG": ""}
+    ), err
 
 
 def _wait_for(err, text: str, proc, limit_s: float = 180) -> None:
@@ -161,7 +237,9 @@ def _wait_for(err, text: str, proc, limit_s: float = 180) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum, code, how", [(signal.SIGTERM, 143, "terminated (SIGTERM)"), (signal.SIGINT, 130, "interrupted")])
+@pytest.mark.parametrize(
+    "signum, code, how", [(signal.SIGTERM, 143, "terminated (SIGTERM)"), (signal.SIGINT, 130, "interrupted")]
+)
 def test_a_signal_during_crag_run_ends_with_the_resume_line(tmp_path, sample_indexes, signum, code, how):
     proc, err = _start_run(tmp_path, sample_indexes, ["--run-id", "sig"])
     try:
@@ -178,8 +256,9 @@ def test_a_signal_during_crag_run_ends_with_the_resume_line(tmp_path, sample_ind
     assert last.startswith(f"crag: {how}: run sig did not finish; continue it with: crag run --resume sig ")
     if signum == signal.SIGTERM:  # the line works: resuming finishes the run
         resume = shlex.split(last.split("continue it with: ", 1)[1])
-        done = subprocess.run([sys.executable, "-m", "crag.cli", *resume[1:]], cwd=REPO, capture_output=True, text=True,
-                              timeout=300)
+        done = subprocess.run(
+            [sys.executable, "-m", "crag.cli", *resume[1:]], cwd=REPO, capture_output=True, text=True, timeout=300
+        )
         assert done.returncode == 0, done.stderr
         assert "49 accepted" in done.stderr
         from deltalake import DeltaTable
@@ -193,7 +272,23 @@ def test_the_resume_line_shows_no_credential(monkeypatch, capsys):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "_run_command", interrupted)
-    assert main(["run", "--conf", "c.yaml", "--questions", "q.jsonl", "--warehouse", "w", "--run-id", "r8",
-                 "--set", "web_search.api_base_url=http://proxy:pa55word-x@h:8080"]) == 130
+    assert (
+        main(
+            [
+                "run",
+                "--conf",
+                "c.yaml",
+                "--questions",
+                "q.jsonl",
+                "--warehouse",
+                "w",
+                "--run-id",
+                "r8",
+                "--set",
+                "web_search.api_base_url=http://proxy:pa55word-x@h:8080",
+            ]
+        )
+        == 130
+    )
     err = capsys.readouterr().err
     assert "crag run --resume r8" in err and "pa55word" not in err and "proxy" not in err

@@ -9,10 +9,10 @@ import socket
 import pytest
 from deltalake import DeltaTable
 
-from tests.support import LOCAL_CONF, REPO, SAMPLE
 from crag import secrets
 from crag.cli import main
 from crag.config import load_config, redacted
+from tests.support import LOCAL_CONF, REPO, SAMPLE
 
 PASSWORD = "pw-Zq81-secret"
 
@@ -33,17 +33,20 @@ def fresh_registry(monkeypatch):
 # ---------------------------------------------------------------- the scrubber
 
 
-@pytest.mark.parametrize("text", [
-    f"API request to http://user:{PASSWORD}@127.0.0.1:9/serving-endpoints/x failed",
-    f"connect https://token:{PASSWORD}@adb-1.azuredatabricks.net/api/2.0 refused",
-    f"'sc://h:{PASSWORD}@cluster:15002'",
-    f'url="postgresql://crag:{PASSWORD}@db/crag"',
-    f"HTTPConnectionPool(host='x'): http://{PASSWORD}@x/",  # a token as the user part
-    f"http://user:{PASSWORD[:5]}@{PASSWORD[5:]}@host/",  # an unencoded @ inside the password
-    f"GET http://h/search?api_key={PASSWORD}&q=1",
-    f"GET http://h/search?q=1&access_token={PASSWORD}",
-    f"line one\nhttp://u:{PASSWORD}@h/\nline three",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"API request to http://user:{PASSWORD}@127.0.0.1:9/serving-endpoints/x failed",
+        f"connect https://token:{PASSWORD}@adb-1.azuredatabricks.net/api/2.0 refused",
+        f"'sc://h:{PASSWORD}@cluster:15002'",
+        f'url="postgresql://crag:{PASSWORD}@db/crag"',
+        f"HTTPConnectionPool(host='x'): http://{PASSWORD}@x/",  # a token as the user part
+        f"http://user:{PASSWORD[:5]}@{PASSWORD[5:]}@host/",  # an unencoded @ inside the password
+        f"GET http://h/search?api_key={PASSWORD}&q=1",
+        f"GET http://h/search?q=1&access_token={PASSWORD}",
+        f"line one\nhttp://u:{PASSWORD}@h/\nline three",
+    ],
+)
 def test_url_credentials_are_masked(text):
     scrubbed = secrets.scrub(text)
     assert PASSWORD not in scrubbed and PASSWORD[5:] not in scrubbed and PASSWORD[:5] + "@" not in scrubbed
@@ -58,7 +61,11 @@ def test_a_url_without_credentials_is_kept():
 def test_resolved_values_are_masked_also_url_encoded():
     secret = "tok/en+with@chars==" + PASSWORD
     secrets.remember([secret])
-    for text in (f"bad token {secret}!", f"Bearer%20{secrets.quote(secret, safe='')}", f"k={secrets.quote_plus(secret)}"):
+    for text in (
+        f"bad token {secret}!",
+        f"Bearer%20{secrets.quote(secret, safe='')}",
+        f"k={secrets.quote_plus(secret)}",
+    ):
         assert PASSWORD not in secrets.scrub(text)
 
 
@@ -81,14 +88,36 @@ def test_non_strings_pass():
 
 
 def test_secret_bearing_keys_are_masked_and_only_those():
-    stored = redacted({"max_tokens": 300, "prompt_tokens": 4, "token_env": "DATABRICKS_TOKEN", "api_key_env": "K",
-                       "access_token": "abc123", "client_secret": "s3cr3t", "apiKey": "k-123", "password": "pw1234",
-                       "token_secret": "scope/key", "guided_regex_key": "guided_regex", "x-api-key": "hk-1234",
-                       "nested": [{"auth_token": "zz99"}]})
-    assert stored == {"max_tokens": 300, "prompt_tokens": 4, "token_env": "DATABRICKS_TOKEN", "api_key_env": "K",
-                      "access_token": "***", "client_secret": "***", "apiKey": "***", "password": "***",
-                      "token_secret": "***", "guided_regex_key": "guided_regex", "x-api-key": "***",
-                      "nested": [{"auth_token": "***"}]}
+    stored = redacted(
+        {
+            "max_tokens": 300,
+            "prompt_tokens": 4,
+            "token_env": "DATABRICKS_TOKEN",
+            "api_key_env": "K",
+            "access_token": "abc123",
+            "client_secret": "s3cr3t",
+            "apiKey": "k-123",
+            "password": "pw1234",
+            "token_secret": "scope/key",
+            "guided_regex_key": "guided_regex",
+            "x-api-key": "hk-1234",
+            "nested": [{"auth_token": "zz99"}],
+        }
+    )
+    assert stored == {
+        "max_tokens": 300,
+        "prompt_tokens": 4,
+        "token_env": "DATABRICKS_TOKEN",
+        "api_key_env": "K",
+        "access_token": "***",
+        "client_secret": "***",
+        "apiKey": "***",
+        "password": "***",
+        "token_secret": "***",
+        "guided_regex_key": "guided_regex",
+        "x-api-key": "***",
+        "nested": [{"auth_token": "***"}],
+    }
 
 
 def test_a_secret_in_a_tavily_base_url_is_not_stored(monkeypatch):
@@ -115,17 +144,30 @@ def test_a_secret_value_under_any_key_is_not_stored(monkeypatch):
 
 
 def _databricks_grader(kb: str, web: str) -> list[str]:
-    return [f"retriever.index={kb}", f"web_search.index={web}", "mlflow.enabled=false",
-            "grader.backend=databricks", "grader.endpoint=grader-x", "grader.prompt=prompts/grade_binary.yaml",
-            "grader.policy.max_attempts=2", "grader.policy.backoff_initial_s=0.01", "grader.policy.timeout_s=5"]
+    return [
+        f"retriever.index={kb}",
+        f"web_search.index={web}",
+        "mlflow.enabled=false",
+        "grader.backend=databricks",
+        "grader.endpoint=grader-x",
+        "grader.prompt=prompts/grade_binary.yaml",
+        "grader.policy.max_attempts=2",
+        "grader.policy.backoff_initial_s=0.01",
+        "grader.policy.timeout_s=5",
+    ]
 
 
 def test_crag_ask_shows_no_credential_of_an_unreachable_host(monkeypatch, capfd, closed_port, sample_indexes):
     monkeypatch.setenv("DATABRICKS_HOST", f"http://user:{PASSWORD}@127.0.0.1:{closed_port}")
     monkeypatch.setenv("DATABRICKS_TOKEN", "dapi-" + PASSWORD[::-1])
     overrides = _databricks_grader(sample_indexes["kb"], sample_indexes["web"])
-    args = ["ask", "--conf", str(LOCAL_CONF), *[x for o in overrides for x in ("--set", o)],
-            "How often should the HEPA-13 main filter be replaced?"]
+    args = [
+        "ask",
+        "--conf",
+        str(LOCAL_CONF),
+        *[x for o in overrides for x in ("--set", o)],
+        "How often should the HEPA-13 main filter be replaced?",
+    ]
     assert main(args) == 0
     out, err = capfd.readouterr()
     assert "[grade] error: grade: " in out and "Connection refused" in out  # the error is there ...
@@ -133,18 +175,33 @@ def test_crag_ask_shows_no_credential_of_an_unreachable_host(monkeypatch, capfd,
     assert PASSWORD not in out + err and PASSWORD[::-1] not in out + err  # ... and no credential
 
 
-def test_crag_run_stores_no_credential_in_errors_reasons_or_config(spark, monkeypatch, capfd, tmp_path, closed_port,
-                                                                   sample_indexes):
+def test_crag_run_stores_no_credential_in_errors_reasons_or_config(
+    spark, monkeypatch, capfd, tmp_path, closed_port, sample_indexes
+):
     monkeypatch.setenv("DATABRICKS_HOST", f"http://user:{PASSWORD}@127.0.0.1:{closed_port}")
     monkeypatch.setenv("DATABRICKS_TOKEN", "dapi-" + PASSWORD[::-1])
     questions = tmp_path / "q.jsonl"
-    lines = [l for l in (SAMPLE / "questions.jsonl").read_text(encoding="utf-8").splitlines() if l.strip()][:4]
+    lines = [line for line in (SAMPLE / "questions.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()][:4]
     questions.write_text("\n".join(lines) + "\n", encoding="utf-8")
     warehouse = tmp_path / "wh"
-    overrides = [o.replace("mlflow.enabled=false", "mlflow.enabled=true")
-                 for o in _databricks_grader(sample_indexes["kb"], sample_indexes["web"])]
-    code = main(["run", "--conf", str(LOCAL_CONF), "--questions", str(questions), "--warehouse", str(warehouse),
-                 "--run-id", "leak", *[x for o in overrides for x in ("--set", o)]])
+    overrides = [
+        o.replace("mlflow.enabled=false", "mlflow.enabled=true")
+        for o in _databricks_grader(sample_indexes["kb"], sample_indexes["web"])
+    ]
+    code = main(
+        [
+            "run",
+            "--conf",
+            str(LOCAL_CONF),
+            "--questions",
+            str(questions),
+            "--warehouse",
+            str(warehouse),
+            "--run-id",
+            "leak",
+            *[x for o in overrides for x in ("--set", o)],
+        ]
+    )
     assert code == 0
     out, err = capfd.readouterr()
     answers = DeltaTable(str(warehouse / "answers")).to_pandas()

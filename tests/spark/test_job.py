@@ -6,10 +6,10 @@ import pandas as pd
 import pytest
 from deltalake import DeltaTable
 
-from tests.support import LOCAL_CONF, SAMPLE, staging_folder
 from crag import schema
 from crag.errors import CragError, UnusableIndexError
 from crag.job import run
+from tests.support import LOCAL_CONF, SAMPLE, staging_folder
 
 QUESTIONS = SAMPLE / "questions.jsonl"
 
@@ -22,7 +22,9 @@ def table(warehouse, name, run_id=None):
 @pytest.fixture(scope="module")
 def sample_run(spark, index_overrides, tmp_path_factory):
     warehouse = tmp_path_factory.mktemp("warehouse")
-    result = run(str(LOCAL_CONF), str(QUESTIONS), str(warehouse), run_id="sample-1", overrides=index_overrides, spark=spark)
+    result = run(
+        str(LOCAL_CONF), str(QUESTIONS), str(warehouse), run_id="sample-1", overrides=index_overrides, spark=spark
+    )
     return result, warehouse
 
 
@@ -33,13 +35,18 @@ def test_every_question_exactly_once(sample_run):
     assert len(answers) + len(rejects) == len(inputs)
     assert answers["question_id"].is_unique
     assert set(answers["question_id"]) == set(inputs["question_id"].drop_duplicates()) - {"q-bad-blank"}
-    assert sorted(rejects["reason"]) == ["duplicate question_id 'q-en-01': first seen at input row 0", "question is only whitespace"]
+    assert sorted(rejects["reason"]) == [
+        "duplicate question_id 'q-en-01': first seen at input row 0",
+        "question is only whitespace",
+    ]
 
 
 def test_routes_match_what_the_sample_was_written_for(sample_run):
     _, warehouse = sample_run
     answers = table(warehouse, "answers", "sample-1")
-    expected = pd.read_json(QUESTIONS, lines=True).drop_duplicates("question_id").set_index("question_id")["expected_route"]
+    expected = (
+        pd.read_json(QUESTIONS, lines=True).drop_duplicates("question_id").set_index("question_id")["expected_route"]
+    )
     answers["expected"] = answers["question_id"].map(expected)
     web = answers[answers["expected"] == "web"]
     none = answers[answers["expected"] == "none"]
@@ -52,7 +59,9 @@ def test_grades_exist_for_every_retrieved_and_searched_document(sample_run):
     _, warehouse = sample_run
     answers, grades = table(warehouse, "answers", "sample-1"), table(warehouse, "grades", "sample-1")
     per_question = (
-        grades.groupby(["question_id", "source"]).size().unstack(fill_value=0)
+        grades.groupby(["question_id", "source"])
+        .size()
+        .unstack(fill_value=0)
         .reindex(index=answers["question_id"], columns=["internal", "web"], fill_value=0)
     )
     assert (per_question["internal"].values == answers["n_retrieved"].values).all()
@@ -60,8 +69,12 @@ def test_grades_exist_for_every_retrieved_and_searched_document(sample_run):
     assert answers["n_retrieved"].sum() > 0 and answers["n_web"].sum() > 0
     assert set(grades["grade"]) == {"yes", "no"} and grades["relevance"].between(0, 1).all()
     assert (grades["parse_status"] == "ok").all() and (grades["grader"] == "lexical").all()
-    n_relevant = grades[grades["source"] == "internal"].groupby("question_id")["grade"].apply(lambda g: (g == "yes").sum())
-    assert answers.set_index("question_id")["n_relevant"].equals(n_relevant.reindex(answers["question_id"]).fillna(0).astype("int32"))
+    n_relevant = (
+        grades[grades["source"] == "internal"].groupby("question_id")["grade"].apply(lambda g: (g == "yes").sum())
+    )
+    assert answers.set_index("question_id")["n_relevant"].equals(
+        n_relevant.reindex(answers["question_id"]).fillna(0).astype("int32")
+    )
 
 
 def test_decisions_explain_each_question(sample_run):
@@ -110,7 +123,14 @@ def test_tables_are_readable_by_any_delta_reader(sample_run):
 def test_rerunning_a_run_id_replaces_its_rows(spark, index_overrides, tmp_path):
     for _ in range(2):
         run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="again", overrides=index_overrides, spark=spark)
-    run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="other", overrides=index_overrides + ["routing.policy=thresholds"], spark=spark)
+    run(
+        str(LOCAL_CONF),
+        str(QUESTIONS),
+        str(tmp_path),
+        run_id="other",
+        overrides=index_overrides + ["routing.policy=thresholds"],
+        spark=spark,
+    )
     answers = table(tmp_path, "answers")
     assert answers.groupby("run_id").size().to_dict() == {"again": 49, "other": 49}
     assert not answers.duplicated(["run_id", "question_id"]).any()
@@ -121,7 +141,13 @@ def test_rerunning_a_run_id_replaces_its_rows(spark, index_overrides, tmp_path):
 
 def test_missing_index_fails_before_spark_work(spark, tmp_path):
     with pytest.raises(UnusableIndexError, match="no crag index"):
-        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), overrides=[f"retriever.index={tmp_path / 'none'}"], spark=spark)
+        run(
+            str(LOCAL_CONF),
+            str(QUESTIONS),
+            str(tmp_path),
+            overrides=[f"retriever.index={tmp_path / 'none'}"],
+            spark=spark,
+        )
     assert not (tmp_path / "answers").exists()
 
 
@@ -152,8 +178,18 @@ def test_a_rerun_keeps_the_old_rows_until_it_has_committed(spark, index_override
 
     monkeypatch.setattr(crag.job, "run_stages", broken)
     with pytest.raises(RuntimeError, match="second attempt"):
-        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="kept", overrides=[*index_overrides, "retriever.k=3"],
-            spark=spark)
+        run(
+            str(LOCAL_CONF),
+            str(QUESTIONS),
+            str(tmp_path),
+            run_id="kept",
+            overrides=[*index_overrides, "retriever.k=3"],
+            spark=spark,
+        )
     after = table(tmp_path, "answers", "kept")
-    assert after.sort_values("question_id").reset_index(drop=True).equals(before.sort_values("question_id").reset_index(drop=True))
+    assert (
+        after.sort_values("question_id")
+        .reset_index(drop=True)
+        .equals(before.sort_values("question_id").reset_index(drop=True))
+    )
     assert table(tmp_path, "runs", "kept").loc[0, "status"] == "failed"

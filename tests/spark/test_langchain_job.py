@@ -7,7 +7,7 @@ from tests.unit.test_langchain_retriever import needs, stores  # noqa: F401  (fi
 
 
 @needs("faiss")
-def test_a_spark_job_builds_the_store_in_its_workers(spark, stores, tmp_path):
+def test_a_spark_job_builds_the_store_in_its_workers(spark, stores, tmp_path):  # noqa: F811  (the fixture)
     from deltalake import DeltaTable
 
     from crag.job import run
@@ -15,11 +15,17 @@ def test_a_spark_job_builds_the_store_in_its_workers(spark, stores, tmp_path):
     # Workers import the factory's module: ship it as a job would ship its own code.
     spark.sparkContext.addPyFile(str(REPO / "tests" / "langchain_stores.py"))
     questions = tmp_path / "questions.jsonl"
-    questions.write_text("\n".join(json.dumps(q, ensure_ascii=False) for q in [
-        {"question_id": "filter", "question": "How often should the HEPA-13 main filter be replaced?"},
-        {"question_id": "noise", "question": "How many decibels in sleep mode?"},
-        {"question_id": "warranty", "question": "保証期間は何年ですか"},
-    ]), encoding="utf-8")
+    questions.write_text(
+        "\n".join(
+            json.dumps(q, ensure_ascii=False)
+            for q in [
+                {"question_id": "filter", "question": "How often should the HEPA-13 main filter be replaced?"},
+                {"question_id": "noise", "question": "How many decibels in sleep mode?"},
+                {"question_id": "warranty", "question": "保証期間は何年ですか"},
+            ]
+        ),
+        encoding="utf-8",
+    )
     warehouse = tmp_path / "warehouse"
     conf = tmp_path / "langchain.yaml"  # the embedded defaults, with the store as the retriever
     conf.write_text("spark:\n  master: local[2]\n", encoding="utf-8")

@@ -5,9 +5,9 @@ import pandas as pd
 import pytest
 from deltalake import DeltaTable
 
-from tests.support import REPO, SAMPLE, TOKEN
 from crag.cli import main
 from crag.job import run
+from tests.support import REPO, SAMPLE, TOKEN
 
 QUESTIONS = SAMPLE / "questions.jsonl"
 
@@ -52,9 +52,23 @@ def test_no_credential_reaches_a_table(databricks_run):
 
 
 def test_openai_config_from_the_cli(spark, emulator, tmp_path, sample_indexes, capsys):
-    code = main(["run", "--conf", str(REPO / "conf" / "openai.yaml"), "--questions", str(QUESTIONS),
-                 "--warehouse", str(tmp_path), "--run-id", "oai",
-                 "--set", f"retriever.index={sample_indexes['kb']}", "--set", f"web_search.index={sample_indexes['web']}"])
+    code = main(
+        [
+            "run",
+            "--conf",
+            str(REPO / "conf" / "openai.yaml"),
+            "--questions",
+            str(QUESTIONS),
+            "--warehouse",
+            str(tmp_path),
+            "--run-id",
+            "oai",
+            "--set",
+            f"retriever.index={sample_indexes['kb']}",
+            "--set",
+            f"web_search.index={sample_indexes['web']}",
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "questions   51: 49 accepted, 2 rejected" in out and "errors      0" in out
@@ -64,16 +78,30 @@ def test_openai_config_from_the_cli(spark, emulator, tmp_path, sample_indexes, c
     assert answers["llm_calls"].sum() == len(emulator.of("serving"))
     grading = [r for r in emulator.of("serving") if "guided_regex" in r.body]
     assert len(grading) == len(grades)
-    expected = pd.read_json(QUESTIONS, lines=True).drop_duplicates("question_id").set_index("question_id")["expected_route"]
+    expected = (
+        pd.read_json(QUESTIONS, lines=True).drop_duplicates("question_id").set_index("question_id")["expected_route"]
+    )
     web = answers[answers["question_id"].map(expected) == "web"]
     assert (web["route"] == "web").all()
 
 
 def test_missing_credential_fails_before_any_work(spark, emulator, tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("TAVILY_API_KEY")
-    code = main(["run", "--conf", str(REPO / "conf" / "databricks.yaml"), "--questions", str(QUESTIONS), "--warehouse", str(tmp_path)])
+    code = main(
+        [
+            "run",
+            "--conf",
+            str(REPO / "conf" / "databricks.yaml"),
+            "--questions",
+            str(QUESTIONS),
+            "--warehouse",
+            str(tmp_path),
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
-    assert err == ("crag: error: missing credential for web_search (Tavily): set the environment variable "
-                   "TAVILY_API_KEY (secret 'crag/tavily_api_key' is read only on Databricks)\n")
+    assert err == (
+        "crag: error: missing credential for web_search (Tavily): set the environment variable "
+        "TAVILY_API_KEY (secret 'crag/tavily_api_key' is read only on Databricks)\n"
+    )
     assert emulator.requests == [] and not (tmp_path / "answers").exists()

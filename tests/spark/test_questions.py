@@ -11,7 +11,12 @@ from crag.questions import read_questions, validate
 
 
 def _validated(spark, path, max_chars=100) -> pd.DataFrame:
-    return validate(spark, read_questions(spark, str(path)), max_chars).toPandas().sort_values("input_row").reset_index(drop=True)
+    return (
+        validate(spark, read_questions(spark, str(path)), max_chars)
+        .toPandas()
+        .sort_values("input_row")
+        .reset_index(drop=True)
+    )
 
 
 def test_every_format_reads_the_same_rows(spark, tmp_path):
@@ -39,14 +44,24 @@ def test_rows_are_numbered_in_input_order_across_partitions(spark, tmp_path):
 
 
 def test_duplicates_keep_the_first_and_every_row_is_accounted_for(spark, tmp_path):
-    rows = [{"question_id": "x", "question": "a?"}, {"question_id": "y", "question": "b?"},
-            {"question_id": "x", "question": "c?"}, {"question_id": "z", "question": ""}, {"question_id": "x", "question": "d?"}]
+    rows = [
+        {"question_id": "x", "question": "a?"},
+        {"question_id": "y", "question": "b?"},
+        {"question_id": "x", "question": "c?"},
+        {"question_id": "z", "question": ""},
+        {"question_id": "x", "question": "d?"},
+    ]
     path = tmp_path / "dup.jsonl"
     path.write_text("\n\n".join(json.dumps(r) for r in rows) + "\n")  # blank lines are not rows
     out = _validated(spark, path)
     assert len(out) == len(rows)
-    assert list(out["reason"]) == [None, None, "duplicate question_id 'x': first seen at input row 0",
-                                   "question is empty", "duplicate question_id 'x': first seen at input row 0"]
+    assert list(out["reason"]) == [
+        None,
+        None,
+        "duplicate question_id 'x': first seen at input row 0",
+        "question is empty",
+        "duplicate question_id 'x': first seen at input row 0",
+    ]
     assert list(out.loc[out["reason"].isna(), "question"]) == ["a?", "b?"]
 
 
@@ -61,8 +76,10 @@ def test_csv_ids_and_questions_are_text(spark, tmp_path):
 
 def test_one_bad_line_is_one_reject_row(spark, tmp_path):
     path = tmp_path / "bad.jsonl"
-    path.write_bytes(b'{"question_id": "a", "question": "fine?"}\n{"question_id": "b", "question": "caf\xe9"}\n'
-                     b'{"question_id": "c"\n{"question_id": "d", "question": "\\ud800 lone"}\n')
+    path.write_bytes(
+        b'{"question_id": "a", "question": "fine?"}\n{"question_id": "b", "question": "caf\xe9"}\n'
+        b'{"question_id": "c"\n{"question_id": "d", "question": "\\ud800 lone"}\n'
+    )
     out = _validated(spark, path)
     assert out.loc[0, "reason"] is None
     assert out.loc[1, "reason"] == "line is not valid UTF-8"

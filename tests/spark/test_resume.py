@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 from deltalake import DeltaTable
 
-from tests.support import LOCAL_CONF, REPO, SAMPLE, staging_folder, staged_questions
 from crag import job as crag_job
 from crag.errors import CragError
 from crag.job import run
+from tests.support import LOCAL_CONF, REPO, SAMPLE, staged_questions, staging_folder
 
 QUESTIONS = SAMPLE / "questions.jsonl"
 
@@ -41,7 +41,9 @@ def test_resume_after_a_failure_mid_run(spark, tmp_path, index_overrides, monkey
     with pytest.raises(RuntimeError, match="driver lost"):
         run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r1", overrides=sets, spark=spark)
     assert table(tmp_path, "runs").loc[0, "status"] == "failed"
-    answered = set(DeltaTable(str(staging_folder(tmp_path, "r1"))).to_pandas()["question_id"])  # committed batches, not yet final
+    answered = set(
+        DeltaTable(str(staging_folder(tmp_path, "r1"))).to_pandas()["question_id"]
+    )  # committed batches, not yet final
     assert answered == set(sent[0] + sent[1])
     assert not (tmp_path / "answers").exists()  # nothing half-done reaches the final tables
 
@@ -59,16 +61,40 @@ def test_resume_after_a_failure_mid_run(spark, tmp_path, index_overrides, monkey
 def test_resume_refuses_a_different_config(spark, tmp_path, index_overrides):
     run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r2", overrides=index_overrides, spark=spark)
     with pytest.raises(CragError, match="was started with config .* resume with the same --conf"):
-        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r2", overrides=[*index_overrides, "retriever.k=3"],
-            spark=spark, resume=True)
+        run(
+            str(LOCAL_CONF),
+            str(QUESTIONS),
+            str(tmp_path),
+            run_id="r2",
+            overrides=[*index_overrides, "retriever.k=3"],
+            spark=spark,
+            resume=True,
+        )
     with pytest.raises(CragError, match="no run 'nope' to resume"):
-        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="nope", overrides=index_overrides, spark=spark, resume=True)
+        run(
+            str(LOCAL_CONF),
+            str(QUESTIONS),
+            str(tmp_path),
+            run_id="nope",
+            overrides=index_overrides,
+            spark=spark,
+            resume=True,
+        )
     with pytest.raises(CragError, match="has already succeeded: nothing to resume"):
-        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r2", overrides=index_overrides, spark=spark, resume=True)
+        run(
+            str(LOCAL_CONF),
+            str(QUESTIONS),
+            str(tmp_path),
+            run_id="r2",
+            overrides=index_overrides,
+            spark=spark,
+            resume=True,
+        )
 
 
 def test_resume_refuses_other_questions(spark, tmp_path, index_overrides, monkeypatch):
     """--resume over input that changed (a question edited, a row removed) is refused, saying so."""
+
     def dies(*args, **kwargs):
         raise RuntimeError("killed")
 
@@ -80,9 +106,21 @@ def test_resume_refuses_other_questions(spark, tmp_path, index_overrides, monkey
     edited = tmp_path / "edited.jsonl"
     rows[0]["question"] = "A different question?"
     edited.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows[:-1]))
-    with pytest.raises(CragError, match=r"started on other questions: 1 row\(s\) here are not in its input and 2 of its rows"):
-        run(str(LOCAL_CONF), str(edited), str(tmp_path), run_id="r3", overrides=index_overrides, spark=spark, resume=True)
-    result = run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r3", overrides=index_overrides, spark=spark, resume=True)
+    with pytest.raises(
+        CragError, match=r"started on other questions: 1 row\(s\) here are not in its input and 2 of its rows"
+    ):
+        run(
+            str(LOCAL_CONF),
+            str(edited),
+            str(tmp_path),
+            run_id="r3",
+            overrides=index_overrides,
+            spark=spark,
+            resume=True,
+        )
+    result = run(
+        str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r3", overrides=index_overrides, spark=spark, resume=True
+    )
     assert result.counts["accepted"] == 49
 
 
@@ -92,13 +130,32 @@ def test_sigkill_of_the_driver_then_resume(emulator, sample_indexes, tmp_path):
     first batches are committed; `crag run --resume` then finishes the run."""
     emulator.behaviour["serving"].latency_s = 0.03  # slow enough to kill mid-way
     warehouse = tmp_path / "wh"
-    command = [sys.executable, "-m", "crag.cli", "run", "--conf", str(REPO / "conf" / "openai.yaml"),
-               "--questions", str(QUESTIONS), "--warehouse", str(warehouse),
-               "--set", f"retriever.index={sample_indexes['kb']}", "--set", f"web_search.index={sample_indexes['web']}",
-               "--set", "spark.batch_questions=8"]
+    command = [
+        sys.executable,
+        "-m",
+        "crag.cli",
+        "run",
+        "--conf",
+        str(REPO / "conf" / "openai.yaml"),
+        "--questions",
+        str(QUESTIONS),
+        "--warehouse",
+        str(warehouse),
+        "--set",
+        f"retriever.index={sample_indexes['kb']}",
+        "--set",
+        f"web_search.index={sample_indexes['web']}",
+        "--set",
+        "spark.batch_questions=8",
+    ]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    first = subprocess.Popen([*command, "--run-id", "killed"], env=env, start_new_session=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first = subprocess.Popen(
+        [*command, "--run-id", "killed"],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.time() + 240
     answered = 0
     while time.time() < deadline and first.poll() is None:

@@ -6,9 +6,9 @@ from html.parser import HTMLParser
 import pytest
 from deltalake import DeltaTable
 
-from tests.support import LOCAL_CONF, REPO, SAMPLE
 from crag.cli import main
 from crag.job import run
+from tests.support import LOCAL_CONF, REPO, SAMPLE
 
 QUESTIONS = str(SAMPLE / "questions.jsonl")
 
@@ -24,8 +24,15 @@ def table(warehouse, name, **where):
 def two_runs(spark, index_overrides, tmp_path_factory):
     wh = tmp_path_factory.mktemp("variants")
     run(str(LOCAL_CONF), QUESTIONS, str(wh), run_id="base", overrides=index_overrides, spark=spark)
-    run(str(LOCAL_CONF), QUESTIONS, str(wh), variant="paper_thresholds", run_id="cand",
-        overrides=[*index_overrides, "grader.threshold=0.4"], spark=spark)
+    run(
+        str(LOCAL_CONF),
+        QUESTIONS,
+        str(wh),
+        variant="paper_thresholds",
+        run_id="cand",
+        overrides=[*index_overrides, "grader.threshold=0.4"],
+        spark=spark,
+    )
     return wh
 
 
@@ -46,11 +53,17 @@ class Sections(HTMLParser):
 def test_comparison_rows_match_the_run_tables(two_runs, capsys):
     wh = two_runs
     report = wh / "report.html"
-    assert main(["compare", "--warehouse", str(wh), "--base", "base", "--candidate", "cand", "--report", str(report)]) == 0
+    assert (
+        main(["compare", "--warehouse", str(wh), "--base", "base", "--candidate", "cand", "--report", str(report)]) == 0
+    )
     out = capsys.readouterr().out
     assert "compare base (base) -> cand (candidate): 49 questions in both" in out and f"report: {report}" in out
     rows = table(wh, "comparisons").set_index("question_id")
-    a = table(wh, "answers", run_id="base").set_index("question_id").reindex(rows_index := sorted(table(wh, "comparisons")["question_id"]))
+    a = (
+        table(wh, "answers", run_id="base")
+        .set_index("question_id")
+        .reindex(rows_index := sorted(table(wh, "comparisons")["question_id"]))
+    )
     b = table(wh, "answers", run_id="cand").set_index("question_id").reindex(rows_index)
     assert len(rows) == 49 and (rows["base_run"] == "base").all()
     rows = rows.reindex(rows_index)
@@ -67,13 +80,20 @@ def test_comparison_rows_match_the_run_tables(two_runs, capsys):
     assert rows["f1_delta"].notna().sum() == 41  # answerable questions, gold present in both runs
     assert "grade flips" in out and "web_search_rate" in out
     # running the comparison again replaces its rows
-    assert main(["compare", "--warehouse", str(wh), "--base", "base", "--candidate", "cand", "--report", str(report)]) == 0
+    assert (
+        main(["compare", "--warehouse", str(wh), "--base", "base", "--candidate", "cand", "--report", str(report)]) == 0
+    )
     assert len(table(wh, "comparisons")) == 49
 
 
 def test_the_report_renders_its_sections(two_runs):
     report = two_runs / "report2.html"
-    assert main(["compare", "--warehouse", str(two_runs), "--base", "base", "--candidate", "cand", "--report", str(report)]) == 0
+    assert (
+        main(
+            ["compare", "--warehouse", str(two_runs), "--base", "base", "--candidate", "cand", "--report", str(report)]
+        )
+        == 0
+    )
     page = report.read_text()
     parser = Sections()
     parser.feed(page)
@@ -91,9 +111,20 @@ def test_only_the_changed_stage_calls_its_backend(spark, emulator, tmp_path):
     conf = str(REPO / "conf" / "databricks.yaml")
     run(conf, QUESTIONS, str(tmp_path), run_id="v1", spark=spark)
     queries = lambda: [r for r in emulator.of("vector_search") if r.path.endswith("/query")]  # noqa: E731
-    first = {"serving": len(emulator.of("serving")), "vector_search": len(queries()), "tavily": len(emulator.of("tavily"))}
+    first = {
+        "serving": len(emulator.of("serving")),
+        "vector_search": len(queries()),
+        "tavily": len(emulator.of("tavily")),
+    }
     emulator.reset()
-    result = run(conf, QUESTIONS, str(tmp_path), run_id="v2", overrides=["generator.prompt=prompts/answer_strict.yaml"], spark=spark)
+    result = run(
+        conf,
+        QUESTIONS,
+        str(tmp_path),
+        run_id="v2",
+        overrides=["generator.prompt=prompts/answer_strict.yaml"],
+        spark=spark,
+    )
     serving = emulator.of("serving")
     assert queries() == [] and emulator.of("tavily") == []
     assert [r for r in serving if "inputs" in r.body] == []  # no grading
@@ -112,10 +143,41 @@ def test_runs_are_logged_to_mlflow(spark, sample_indexes, tmp_path, capsys):
 
     sets = ["--set", f"retriever.index={sample_indexes['kb']}", "--set", f"web_search.index={sample_indexes['web']}"]
     for run_id, extra in (("ml-base", []), ("ml-cand", ["--variant", "paper_thresholds"])):
-        assert main(["run", "--conf", str(LOCAL_CONF), *sets, *extra, "--questions", QUESTIONS,
-                     "--warehouse", str(tmp_path), "--run-id", run_id]) == 0
+        assert (
+            main(
+                [
+                    "run",
+                    "--conf",
+                    str(LOCAL_CONF),
+                    *sets,
+                    *extra,
+                    "--questions",
+                    QUESTIONS,
+                    "--warehouse",
+                    str(tmp_path),
+                    "--run-id",
+                    run_id,
+                ]
+            )
+            == 0
+        )
     report = tmp_path / "cmp.html"
-    assert main(["compare", "--warehouse", str(tmp_path), "--base", "ml-base", "--candidate", "ml-cand", "--report", str(report)]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "--warehouse",
+                str(tmp_path),
+                "--base",
+                "ml-base",
+                "--candidate",
+                "ml-cand",
+                "--report",
+                str(report),
+            ]
+        )
+        == 0
+    )
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("crag")
     runs = {r.data.tags["crag.run_id"]: r for r in client.search_runs([experiment.experiment_id])}

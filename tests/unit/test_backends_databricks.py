@@ -6,11 +6,11 @@ import json
 import pytest
 import requests
 
-from tests.support import REPO, TOKEN
 from crag.backends.base import Usage
 from crag.backends.databricks_serving import DatabricksServing, message_text
 from crag.backends.llm_roles import LLMGrader
 from crag.config import load_config
+from tests.support import REPO, TOKEN
 
 DBX = REPO / "conf" / "databricks.yaml"
 FAST = ["grader.policy.backoff_initial_s=0.01", "grader.policy.timeout_s=1", "grader.policy.max_attempts=3"]
@@ -58,7 +58,9 @@ def test_chat_grading_sends_the_json_schema(emulator):
 
 def test_score_format_is_normalised(emulator):
     usage = Usage()
-    grades = grader("grader.batch=false", "grader.format=score", "grader.prompt=prompts/grade_score.yaml").grade(QUESTION, DOCS, usage)
+    grades = grader("grader.batch=false", "grader.format=score", "grader.prompt=prompts/grade_score.yaml").grade(
+        QUESTION, DOCS, usage
+    )
     for g in grades:
         assert g.raw_output.startswith("Score: ") and g.parse_status == "ok" and g.rationale
         assert g.relevance == int(g.raw_output.split()[1]) / 5
@@ -125,5 +127,7 @@ def test_wrong_token_is_not_retried(emulator, monkeypatch):
 
 
 def test_content_blocks_reply():
-    reply = {"choices": [{"message": {"content": [{"type": "reasoning", "summary": []}, {"type": "text", "text": "ok"}]}}]}
+    reply = {
+        "choices": [{"message": {"content": [{"type": "reasoning", "summary": []}, {"type": "text", "text": "ok"}]}}]
+    }
     assert message_text(reply) == "ok"

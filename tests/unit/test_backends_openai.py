@@ -3,14 +3,16 @@
 
 import pytest
 
-from tests.support import REPO, TOKEN
 from crag.backends.base import Usage
 from crag.backends.llm_roles import LLMGenerator, LLMGrader, LLMRewriter
 from crag.backends.openai_compat import OpenAICompatible
 from crag.config import load_config
+from tests.support import REPO, TOKEN
 
 OAI = REPO / "conf" / "openai.yaml"
-FAST = [f"{r}.policy.{k}" for r in ("grader", "rewriter", "generator") for k in ("backoff_initial_s=0.01", "timeout_s=1")]
+FAST = [
+    f"{r}.policy.{k}" for r in ("grader", "rewriter", "generator") for k in ("backoff_initial_s=0.01", "timeout_s=1")
+]
 
 
 def cfg(*sets):
@@ -21,7 +23,10 @@ def test_grader_sends_schema_and_guided_regex(emulator):
     c = cfg().grader
     usage = Usage()
     grades = LLMGrader(OpenAICompatible(c, regex_key=c.guided_regex_key), c).grade(
-        "How high is Mount Fuji?", [{"source": "web", "title": "Mount Fuji", "text": "Mount Fuji is 3,776 metres high."}], usage)
+        "How high is Mount Fuji?",
+        [{"source": "web", "title": "Mount Fuji", "text": "Mount Fuji is 3,776 metres high."}],
+        usage,
+    )
     assert grades[0].grade == "yes" and grades[0].parse_status == "ok"
     [request] = emulator.of("serving")
     assert (request.method, request.path) == ("POST", "/v1/chat/completions")
@@ -35,7 +40,9 @@ def test_grader_sends_schema_and_guided_regex(emulator):
 
 def test_sglang_regex_key(emulator):
     c = cfg("grader.guided_regex_key=regex").grader
-    LLMGrader(OpenAICompatible(c, regex_key=c.guided_regex_key), c).grade("q?", [{"source": "web", "text": "x"}], Usage())
+    LLMGrader(OpenAICompatible(c, regex_key=c.guided_regex_key), c).grade(
+        "q?", [{"source": "web", "text": "x"}], Usage()
+    )
     assert "regex" in emulator.of("serving")[0].body and "guided_regex" not in emulator.of("serving")[0].body
 
 
@@ -49,13 +56,15 @@ def test_rewriter_keeps_the_question_out_of_generation(emulator):
 def test_generator_cites_and_refuses(emulator):
     c = cfg().generator
     gen = LLMGenerator(OpenAICompatible(c), c)
-    context = [{"source": "web", "title": "Other", "text": "Python was first released in 1991."},
-               {"source": "web", "title": "Mount Fuji", "text": "Mount Fuji is 3,776 metres high. It last erupted in 1707."}]
+    context = [
+        {"source": "web", "title": "Other", "text": "Python was first released in 1991."},
+        {"source": "web", "title": "Mount Fuji", "text": "Mount Fuji is 3,776 metres high. It last erupted in 1707."},
+    ]
     answer = gen.generate("How high is Mount Fuji?", context, Usage())
     assert "3,776" in answer.text and "[" not in answer.text and answer.cited == [1]
     refusal = gen.generate("Who painted the Sistine Chapel ceiling?", context[:1], Usage())
     assert refusal.text is None
-    assert 'reply exactly: "I don\'t know' in emulator.of("serving")[-1].body["messages"][0]["content"]
+    assert "reply exactly: \"I don't know" in emulator.of("serving")[-1].body["messages"][0]["content"]
 
 
 def test_reply_language_line(emulator):
@@ -77,5 +86,8 @@ def test_missing_key_is_a_clear_error(monkeypatch):
     from crag.errors import ConfigError
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    with pytest.raises(ConfigError, match="missing credential for OpenAI-compatible model .* set the environment variable OPENAI_API_KEY"):
+    with pytest.raises(
+        ConfigError,
+        match="missing credential for OpenAI-compatible model .* set the environment variable OPENAI_API_KEY",
+    ):
         OpenAICompatible(cfg().grader)

@@ -3,25 +3,30 @@ the emulator's REST endpoints."""
 
 import pytest
 
-from tests.support import REPO, TOKEN
 from crag.backends.base import Usage
 from crag.backends.tavily_search import TavilySearch
 from crag.backends.vector_search import VectorSearchRetriever
 from crag.config import load_config
+from tests.support import REPO, TOKEN
 
 DBX = REPO / "conf" / "databricks.yaml"
 QUESTION = "How often should the HEPA-13 main filter be replaced?"
 
 
 def vs_cfg(*sets):
-    return load_config(DBX, ["retriever.policy.timeout_s=1", "retriever.policy.backoff_initial_s=0.01", *sets]).retriever
+    return load_config(
+        DBX, ["retriever.policy.timeout_s=1", "retriever.policy.backoff_initial_s=0.01", *sets]
+    ).retriever
 
 
 def test_vector_search_query_and_parent_expansion(emulator):
     retriever = VectorSearchRetriever(vs_cfg("retriever.query_type=HYBRID", 'retriever.filters={"doc_id NOT": "x"}'))
     [docs] = retriever.search([QUESTION], 10, [Usage()])
     describe, query = emulator.of("vector_search")
-    assert (describe.method, describe.path) == ("GET", "/api/2.0/vector-search/endpoints/crag-vector-search/indexes/main.crag.chunks_index")
+    assert (describe.method, describe.path) == (
+        "GET",
+        "/api/2.0/vector-search/endpoints/crag-vector-search/indexes/main.crag.chunks_index",
+    )
     assert query.path == "/api/2.0/vector-search/indexes/main.crag.chunks_index/query"
     assert query.headers["Authorization"] == f"Bearer {TOKEN}"
     body = query.body
@@ -52,7 +57,9 @@ def test_vector_search_missing_token(monkeypatch):
 
 
 def tavily_cfg(*sets):
-    return load_config(DBX, ["web_search.policy.timeout_s=1", "web_search.policy.backoff_initial_s=0.01", *sets]).web_search
+    return load_config(
+        DBX, ["web_search.policy.timeout_s=1", "web_search.policy.backoff_initial_s=0.01", *sets]
+    ).web_search
 
 
 def test_tavily_request_and_results(emulator):

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from deltalake import DeltaTable
 
-from tests.support import REPO, SAMPLE
-from crag.cli import main
+from tests.support import REPO
 
 SCHEMA = REPO.parent / "shared" / "schemas" / "databricks-bundle.schema.json"
 BUNDLE_FILES = [REPO / "databricks.yml", *sorted((REPO / "resources").glob("*.yml"))]
 BUNDLE = yaml.safe_load((REPO / "databricks.yml").read_text())
-RESOURCES = {kind: items for f in BUNDLE_FILES[1:] for kind, items in yaml.safe_load(f.read_text())["resources"].items()}
+RESOURCES = {
+    kind: items for f in BUNDLE_FILES[1:] for kind, items in yaml.safe_load(f.read_text())["resources"].items()
+}
 JOBS = RESOURCES["jobs"]
 REFERENCE = re.compile(r"\$\{([\w.]+)\}")
 
@@ -26,7 +26,9 @@ REFERENCE = re.compile(r"\$\{([\w.]+)\}")
 @pytest.mark.skipif(not SCHEMA.exists(), reason=f"bundle schema not found at {SCHEMA}")
 def test_bundle_validates_against_the_official_schema():
     checker = shutil.which("check-jsonschema", path=str(Path(sys.executable).parent))
-    done = subprocess.run([checker, "--schemafile", str(SCHEMA), *map(str, BUNDLE_FILES)], capture_output=True, text=True)
+    done = subprocess.run(
+        [checker, "--schemafile", str(SCHEMA), *map(str, BUNDLE_FILES)], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -42,7 +44,9 @@ def test_every_variable_and_resource_used_is_declared():
     declared = set(BUNDLE["variables"])
     used = {m for f in BUNDLE_FILES for m in re.findall(r"\$\{var\.(\w+)\}", f.read_text())}
     assert used <= declared and used
-    referenced = {tuple(m.split(".")[1:3]) for f in BUNDLE_FILES for m in re.findall(r"\$\{(resources\.[\w.]+)\}", f.read_text())}
+    referenced = {
+        tuple(m.split(".")[1:3]) for f in BUNDLE_FILES for m in re.findall(r"\$\{(resources\.[\w.]+)\}", f.read_text())
+    }
     assert referenced and all(name in RESOURCES.get(kind, {}) for kind, name in referenced)
 
 
@@ -59,8 +63,12 @@ def _resolve(target: str, user: str, **var):
     ${workspace.file_path} is left as is."""
     spec = BUNDLE["targets"][target]
     variables = {name: v.get("default") for name, v in BUNDLE["variables"].items()} | spec.get("variables", {}) | var
-    values = {"workspace.current_user.userName": user, "workspace.current_user.short_name": _short_name(user),
-              "bundle.name": BUNDLE["bundle"]["name"], "bundle.target": target}
+    values = {
+        "workspace.current_user.userName": user,
+        "workspace.current_user.short_name": _short_name(user),
+        "bundle.name": BUNDLE["bundle"]["name"],
+        "bundle.target": target,
+    }
 
     def resolve(value):
         if isinstance(value, dict):
@@ -73,6 +81,7 @@ def _resolve(target: str, user: str, **var):
         if whole and whole.group(1).startswith("var.") and not isinstance(variables[whole.group(1)[4:]], str):
             return variables[whole.group(1)[4:]]  # a reference on its own keeps its type (a bool stays a bool)
         for _ in range(10):  # references inside references
+
             def one(m):
                 ref = m.group(1)
                 if ref.startswith("var."):
@@ -81,6 +90,7 @@ def _resolve(target: str, user: str, **var):
                     _, kind, name, field = ref.split(".")
                     return resolved_resources[kind][name][field]
                 return values.get(ref, m.group(0))
+
             value, previous = REFERENCE.sub(one, value), value
             if value == previous:
                 break
@@ -97,7 +107,12 @@ def _resolve(target: str, user: str, **var):
 
 
 def _volume_paths(jobs) -> list[str]:
-    return [p["default"] for job in jobs.values() for p in job.get("parameters", []) if str(p["default"]).startswith("/Volumes/")]
+    return [
+        p["default"]
+        for job in jobs.values()
+        for p in job.get("parameters", [])
+        if str(p["default"]).startswith("/Volumes/")
+    ]
 
 
 @pytest.mark.parametrize("user", ["alice@example.com", "bob.smith@example.com"])
@@ -105,13 +120,17 @@ def test_development_deploys_write_to_the_users_own_schema(user):
     variables, resources, jobs, spec = _resolve("dev", user)
     schema = f"main.dev_{_short_name(user)}_crag"
     assert variables["warehouse"] == schema and variables["questions_table"] == f"{schema}.questions"
-    volumes = {v["name"]: f"/Volumes/{v['catalog_name']}/{v['schema_name']}/{v['name']}" for v in resources["volumes"].values()}
+    volumes = {
+        v["name"]: f"/Volumes/{v['catalog_name']}/{v['schema_name']}/{v['name']}" for v in resources["volumes"].values()
+    }
     assert {"documents", "reports"} <= set(volumes)
     assert all(v["catalog_name"] + "." + v["schema_name"] == schema for v in resources["volumes"].values())
     paths = _volume_paths(jobs)
     assert len(paths) == 3 and all(any(p.startswith(v + "/") or p == v for v in volumes.values()) for p in paths)
     overrides = dict(item.split("=", 1) for item in variables["overrides"].split(";") if item)
-    assert overrides["retriever.source_table"].startswith(schema + ".") and overrides["retriever.index_name"].startswith(schema + ".")
+    assert overrides["retriever.source_table"].startswith(schema + ".") and overrides[
+        "retriever.index_name"
+    ].startswith(schema + ".")
     assert overrides["mlflow.experiment"].startswith(f"/Users/{user}/")
     tasks = [" ".join(job["tasks"][0]["python_wheel_task"]["parameters"]) for job in jobs.values()]
     assert sum(f"--warehouse {schema} " in t for t in tasks) == 2
@@ -119,7 +138,7 @@ def test_development_deploys_write_to_the_users_own_schema(user):
 
 
 def test_two_developers_share_nothing():
-    (a, ra, ja, _), (b, rb, jb, _) = _resolve("dev", "alice@example.com"), _resolve("dev", "bob@example.com")
+    (a, _, ja, _), (b, _, jb, _) = _resolve("dev", "alice@example.com"), _resolve("dev", "bob@example.com")
     assert a["warehouse"] != b["warehouse"] and not set(_volume_paths(ja)) & set(_volume_paths(jb))
     assert a["overrides"] != b["overrides"]
 
@@ -136,7 +155,9 @@ def test_production_is_one_permissioned_copy_in_the_shared_schema():
     kept = [r["lifecycle"]["prevent_destroy"] for kind in ("schemas", "volumes") for r in resources[kind].values()]
     assert len(kept) == 4 and all(k is True for k in kept)
     _, dev_resources, _, _ = _resolve("dev", "alice@example.com")
-    assert not any(r["lifecycle"]["prevent_destroy"] for kind in ("schemas", "volumes") for r in dev_resources[kind].values())
+    assert not any(
+        r["lifecycle"]["prevent_destroy"] for kind in ("schemas", "volumes") for r in dev_resources[kind].values()
+    )
 
 
 def test_endpoint_defaults_are_written_once_in_the_config():
@@ -149,7 +170,10 @@ def test_endpoint_defaults_are_written_once_in_the_config():
     assert [d for d in defaults if d in bundle_text] == []
     overrides = BUNDLE["variables"]["overrides"]["default"]
     assert {item.split("=", 1)[0] for item in overrides.split(";") if "=" in item} == {
-        "retriever.source_table", "retriever.index_name", "mlflow.experiment"}
+        "retriever.source_table",
+        "retriever.index_name",
+        "mlflow.experiment",
+    }
 
 
 def test_the_bundle_overrides_load_with_the_production_config():
@@ -161,11 +185,15 @@ def test_the_bundle_overrides_load_with_the_production_config():
     conf = str(REPO / "conf" / "databricks.yaml")
     for settings in ("", "generator.endpoint=my-chat;routing.max_relevant_docs=3"):
         variables, *_ = _resolve("dev", "alice@example.com", settings=settings)
-        args = parser().parse_args(["run", "--conf", conf, "--questions", "q", "--warehouse", "w", "--overrides", variables["overrides"]])
+        args = parser().parse_args(
+            ["run", "--conf", conf, "--questions", "q", "--warehouse", "w", "--overrides", variables["overrides"]]
+        )
         cfg = load_config(conf, _overrides(args))
         assert cfg.retriever.source_table == "main.dev_alice_crag.chunks"
         assert cfg.retriever.index_name == "main.dev_alice_crag.chunks_index"
-        assert cfg.retriever.endpoint == "crag-vector-search" and cfg.mlflow.experiment == "/Users/alice@example.com/crag"
+        assert (
+            cfg.retriever.endpoint == "crag-vector-search" and cfg.mlflow.experiment == "/Users/alice@example.com/crag"
+        )
         assert cfg.generator.endpoint == ("my-chat" if settings else load_config(conf).generator.endpoint)
         assert cfg.routing.max_relevant_docs == (3 if settings else 5)
 

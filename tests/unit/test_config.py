@@ -12,14 +12,21 @@ def test_local_conf_is_valid_and_matches_defaults_where_it_should():
 
 
 def test_every_key_of_local_conf_is_commented():
-    lines = [l for l in LOCAL_CONF.read_text().splitlines() if l.strip() and not l.lstrip().startswith("#")]
-    uncommented = [l for l in lines if "#" not in l and not l.rstrip().endswith(":")]
+    lines = [line for line in LOCAL_CONF.read_text().splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    uncommented = [line for line in lines if "#" not in line and not line.rstrip().endswith(":")]
     assert uncommented == []
 
 
 def test_set_overrides_parse_yaml_values():
-    cfg = load_config(LOCAL_CONF, ["routing.policy=thresholds", "retriever.k=4", "web_search.grade_results=false",
-                                   "rewriter.policy_keywords=[AQ-7, Hoshi]"])
+    cfg = load_config(
+        LOCAL_CONF,
+        [
+            "routing.policy=thresholds",
+            "retriever.k=4",
+            "web_search.grade_results=false",
+            "rewriter.policy_keywords=[AQ-7, Hoshi]",
+        ],
+    )
     assert cfg.routing.policy == "thresholds" and cfg.retriever.k == 4
     assert cfg.web_search.grade_results is False and cfg.rewriter.policy_keywords == ["AQ-7", "Hoshi"]
 
@@ -131,8 +138,11 @@ def test_a_config_shipped_with_crag_is_found_by_name_from_any_folder(tmp_path, m
     # a file of that name wins over the shipped config
     (tmp_path / "local.yaml").write_text("grader:\n  threshold: 0.25\n")
     assert load_config("local.yaml").grader.threshold == 0.25
-    with pytest.raises(ConfigError, match=r"config file not found: nightly \(nor is it the name of a config shipped "
-                                          r"with crag: databricks, local, openai\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"config file not found: nightly \(nor is it the name of a config shipped "
+        r"with crag: databricks, local, openai\)",
+    ):
         load_config("nightly")
     with pytest.raises(ConfigError, match="config file not found: conf/local.yaml$"):  # a path is only ever a path
         load_config("conf/local.yaml")

@@ -30,14 +30,16 @@ def columns_upto(line: str, width: int) -> str:
 
 @pytest.fixture
 def frame() -> pd.DataFrame:
-    return pd.DataFrame({
-        "question_id": ["q-en-01", "q-ja-02", "q-03"],
-        "route": ["internal", "web", None],
-        "answer": [ANSWER_EN, ANSWER_JA, None],
-        "n_retrieved": [10, 3, 0],
-        "score": [0.5, 12.345678, float("nan")],
-        "sources": [[{"doc_id": "filter", "title": "フィルター"}], [], None],
-    })
+    return pd.DataFrame(
+        {
+            "question_id": ["q-en-01", "q-ja-02", "q-03"],
+            "route": ["internal", "web", None],
+            "answer": [ANSWER_EN, ANSWER_JA, None],
+            "n_retrieved": [10, 3, 0],
+            "score": [0.5, 12.345678, float("nan")],
+            "sources": [[{"doc_id": "filter", "title": "フィルター"}], [], None],
+        }
+    )
 
 
 def test_display_width_counts_wide_and_combining_characters():
@@ -46,14 +48,17 @@ def test_display_width_counts_wide_and_combining_characters():
     assert display_width("e\u0301") == 1  # e + combining acute accent
 
 
-@pytest.mark.parametrize("text, width, expected", [
-    ("日本語テキスト", 5, "日本…"),
-    ("日本語テキスト", 6, "日本… "),  # a wide character never straddles the cut: padded instead
-    ("日本語テキスト", 7, "日本語…"),
-    ("short", 8, "short   "),
-    ("exactly8", 8, "exactly8"),
-    ("abcdefghij", 4, "abc…"),
-])
+@pytest.mark.parametrize(
+    "text, width, expected",
+    [
+        ("日本語テキスト", 5, "日本…"),
+        ("日本語テキスト", 6, "日本… "),  # a wide character never straddles the cut: padded instead
+        ("日本語テキスト", 7, "日本語…"),
+        ("short", 8, "short   "),
+        ("exactly8", 8, "exactly8"),
+        ("abcdefghij", 4, "abc…"),
+    ],
+)
 def test_fit_cuts_by_display_width(text, width, expected):
     assert fit(text, width) == expected and display_width(fit(text, width)) == width
 
@@ -93,7 +98,9 @@ def test_table_fits_narrow_terminals_with_cjk_text(frame, width):
 
 def test_table_from_arrow_matches_pandas(frame):
     no_nulls = frame.iloc[:2]
-    assert render(pa.Table.from_pandas(no_nulls, preserve_index=False), "table", width=70) == render(no_nulls, "table", width=70)
+    assert render(pa.Table.from_pandas(no_nulls, preserve_index=False), "table", width=70) == render(
+        no_nulls, "table", width=70
+    )
     arrow = pa.table({"id": ["a", "b"], "n": pa.array([1, None], pa.int64())})
     assert render(arrow, "table", width=40).splitlines() == ["id  n", "--  -", "a   1", "b"]
 
@@ -121,13 +128,22 @@ def test_json_is_one_object_per_line(frame):
     assert len(records) == 3
     assert records[0]["answer"] == ANSWER_EN and records[0]["sources"] == [{"doc_id": "filter", "title": "フィルター"}]
     assert records[1]["score"] == 12.345678 and records[0]["n_retrieved"] == 10
-    assert records[2] == {"question_id": "q-03", "route": None, "answer": None, "n_retrieved": 0, "score": None, "sources": None}
+    assert records[2] == {
+        "question_id": "q-03",
+        "route": None,
+        "answer": None,
+        "n_retrieved": 0,
+        "score": None,
+        "sources": None,
+    }
     assert "富士山" in render(frame, "json")  # not \\u-escaped
 
 
 def test_json_keeps_timestamps_as_iso_text():
     stamp = pd.Timestamp("2026-11-29T14:58:35", tz="UTC")
-    assert json.loads(render(pd.DataFrame({"created_at": [stamp]}), "json")) == {"created_at": "2026-11-29T14:58:35+00:00"}
+    assert json.loads(render(pd.DataFrame({"created_at": [stamp]}), "json")) == {
+        "created_at": "2026-11-29T14:58:35+00:00"
+    }
 
 
 def test_markdown_table(frame):
@@ -149,9 +165,24 @@ def test_unknown_format():
 @pytest.fixture
 def metrics() -> pd.DataFrame:
     """Rows as crag.evaluation.evaluate writes them: 15 slices besides "all"."""
-    slices = ["all", "language=en", "language=ja", "route=internal", "route=web", "route=mixed", "route=refused",
-              "action=correct", "action=ambiguous", "action=incorrect", "expected_route=internal", "expected_route=web",
-              "expected_route=none", "answerable=yes", "answerable=no", "route=error"]
+    slices = [
+        "all",
+        "language=en",
+        "language=ja",
+        "route=internal",
+        "route=web",
+        "route=mixed",
+        "route=refused",
+        "action=correct",
+        "action=ambiguous",
+        "action=incorrect",
+        "expected_route=internal",
+        "expected_route=web",
+        "expected_route=none",
+        "answerable=yes",
+        "answerable=no",
+        "route=error",
+    ]
     rows = []
     for i, name in enumerate(slices):
         rows.append(("answer_contained", name, 0.5 + i / 100, 10 + i))
@@ -195,8 +226,14 @@ def test_metrics_table_of_every_slice_fits_80_columns(metrics):
 def test_metrics_as_csv_and_json_are_long_rows_with_counts(metrics):
     rows = list(csv.DictReader(io.StringIO(render_metrics(metrics, "language=ja,all", fmt="csv"))))
     assert [(r["metric"], r["slice"]) for r in rows] == [
-        ("answer_contained", "language=ja"), ("answer_contained", "all"), ("routing_accuracy", "language=ja"),
-        ("routing_accuracy", "all"), ("recall_at_k", "language=ja"), ("recall_at_k", "all"), ("grader_precision", "all")]
+        ("answer_contained", "language=ja"),
+        ("answer_contained", "all"),
+        ("routing_accuracy", "language=ja"),
+        ("routing_accuracy", "all"),
+        ("recall_at_k", "language=ja"),
+        ("recall_at_k", "all"),
+        ("grader_precision", "all"),
+    ]
     assert rows[0]["n"] == "12" and float(rows[0]["value"]) == pytest.approx(0.52)
     records = [json.loads(line) for line in render_metrics(metrics, "all", fmt="json").splitlines()]
     assert records[-1] == {"metric": "grader_precision", "slice": "all", "value": 0.875, "n": 120}
@@ -215,19 +252,47 @@ def test_a_sql_result_from_a_real_warehouse(tmp_path):
 
     from crag import schema, sql, tables
 
-    created = datetime.datetime(2026, 11, 29, 14, 58, 35, tzinfo=datetime.timezone.utc)
-    rows = [{"run_id": "r1", "question_id": "q-ja-02", "question": "日本で一番高い山は？", "answer": ANSWER_JA,
-             "route": "web", "refused": False, "n_retrieved": 3, "prompt_tokens": None, "ms_retrieve": 1.25,
-             "sources": [{"source": "web", "doc_id": "fuji", "title": "富士山", "url": None}], "created_at": created},
-            {"run_id": "r1", "question_id": "q-en-01", "question": "How often?", "answer": ANSWER_EN, "route": "internal",
-             "refused": False, "n_retrieved": 10, "prompt_tokens": 512, "ms_retrieve": 0.5, "sources": [], "created_at": created}]
+    created = datetime.datetime(2026, 11, 29, 14, 58, 35, tzinfo=datetime.UTC)
+    rows = [
+        {
+            "run_id": "r1",
+            "question_id": "q-ja-02",
+            "question": "日本で一番高い山は？",
+            "answer": ANSWER_JA,
+            "route": "web",
+            "refused": False,
+            "n_retrieved": 3,
+            "prompt_tokens": None,
+            "ms_retrieve": 1.25,
+            "sources": [{"source": "web", "doc_id": "fuji", "title": "富士山", "url": None}],
+            "created_at": created,
+        },
+        {
+            "run_id": "r1",
+            "question_id": "q-en-01",
+            "question": "How often?",
+            "answer": ANSWER_EN,
+            "route": "internal",
+            "refused": False,
+            "n_retrieved": 10,
+            "prompt_tokens": 512,
+            "ms_retrieve": 0.5,
+            "sources": [],
+            "created_at": created,
+        },
+    ]
     tables.write_table(tmp_path / "answers", pa.Table.from_pylist(rows, schema=schema.ANSWERS))
-    result = sql.query(tmp_path, "SELECT question_id, question, answer, n_retrieved, prompt_tokens, ms_retrieve, "
-                                    "refused, sources, created_at FROM answers ORDER BY question_id")
+    result = sql.query(
+        tmp_path,
+        "SELECT question_id, question, answer, n_retrieved, prompt_tokens, ms_retrieve, "
+        "refused, sources, created_at FROM answers ORDER BY question_id",
+    )
 
     lines = render(result, "table", width=72).splitlines()
     assert all(display_width(line) <= 72 for line in lines)
-    assert lines[2].startswith("q-en-01      How often?") and lines[3].startswith("q-ja-02      日本で一番高い山は？  富士山")
+    assert lines[2].startswith("q-en-01      How often?") and lines[3].startswith(
+        "q-ja-02      日本で一番高い山は？  富士山"
+    )
     assert "2026-11-29 14:58:35+00:00" in lines[-1]  # times are never cut
     table_text = render(result, "table", width=300)
     assert '"title":"富士山"' in table_text and "false" in table_text

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from tests.support import REPO
 from crag.config import IndexingConfig
 from crag.errors import InputError
 from crag.indexing import chunk_documents, read_documents
+from tests.support import REPO
 
 pytest.importorskip("langchain_community")
 docx = pytest.importorskip("docx")
@@ -60,23 +60,34 @@ def write_csv(path, rows, delimiter=","):
 
 
 def test_docx_paragraphs_become_the_document_text(tmp_path):
-    file = write_docx(tmp_path / "filter_care.docx", ["Replace the HEPA-13 main filter every twelve months.",
-                                                        "フィルターは十二か月ごとに交換してください。"])
+    file = write_docx(
+        tmp_path / "filter_care.docx",
+        ["Replace the HEPA-13 main filter every twelve months.", "フィルターは十二か月ごとに交換してください。"],
+    )
     [doc] = read_documents(file)
     assert doc.doc_id == "filter_care" and doc.title == "filter care" and doc.source_path == str(file)
-    assert doc.text.split("\n\n") == ["Filter care", "Replace the HEPA-13 main filter every twelve months.",
-                                      "フィルターは十二か月ごとに交換してください。"]
+    assert doc.text.split("\n\n") == [
+        "Filter care",
+        "Replace the HEPA-13 main filter every twelve months.",
+        "フィルターは十二か月ごとに交換してください。",
+    ]
 
 
 def test_pptx_slides_become_sections_with_notes_and_tables(tmp_path):
-    file = write_pptx(tmp_path / "deck.pptx", [
-        ("Filter care", ["Replace the main filter yearly", "Vacuum the pre-filter"], "Speaker note: HEPA-13 only"),
-        ("保証", ["保証期間は三年間です"], None),
-    ], title="AQ-7 training")
+    file = write_pptx(
+        tmp_path / "deck.pptx",
+        [
+            ("Filter care", ["Replace the main filter yearly", "Vacuum the pre-filter"], "Speaker note: HEPA-13 only"),
+            ("保証", ["保証期間は三年間です"], None),
+        ],
+        title="AQ-7 training",
+    )
     [doc] = read_documents(file)
     assert doc.title == "AQ-7 training" and doc.markdown
-    assert doc.text == ("## Filter care\n\nReplace the main filter yearly\n\nVacuum the pre-filter\n\nSpeaker note: HEPA-13 only"
-                        "\n\n## 保証\n\n保証期間は三年間です\n\n## Modes\n\nmode | decibels\n\nsleep | 24")
+    assert doc.text == (
+        "## Filter care\n\nReplace the main filter yearly\n\nVacuum the pre-filter\n\nSpeaker note: HEPA-13 only"
+        "\n\n## 保証\n\n保証期間は三年間です\n\n## Modes\n\nmode | decibels\n\nsleep | 24"
+    )
     # Each slide is its own parent chunk.
     chunks = chunk_documents(file, IndexingConfig())
     parents = sorted(set(chunks.column("parent_text").to_pylist()))
@@ -89,12 +100,21 @@ def test_pptx_without_a_title_uses_its_first_slide(tmp_path):
 
 
 def test_csv_rows_become_documents_with_their_field_columns(tmp_path):
-    file = write_csv(tmp_path / "faq.csv", [
-        ["doc_id", "title", "question", "answer", "url"],
-        ["faq-1", "Filter", "How often do I replace the filter?", "Every twelve months, or sooner.", "https://example.test/1"],
-        ["", "", "", "", ""],
-        ["", "保証", "保証期間は？", "三年間です。", ""],
-    ])
+    file = write_csv(
+        tmp_path / "faq.csv",
+        [
+            ["doc_id", "title", "question", "answer", "url"],
+            [
+                "faq-1",
+                "Filter",
+                "How often do I replace the filter?",
+                "Every twelve months, or sooner.",
+                "https://example.test/1",
+            ],
+            ["", "", "", "", ""],
+            ["", "保証", "保証期間は？", "三年間です。", ""],
+        ],
+    )
     docs = list(read_documents(file))
     assert [d.doc_id for d in docs] == ["faq-1", "faq/row-3"]  # the empty row is skipped, row numbers kept
     assert [d.title for d in docs] == ["Filter", "保証"]
@@ -103,7 +123,9 @@ def test_csv_rows_become_documents_with_their_field_columns(tmp_path):
 
 
 def test_tsv_without_field_columns(tmp_path):
-    file = write_csv(tmp_path / "modes.tsv", [["mode", "decibels"], ["sleep", "24"], ["turbo, max", "52"]], delimiter="\t")
+    file = write_csv(
+        tmp_path / "modes.tsv", [["mode", "decibels"], ["sleep", "24"], ["turbo, max", "52"]], delimiter="\t"
+    )
     docs = list(read_documents(file))
     assert [(d.doc_id, d.title, d.text) for d in docs] == [
         ("modes/row-1", "modes, row 1", "mode: sleep\ndecibels: 24"),
@@ -122,13 +144,20 @@ def test_a_folder_mixes_every_format(tmp_path):
     assert ids == ["deck", "faq/row-1", "intro", "sub/care"]
 
 
-@pytest.mark.parametrize("name, content, message", [
-    ("broken.docx", b"not a zip", "cannot read as Word .docx"),
-    ("broken.pptx", b"not a zip", "cannot read as PowerPoint"),
-    ("latin1.csv", "name\ncaf\xe9\n".encode("latin-1"), "not valid UTF-8"),
-    ("empty.csv", b"", "empty file"),
-    ("sheet.xlsx", b"x", "unsupported documents file .*expected .jsonl, .md, .txt, .html, .pdf, .docx, .pptx, .csv or .tsv"),
-])
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("broken.docx", b"not a zip", "cannot read as Word .docx"),
+        ("broken.pptx", b"not a zip", "cannot read as PowerPoint"),
+        ("latin1.csv", "name\ncaf\xe9\n".encode("latin-1"), "not valid UTF-8"),
+        ("empty.csv", b"", "empty file"),
+        (
+            "sheet.xlsx",
+            b"x",
+            "unsupported documents file .*expected .jsonl, .md, .txt, .html, .pdf, .docx, .pptx, .csv or .tsv",
+        ),
+    ],
+)
 def test_bad_files_are_one_line_errors(tmp_path, name, content, message):
     file = tmp_path / name
     file.write_bytes(content)
@@ -140,14 +169,44 @@ def test_bad_files_are_one_line_errors(tmp_path, name, content, message):
 def test_crag_index_reads_them_from_the_command_line(tmp_path):
     write_docx(tmp_path / "care.docx", ["Replace the HEPA-13 main filter every twelve months."])
     write_csv(tmp_path / "faq.csv", [["question", "answer"], ["Warranty?", "Three years."]])
-    out = subprocess.run([sys.executable, "-m", "crag.cli", "index", "--conf", str(REPO / "conf" / "local.yaml"),
-                          "--docs", str(tmp_path), "--out", str(tmp_path / "index")],
-                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "crag.cli",
+            "index",
+            "--conf",
+            str(REPO / "conf" / "local.yaml"),
+            "--docs",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "index"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert "indexed 2 documents" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "crag.cli", "index", "--conf", str(REPO / "conf" / "local.yaml"),
-                          "--docs", str(tmp_path / "care.docx.missing.pptx"), "--out", str(tmp_path / "x")],
-                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "crag.cli",
+            "index",
+            "--conf",
+            str(REPO / "conf" / "local.yaml"),
+            "--docs",
+            str(tmp_path / "care.docx.missing.pptx"),
+            "--out",
+            str(tmp_path / "x"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert bad.returncode == 2 and bad.stderr.startswith("crag: error: documents not found")
 
 
@@ -156,5 +215,7 @@ def test_without_the_extra_the_error_names_it(tmp_path, monkeypatch):
 
     monkeypatch.setattr(loaders, "_community", lambda: None)  # as when langchain-community is not installed
     file = write_docx(tmp_path / "care.docx", ["text"])
-    with pytest.raises(InputError, match=r"care.docx: reading .docx files needs langchain-community: pip install 'crag\[langchain\]'"):
+    with pytest.raises(
+        InputError, match=r"care.docx: reading .docx files needs langchain-community: pip install 'crag\[langchain\]'"
+    ):
         list(read_documents(file))

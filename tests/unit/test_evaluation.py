@@ -4,9 +4,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.support import LOCAL_CONF, SAMPLE
-from crag.calibration import RoutingProposal, calibrate, propose_grade_threshold, propose_routing, report, routing_scores
-from crag.cli import main
+from crag.calibration import (
+    RoutingProposal,
+    calibrate,
+    propose_grade_threshold,
+    propose_routing,
+    report,
+    routing_scores,
+)
 from crag.evaluation import action_confusion, contained, evaluate, exact_match, f1, normalize_answer, question_scores
 
 
@@ -36,27 +41,69 @@ def test_contained_needs_a_nonempty_gold():
 
 
 def _tables():
-    answers = pd.DataFrame([
-        # internal question answered from the knowledge base
-        dict(question_id="a", question="How often?", answer="Every 12 months.", route="internal", action="correct",
-             refused=False, web_query=None, sources=[{"source": "internal"}]),
-        # web question wrongly answered from the knowledge base
-        dict(question_id="b", question="How high is Fuji?", answer="It is tall.", route="internal", action="correct",
-             refused=False, web_query=None, sources=[{"source": "internal"}]),
-        # question nobody can answer, refused
-        dict(question_id="c", question="誰が描いた？", answer="I don't know", route="refused", action="incorrect",
-             refused=True, web_query="描いた", sources=[]),
-    ])
-    grades = pd.DataFrame([
-        dict(question_id="a", source="internal", doc_id="d1", grade="yes", relevance=0.9),
-        dict(question_id="a", source="internal", doc_id="d2", grade="yes", relevance=0.7),
-        dict(question_id="b", source="internal", doc_id="d3", grade="no", relevance=0.2),
-    ])
-    gold = pd.DataFrame([
-        dict(question_id="a", answers=["12 months"], is_impossible=False, expected_route="internal", gold_doc_ids=["d1"]),
-        dict(question_id="b", answers=["3,776 metres"], is_impossible=False, expected_route="web", gold_doc_ids=["w1"]),
-        dict(question_id="c", answers=[], is_impossible=True, expected_route="none", gold_doc_ids=[]),
-    ])
+    answers = pd.DataFrame(
+        [
+            # internal question answered from the knowledge base
+            dict(
+                question_id="a",
+                question="How often?",
+                answer="Every 12 months.",
+                route="internal",
+                action="correct",
+                refused=False,
+                web_query=None,
+                sources=[{"source": "internal"}],
+            ),
+            # web question wrongly answered from the knowledge base
+            dict(
+                question_id="b",
+                question="How high is Fuji?",
+                answer="It is tall.",
+                route="internal",
+                action="correct",
+                refused=False,
+                web_query=None,
+                sources=[{"source": "internal"}],
+            ),
+            # question nobody can answer, refused
+            dict(
+                question_id="c",
+                question="誰が描いた？",
+                answer="I don't know",
+                route="refused",
+                action="incorrect",
+                refused=True,
+                web_query="描いた",
+                sources=[],
+            ),
+        ]
+    )
+    grades = pd.DataFrame(
+        [
+            dict(question_id="a", source="internal", doc_id="d1", grade="yes", relevance=0.9),
+            dict(question_id="a", source="internal", doc_id="d2", grade="yes", relevance=0.7),
+            dict(question_id="b", source="internal", doc_id="d3", grade="no", relevance=0.2),
+        ]
+    )
+    gold = pd.DataFrame(
+        [
+            dict(
+                question_id="a",
+                answers=["12 months"],
+                is_impossible=False,
+                expected_route="internal",
+                gold_doc_ids=["d1"],
+            ),
+            dict(
+                question_id="b",
+                answers=["3,776 metres"],
+                is_impossible=False,
+                expected_route="web",
+                gold_doc_ids=["w1"],
+            ),
+            dict(question_id="c", answers=[], is_impossible=True, expected_route="none", gold_doc_ids=[]),
+        ]
+    )
     return answers, grades, gold
 
 
@@ -76,19 +123,41 @@ def test_evaluate_by_hand():
 
 def test_action_accuracy_and_confusion_by_hand():
     answers, grades, gold = _tables()
-    more = pd.DataFrame([
-        # internal question: ambiguous, answered from both collections citing the knowledge base.
-        # routing_accuracy credits it (it cites internal), action_accuracy does not.
-        dict(question_id="d", question="How loud?", answer="32 dB.", route="mixed", action="ambiguous",
-             refused=False, web_query="loud", sources=[{"source": "internal"}]),
-        # web question sent to the web only: the right action
-        dict(question_id="e", question="Who founded it?", answer="Someone.", route="web", action="incorrect",
-             refused=False, web_query="founded", sources=[{"source": "web"}]),
-    ])
-    more_gold = pd.DataFrame([
-        dict(question_id="d", answers=["32 dB"], is_impossible=False, expected_route="internal", gold_doc_ids=["d4"]),
-        dict(question_id="e", answers=["Someone"], is_impossible=False, expected_route="web", gold_doc_ids=["w2"]),
-    ])
+    more = pd.DataFrame(
+        [
+            # internal question: ambiguous, answered from both collections citing the knowledge base.
+            # routing_accuracy credits it (it cites internal), action_accuracy does not.
+            dict(
+                question_id="d",
+                question="How loud?",
+                answer="32 dB.",
+                route="mixed",
+                action="ambiguous",
+                refused=False,
+                web_query="loud",
+                sources=[{"source": "internal"}],
+            ),
+            # web question sent to the web only: the right action
+            dict(
+                question_id="e",
+                question="Who founded it?",
+                answer="Someone.",
+                route="web",
+                action="incorrect",
+                refused=False,
+                web_query="founded",
+                sources=[{"source": "web"}],
+            ),
+        ]
+    )
+    more_gold = pd.DataFrame(
+        [
+            dict(
+                question_id="d", answers=["32 dB"], is_impossible=False, expected_route="internal", gold_doc_ids=["d4"]
+            ),
+            dict(question_id="e", answers=["Someone"], is_impossible=False, expected_route="web", gold_doc_ids=["w2"]),
+        ]
+    )
     answers, gold = pd.concat([answers, more], ignore_index=True), pd.concat([gold, more_gold], ignore_index=True)
     m = evaluate(answers, grades, gold).set_index(["metric", "slice"])
     value = lambda metric, s="all": m.loc[(metric, s), "value"]  # noqa: E731
@@ -98,7 +167,9 @@ def test_action_accuracy_and_confusion_by_hand():
     assert value("routing_accuracy", "expected_route=internal") == 1.0  # a and d both cite internal
     assert value("action_accuracy", "expected_route=internal") == 0.5
     assert value("action_ambiguous", "expected_route=internal") == 0.5
-    assert value("action_correct", "expected_route=web") == 0.5 and value("action_incorrect", "expected_route=web") == 0.5
+    assert (
+        value("action_correct", "expected_route=web") == 0.5 and value("action_incorrect", "expected_route=web") == 0.5
+    )
     assert value("answerable_refused") == 0.0 and m.loc[("answerable_refused", "all"), "n"] == 4
     confusion = action_confusion(question_scores(answers, grades, gold))
     assert list(confusion.index) == ["internal", "web", "none"]
@@ -129,13 +200,25 @@ def test_calibration_with_overlap_prefers_the_least_wrong_cut():
 def _calibration_frames():
     """Two knowledge-base questions (best internal relevance 0.9 and 0.7) and two web ones (0.45 and 0.1);
     the gold documents score 0.9 and 0.7, the other documents of those questions 0.4 and 0.2."""
-    rows = [("q1", "g1", 0.9), ("q1", "x1", 0.4), ("q2", "g2", 0.7), ("q2", "x2", 0.2), ("q3", "x3", 0.45), ("q4", "x4", 0.1)]
-    grades = pd.DataFrame([{"question_id": q, "source": "internal", "doc_id": d, "relevance": r, "rationale": None}
-                           for q, d, r in rows])
-    gold = pd.DataFrame([{"question_id": "q1", "expected_route": "internal", "gold_doc_ids": ["g1"]},
-                         {"question_id": "q2", "expected_route": "internal", "gold_doc_ids": ["g2"]},
-                         {"question_id": "q3", "expected_route": "web", "gold_doc_ids": []},
-                         {"question_id": "q4", "expected_route": "web", "gold_doc_ids": []}])
+    rows = [
+        ("q1", "g1", 0.9),
+        ("q1", "x1", 0.4),
+        ("q2", "g2", 0.7),
+        ("q2", "x2", 0.2),
+        ("q3", "x3", 0.45),
+        ("q4", "x4", 0.1),
+    ]
+    grades = pd.DataFrame(
+        [{"question_id": q, "source": "internal", "doc_id": d, "relevance": r, "rationale": None} for q, d, r in rows]
+    )
+    gold = pd.DataFrame(
+        [
+            {"question_id": "q1", "expected_route": "internal", "gold_doc_ids": ["g1"]},
+            {"question_id": "q2", "expected_route": "internal", "gold_doc_ids": ["g2"]},
+            {"question_id": "q3", "expected_route": "web", "gold_doc_ids": []},
+            {"question_id": "q4", "expected_route": "web", "gold_doc_ids": []},
+        ]
+    )
     return grades, gold
 
 
@@ -144,8 +227,11 @@ def test_calibrate_shows_the_current_settings_next_to_the_proposal():
     result = calibrate(grades, gold, 0.3, 0.6, current_threshold=0.3, current_policy="any_irrelevant")
     text = report(result)
     # current routing: q1, q2 correct, q3 (0.45) ambiguous = half credit, q4 incorrect -> 3.5 / 4
-    assert re.search(r"current +lower 0\.300 upper 0\.600: route accuracy 0\.875, correct P/R 1\.000/1\.000, "
-                     r"incorrect P/R 1\.000/0\.500, ambiguous 0\.250", text), text
+    assert re.search(
+        r"current +lower 0\.300 upper 0\.600: route accuracy 0\.875, correct P/R 1\.000/1\.000, "
+        r"incorrect P/R 1\.000/0\.500, ambiguous 0\.250",
+        text,
+    ), text
     # proposed: one cut between 0.45 and 0.7 separates them all
     assert re.search(r"proposed lower (0\.\d+) upper \1: route accuracy 1\.000", text), text
     assert "the run routed by policy any_irrelevant" in text
@@ -160,12 +246,23 @@ def test_calibrate_says_what_lower_equal_to_upper_means():
     text = report(calibrate(grades, gold, 0.3, 0.6, current_threshold=0.5))
     p = propose_routing(np.array([0.9, 0.7, 0.45, 0.1]), np.array([True, True, False, False]))
     assert p.lower == p.upper
-    assert (f"proposed lower = upper: no ambiguous band. Every question is either internal (best relevance >= {p.upper:.3f}"
-            in text), text
+    assert (
+        f"proposed lower = upper: no ambiguous band. Every question is either internal (best relevance >= {p.upper:.3f}"
+        in text
+    ), text
     assert "answered from a web search" in text
     assert "routed by policy" not in text  # the default: the run used the thresholds policy
-    band = RoutingProposal(lower=0.3, upper=0.6, accuracy=0.9, correct_precision=1, correct_recall=1, incorrect_precision=1,
-                           incorrect_recall=1, ambiguous_share=0.1, n=10)
+    band = RoutingProposal(
+        lower=0.3,
+        upper=0.6,
+        accuracy=0.9,
+        correct_precision=1,
+        correct_recall=1,
+        incorrect_precision=1,
+        incorrect_recall=1,
+        ambiguous_share=0.1,
+        n=10,
+    )
     assert "no ambiguous band" not in report({"routing": band, "routing_current": band})
 
 
@@ -183,5 +280,7 @@ def test_calibrate_fits_no_threshold_to_a_binary_grader():
 
 
 def test_grade_threshold():
-    t, precision, recall, score = propose_grade_threshold(np.array([0.9, 0.8, 0.3, 0.2]), np.array([True, True, False, False]))
+    t, precision, recall, score = propose_grade_threshold(
+        np.array([0.9, 0.8, 0.3, 0.2]), np.array([True, True, False, False])
+    )
     assert 0.3 < t <= 0.8 and (precision, recall, score) == (1.0, 1.0, 1.0)

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.support import LOCAL_CONF, REPO
 from crag.cli import main
 from crag.config import MAX_YAML_VALUES, CragConfig, EndpointPolicy, load_config, safe_yaml
 from crag.errors import ConfigError
+from tests.support import LOCAL_CONF, REPO
 
 DBX = REPO / "conf" / "databricks.yaml"
 
@@ -32,7 +32,9 @@ def _bomb(levels: int, width: int) -> str:
 
 def test_an_alias_bomb_is_refused_before_it_is_expanded(tmp_path):
     path = _write(tmp_path, _bomb(levels=9, width=9))  # 9**9 values once expanded: a "billion laughs"
-    with pytest.raises(ConfigError, match=f"is not valid YAML: aliases expand it to more than {MAX_YAML_VALUES} values"):
+    with pytest.raises(
+        ConfigError, match=f"is not valid YAML: aliases expand it to more than {MAX_YAML_VALUES} values"
+    ):
         load_config(path)
 
 
@@ -50,10 +52,13 @@ def test_an_alias_bomb_in_a_prompt_template_is_refused(tmp_path):
         LLMGenerator(Model(), cfg)
 
 
-@pytest.mark.parametrize("text", [
-    "spark: &s\n  master: *s\n",  # a mapping that contains itself
-    "a: &a [1, *a]\n",  # a list that contains itself
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "spark: &s\n  master: *s\n",  # a mapping that contains itself
+        "a: &a [1, *a]\n",  # a list that contains itself
+    ],
+)
 def test_a_self_referencing_alias_is_one_line(tmp_path, text):
     with pytest.raises(ConfigError, match="an alias refers to the value that contains it"):
         load_config(_write(tmp_path, text))
@@ -65,11 +70,9 @@ def test_nesting_too_deep_is_one_line(tmp_path):
 
 
 def test_modest_aliases_still_work(tmp_path):
-    text = ("grader: {threshold: 0.4}\n"
-            "x-policy: &p {max_concurrency: 3, timeout_s: 7}\n")
+    text = "grader: {threshold: 0.4}\nx-policy: &p {max_concurrency: 3, timeout_s: 7}\n"
     assert safe_yaml(text)["x-policy"]["timeout_s"] == 7
-    shared = ("retriever: {k: 4}\n"
-              "routing: &r {policy: thresholds, upper: 0.7, lower: 0.2}\n")
+    shared = "retriever: {k: 4}\nrouting: &r {policy: thresholds, upper: 0.7, lower: 0.2}\n"
     data = safe_yaml(shared)
     assert data["routing"] == {"policy": "thresholds", "upper": 0.7, "lower": 0.2}
 
@@ -81,31 +84,40 @@ def test_the_cli_prints_one_line_for_a_bomb(tmp_path, capsys):
     assert err.startswith("crag: error: config file") and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("override, message", [
-    ("retriever.k=true", "config key 'retriever.k': a boolean is not a number (got True)"),
-    ("routing.max_relevant_docs=false", "config key 'routing.max_relevant_docs': a boolean is not a number"),
-    ("grader.threshold=true", "config key 'grader.threshold': a boolean is not a number"),
-    ("spark.partitions=true", "config key 'spark.partitions': a boolean is not a number"),
-    ("grader.threshold=.nan", "config key 'grader.threshold': Input should be a finite number"),
-    ("routing.upper=.inf", "config key 'routing.upper': Input should be a finite number"),
-    ("generator.min_sentence_score=-.inf", "config key 'generator.min_sentence_score': Input should be a finite number"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("retriever.k=true", "config key 'retriever.k': a boolean is not a number (got True)"),
+        ("routing.max_relevant_docs=false", "config key 'routing.max_relevant_docs': a boolean is not a number"),
+        ("grader.threshold=true", "config key 'grader.threshold': a boolean is not a number"),
+        ("spark.partitions=true", "config key 'spark.partitions': a boolean is not a number"),
+        ("grader.threshold=.nan", "config key 'grader.threshold': Input should be a finite number"),
+        ("routing.upper=.inf", "config key 'routing.upper': Input should be a finite number"),
+        (
+            "generator.min_sentence_score=-.inf",
+            "config key 'generator.min_sentence_score': Input should be a finite number",
+        ),
+    ],
+)
 def test_numbers_must_be_finite_numbers(index_overrides, override, message):
     with pytest.raises(ConfigError) as caught:
         load_config(LOCAL_CONF, [*index_overrides, override])
     assert message in str(caught.value) and "\n" not in str(caught.value)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("retriever.policy.timeout_s=.inf", "Input should be a finite number"),
-    ("retriever.policy.timeout_s=1e300", "less than or equal to 86400"),
-    ("grader.policy.timeout_s=100000", "less than or equal to 86400"),
-    ("grader.policy.backoff_max_s=1e12", "less than or equal to 86400"),
-    ("grader.policy.max_attempts=true", "a boolean is not a number"),
-    ("generator.temperature=false", "a boolean is not a number"),
-    ("generator.max_tokens=true", "a boolean is not a number"),
-    ("web_search.policy.max_concurrency=.nan", "max_concurrency"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("retriever.policy.timeout_s=.inf", "Input should be a finite number"),
+        ("retriever.policy.timeout_s=1e300", "less than or equal to 86400"),
+        ("grader.policy.timeout_s=100000", "less than or equal to 86400"),
+        ("grader.policy.backoff_max_s=1e12", "less than or equal to 86400"),
+        ("grader.policy.max_attempts=true", "a boolean is not a number"),
+        ("generator.temperature=false", "a boolean is not a number"),
+        ("generator.max_tokens=true", "a boolean is not a number"),
+        ("web_search.policy.max_concurrency=.nan", "max_concurrency"),
+    ],
+)
 def test_endpoint_policies_are_bounded(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(DBX, [override])
@@ -116,8 +128,11 @@ def test_a_day_long_timeout_is_allowed():
 
 
 def test_the_whole_timeout_path_is_bounded_from_a_file(tmp_path):
-    conf = _write(tmp_path, "retriever:\n  backend: databricks_vector_search\n  endpoint: e\n  index_name: a.b.c\n"
-                            "  policy: {timeout_s: .inf}\n")
+    conf = _write(
+        tmp_path,
+        "retriever:\n  backend: databricks_vector_search\n  endpoint: e\n  index_name: a.b.c\n"
+        "  policy: {timeout_s: .inf}\n",
+    )
     with pytest.raises(ConfigError, match="retriever.policy.timeout_s"):
         load_config(conf)
 
@@ -128,13 +143,28 @@ def test_a_local_master_without_threads_is_one_line(index_overrides, master):
         load_config(LOCAL_CONF, [*index_overrides, f"spark.master={master}"])
 
 
-@pytest.mark.parametrize("master", ["local", "local[1]", "local[*]", "local[4,3]", "local[*,2]", "spark://h:7077", "yarn"])
+@pytest.mark.parametrize(
+    "master", ["local", "local[1]", "local[*]", "local[4,3]", "local[*,2]", "spark://h:7077", "yarn"]
+)
 def test_valid_masters_pass(index_overrides, master):
     assert load_config(LOCAL_CONF, [*index_overrides, f"spark.master={master}"]).spark.master == master
 
 
-@pytest.mark.parametrize("variant", ["../local", "/etc/passwd", "variants/paper_thresholds", "..", "a/../paper_thresholds",
-                                     "paper_thresholds\n", ".hidden", "x\\y", "~/v", ""])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "../local",
+        "/etc/passwd",
+        "variants/paper_thresholds",
+        "..",
+        "a/../paper_thresholds",
+        "paper_thresholds\n",
+        ".hidden",
+        "x\\y",
+        "~/v",
+        "",
+    ],
+)
 def test_a_variant_is_a_name_not_a_path(variant):
     if variant == "":
         return  # an empty --variant means none
@@ -170,25 +200,32 @@ def test_max_tokens_is_stored_as_a_number():
 
 def _shared_endpoint_conf(tmp_path, kb_index: str, rewriter_policy: str, generator_policy: str):
     prompts = REPO / "conf" / "prompts"
-    return _write(tmp_path, f"""
+    return _write(
+        tmp_path,
+        f"""
 retriever: {{index: {kb_index}}}
 web_search: {{backend: none}}
-rewriter: {{backend: databricks, endpoint: chat, prompt: {prompts / 'rewrite.yaml'}, policy: {rewriter_policy}}}
-generator: {{backend: databricks, endpoint: chat, prompt: {prompts / 'answer_concise.yaml'}, policy: {generator_policy}}}
-""")
+rewriter: {{backend: databricks, endpoint: chat, prompt: {prompts / "rewrite.yaml"}, policy: {rewriter_policy}}}
+generator: {{backend: databricks, endpoint: chat, prompt: {prompts / "answer_concise.yaml"}, policy: {generator_policy}}}
+""",
+    )
 
 
 def test_roles_sharing_an_endpoint_get_one_merged_policy(tmp_path):
     from crag.backends import shared_policies
 
     # as in conf/databricks.yaml: the rewriter and the generator share one chat endpoint
-    conf = _shared_endpoint_conf(tmp_path, "kb", "{timeout_s: 60, max_concurrency: 3, max_attempts: 4}",
-                                 "{timeout_s: 120, max_attempts: 2}")
+    conf = _shared_endpoint_conf(
+        tmp_path, "kb", "{timeout_s: 60, max_concurrency: 3, max_attempts: 4}", "{timeout_s: 120, max_attempts: 2}"
+    )
     [merged] = [p for key, p in shared_policies(load_config(conf)).items() if key[1] == "chat"]
-    assert merged == EndpointPolicy(max_concurrency=8, timeout_s=120, max_attempts=4, backoff_initial_s=0.5, backoff_max_s=30)
+    assert merged == EndpointPolicy(
+        max_concurrency=8, timeout_s=120, max_attempts=4, backoff_initial_s=0.5, backoff_max_s=30
+    )
     # the same whichever role sets which value
-    swapped = _shared_endpoint_conf(tmp_path, "kb", "{timeout_s: 120, max_attempts: 2}",
-                                    "{timeout_s: 60, max_concurrency: 3, max_attempts: 4}")
+    swapped = _shared_endpoint_conf(
+        tmp_path, "kb", "{timeout_s: 120, max_attempts: 2}", "{timeout_s: 60, max_concurrency: 3, max_attempts: 4}"
+    )
     [again] = [p for key, p in shared_policies(load_config(swapped)).items() if key[1] == "chat"]
     assert again == merged
 
@@ -204,7 +241,6 @@ def test_the_shared_client_uses_the_merged_policy(tmp_path, monkeypatch, sample_
     assert backends.generator.model._endpoint.policy.timeout_s == 120  # not only the first role's 60
 
 
-
 def _models(annotation) -> list:
     """The config models a field allows: its union's members (None left out), or the one model."""
     return [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
@@ -218,8 +254,11 @@ def test_every_backend_the_config_allows_has_a_provider_and_no_other():
     from crag.backends import PROVIDERS
 
     fields = CragConfig.model_fields
-    allowed = {(role, name) for role in ("retriever", "grader", "rewriter", "generator", "web_search")
-               for name in _backend_names(fields[role].annotation)}
+    allowed = {
+        (role, name)
+        for role in ("retriever", "grader", "rewriter", "generator", "web_search")
+        for name in _backend_names(fields[role].annotation)
+    }
     verify = next(m for m in _models(fields["web_search"].annotation) if "verify" in m.model_fields)
     allowed |= {("source_check", name) for name in _backend_names(verify.model_fields["verify"].annotation)}
     assert set(PROVIDERS) == allowed
@@ -228,6 +267,9 @@ def test_every_backend_the_config_allows_has_a_provider_and_no_other():
 def test_an_unknown_backend_name_is_one_config_error():
     from crag.backends import _Building, _provide
 
-    with pytest.raises(ConfigError, match=r"no retriever backend 'faiss': choose one of "
-                                          r"\['bm25', 'databricks_vector_search', 'hybrid', 'langchain'\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"no retriever backend 'faiss': choose one of "
+        r"\['bm25', 'databricks_vector_search', 'hybrid', 'langchain'\]",
+    ):
         _provide(_Building(CragConfig(), None, 1, {}), "retriever", SimpleNamespace(backend="faiss"))

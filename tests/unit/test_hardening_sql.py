@@ -14,14 +14,18 @@ from crag.sql import check_read_only, query
 @pytest.fixture
 def warehouse(tmp_path):
     """A small warehouse of real Delta tables, one with a list-of-struct column as crag's answers have."""
-    answers = pa.table({
-        "run_id": ["r1", "r1", "r1"],
-        "question_id": ["q1", "q2", "q3"],
-        "question": ["How tall?", "Where?", "When?"],
-        "route": ["web", "internal", "web"],
-        "sources": pa.array([[{"doc_id": "a", "title": "A"}], [], [{"doc_id": "b", "title": "B"}]],
-                            type=pa.list_(pa.struct([("doc_id", pa.string()), ("title", pa.string())]))),
-    })
+    answers = pa.table(
+        {
+            "run_id": ["r1", "r1", "r1"],
+            "question_id": ["q1", "q2", "q3"],
+            "question": ["How tall?", "Where?", "When?"],
+            "route": ["web", "internal", "web"],
+            "sources": pa.array(
+                [[{"doc_id": "a", "title": "A"}], [], [{"doc_id": "b", "title": "B"}]],
+                type=pa.list_(pa.struct([("doc_id", pa.string()), ("title", pa.string())])),
+            ),
+        }
+    )
     write_deltalake(str(tmp_path / "answers"), answers)
     write_deltalake(str(tmp_path / "runs"), pa.table({"run_id": ["r1"], "status": ["succeeded"]}))
     return tmp_path
@@ -66,13 +70,16 @@ def test_copy_cannot_overwrite_a_delta_log(warehouse, capsys):
     assert err.startswith("crag: error: SQL not run") and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("statement", [
-    "SELECT route, count(*) AS n FROM answers GROUP BY route ORDER BY route",
-    "WITH w AS (SELECT * FROM answers WHERE route = 'web') SELECT count(*) AS n FROM w",
-    "EXPLAIN SELECT * FROM answers",
-    "DESCRIBE answers",
-    "VALUES (1), (2)",
-])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "SELECT route, count(*) AS n FROM answers GROUP BY route ORDER BY route",
+        "WITH w AS (SELECT * FROM answers WHERE route = 'web') SELECT count(*) AS n FROM w",
+        "EXPLAIN SELECT * FROM answers",
+        "DESCRIBE answers",
+        "VALUES (1), (2)",
+    ],
+)
 def test_reading_statements_run(warehouse, statement):
     check_read_only(statement)
     assert query(warehouse, statement).num_rows > 0
@@ -90,8 +97,16 @@ def test_results_are_right(warehouse):
 
 
 def test_a_runaway_query_stops_at_the_time_limit(warehouse, capsys):
-    code = main(["sql", "--warehouse", str(warehouse), "--timeout", "2",
-                 "SELECT count(*) FROM generate_series(1, 100000000000)"])
+    code = main(
+        [
+            "sql",
+            "--warehouse",
+            str(warehouse),
+            "--timeout",
+            "2",
+            "SELECT count(*) FROM generate_series(1, 100000000000)",
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert err == "crag: error: SQL stopped after 2 s (the time limit; raise it with --timeout)\n"
@@ -103,11 +118,14 @@ def test_a_timeout_out_of_range_is_one_line(warehouse, capsys, timeout):
     assert capsys.readouterr().err.startswith("crag: error: --timeout")
 
 
-@pytest.mark.parametrize("statement", [
-    "SELECT CAST(question AS INT) FROM answers",  # fails while running, not while planning
-    "SELECT nope FROM answers",
-    "SELECT * FROM missing_table",
-])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "SELECT CAST(question AS INT) FROM answers",  # fails while running, not while planning
+        "SELECT nope FROM answers",
+        "SELECT * FROM missing_table",
+    ],
+)
 def test_failures_are_one_line(warehouse, capsys, statement):
     assert main(["sql", "--warehouse", str(warehouse), statement]) == 2
     err = capsys.readouterr().err
@@ -115,12 +133,15 @@ def test_failures_are_one_line(warehouse, capsys, statement):
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("statement", [
-    "SELECT sources FROM answers",
-    "SELECT unnest(sources) FROM answers",
-    "SELECT array_agg(route) AS routes FROM answers",  # a list of string_view from DataFusion
-    "SELECT route, array_agg(question_id) AS ids FROM answers GROUP BY route",
-])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "SELECT sources FROM answers",
+        "SELECT unnest(sources) FROM answers",
+        "SELECT array_agg(route) AS routes FROM answers",  # a list of string_view from DataFusion
+        "SELECT route, array_agg(question_id) AS ids FROM answers GROUP BY route",
+    ],
+)
 def test_list_columns_print(warehouse, capsys, statement):
     assert main(["sql", "--warehouse", str(warehouse), statement]) == 0
     out = capsys.readouterr().out

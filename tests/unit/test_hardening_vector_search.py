@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from tests.support import REPO
 from crag.backends.vector_search import VectorSearchRetriever
 from crag.config import load_config
 from crag.errors import ConfigError
+from tests.support import REPO
 
 DBX = REPO / "conf" / "databricks.yaml"
 FAST = ["retriever.policy.timeout_s=1", "retriever.policy.backoff_initial_s=0.01"]
@@ -64,12 +64,21 @@ def test_the_start_up_limit_caps_a_long_policy_timeout():
 
 
 def test_crag_ask_ends_with_one_line_and_exits_when_the_service_hangs(silent_server):
-    env = {**os.environ, "DATABRICKS_HOST": silent_server, "DATABRICKS_TOKEN": "t0ken-value",
-           "TAVILY_API_KEY": "k3y-value"}
+    env = {
+        **os.environ,
+        "DATABRICKS_HOST": silent_server,
+        "DATABRICKS_TOKEN": "t0ken-value",
+        "TAVILY_API_KEY": "k3y-value",
+    }
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "crag.cli", "ask", "--conf", str(DBX),
-                           *[x for o in FAST for x in ("--set", o)], "q?"],
-                          env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "crag.cli", "ask", "--conf", str(DBX), *[x for o in FAST for x in ("--set", o)], "q?"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert done.returncode == 2
     assert done.stderr.startswith("crag: error: Vector Search endpoint") and done.stderr.count("\n") == 1, done.stderr
     assert time.monotonic() - started < 60  # it exits: the abandoned request thread does not hold it
@@ -79,8 +88,19 @@ def test_crag_index_with_a_wrong_token_is_one_line(emulator, monkeypatch, tmp_pa
     from crag.cli import main
 
     monkeypatch.setenv("DATABRICKS_TOKEN", "not-the-token")
-    code = main(["index", "--conf", str(DBX), "--set", "retriever.policy.timeout_s=2",
-                 "--docs", str(REPO / "data" / "sample" / "kb"), "--out", str(tmp_path / "kb")])
+    code = main(
+        [
+            "index",
+            "--conf",
+            str(DBX),
+            "--set",
+            "retriever.policy.timeout_s=2",
+            "--docs",
+            str(REPO / "data" / "sample" / "kb"),
+            "--out",
+            str(tmp_path / "kb"),
+        ]
+    )
     assert code == 2
     last = capsys.readouterr().err.splitlines()[-1]  # after the chunking's progress line
     assert last.startswith("crag: error: Vector Search endpoint") and "HTTP 401" in last

@@ -5,7 +5,7 @@ import pytest
 
 from crag.backends.bm25 import INDEX_VERSION, BM25Retriever, LexicalIndex, OfflineCorpusSearch
 from crag.config import IndexingConfig
-from crag.errors import UnusableIndexError, InputError
+from crag.errors import InputError, UnusableIndexError
 from crag.indexing import build_index, chunk_documents
 from crag.tables import read_whole_table
 
@@ -123,7 +123,9 @@ def test_missing_or_incompatible_index_is_a_clear_error(tmp_path):
     build_index(_write_docs(tmp_path), tmp_path / "idx", IndexingConfig())
     manifest = tmp_path / "idx" / "manifest.json"
     manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "version": 99}))
-    with pytest.raises(UnusableIndexError, match="version 99.*rebuild it with crag index --conf CONF --docs PATH --out "):
+    with pytest.raises(
+        UnusableIndexError, match="version 99.*rebuild it with crag index --conf CONF --docs PATH --out "
+    ):
         LexicalIndex(tmp_path / "idx")
     manifest.write_text("{not json")
     with pytest.raises(UnusableIndexError, match="not valid JSON"):

@@ -3,10 +3,10 @@ emulator speaking the REST protocol."""
 
 import pytest
 
-from tests.support import REPO, SAMPLE
 from crag.config import IndexingConfig, load_config
 from crag.errors import InputError
 from crag.indexing import build_knowledge_base, chunk_documents
+from tests.support import REPO, SAMPLE
 
 
 def write_pdf(path, lines: list[str], title: str = "Hoshi AQ-7 Policy") -> None:
@@ -39,7 +39,8 @@ def test_each_file_type(tmp_path):
     (docs / "notes.txt").write_text("Warranty: three years from purchase.\n")
     (docs / "page.html").write_text(
         "<html><head><title>Support page</title><script>var x = 'tracking';</script></head><body><nav>Home | About</nav>"
-        "<h1>Support</h1><p>Call us from 9:00 to 18:00.</p><h2>Returns</h2><p>Returns within <b>30 days</b>.</p></body></html>")
+        "<h1>Support</h1><p>Call us from 9:00 to 18:00.</p><h2>Returns</h2><p>Returns within <b>30 days</b>.</p></body></html>"
+    )
     write_pdf(docs / "policy.pdf", ["Insurance policy for the AQ-7.", "Water damage is not covered."])
     (docs / "data.jsonl").write_text('{"doc_id": "j1", "title": "J", "text": "from jsonl"}\n')
     rows = chunk_documents(docs, IndexingConfig()).to_pylist()
@@ -59,7 +60,9 @@ def test_each_file_type(tmp_path):
 
 def test_flat_chunks_of_reference_flow_3(tmp_path):
     (tmp_path / "long.txt").write_text(" ".join(f"Sentence number {i} of the policy." for i in range(200)))
-    rows = chunk_documents(tmp_path / "long.txt", IndexingConfig(parents="chunk", child_chars=500, child_overlap=50)).to_pylist()
+    rows = chunk_documents(
+        tmp_path / "long.txt", IndexingConfig(parents="chunk", child_chars=500, child_overlap=50)
+    ).to_pylist()
     assert len(rows) > 5 and all(r["parent_text"] == r["chunk_text"] and len(r["chunk_text"]) <= 500 for r in rows)
     assert len({r["parent_id"] for r in rows}) == len(rows)  # every chunk its own document
 
@@ -72,15 +75,22 @@ def test_unreadable_pdf_is_one_clear_error(tmp_path):
 
 def test_vector_search_index_is_created_then_synced(emulator, tmp_path):
     emulator.vector_indexes = {}
-    cfg = load_config(REPO / "conf" / "databricks.yaml", ["retriever.embedding_endpoint=my-bge", "retriever.policy.timeout_s=2"])
+    cfg = load_config(
+        REPO / "conf" / "databricks.yaml", ["retriever.embedding_endpoint=my-bge", "retriever.policy.timeout_s=2"]
+    )
     manifest = build_knowledge_base(SAMPLE / "kb", tmp_path / "kb", cfg)
     assert manifest["vector_index"] == "created main.crag.chunks_index on endpoint crag-vector-search"
     create = [r for r in emulator.of("vector_search") if r.method == "POST" and r.path.endswith("/indexes")]
     assert len(create) == 1 and create[0].path == "/api/2.0/vector-search/endpoints/crag-vector-search/indexes"
     assert create[0].body == {
-        "name": "main.crag.chunks_index", "index_type": "DELTA_SYNC", "primary_key": "chunk_id",
-        "delta_sync_index_spec": {"source_table": "main.crag.chunks", "pipeline_type": "TRIGGERED",
-                                  "embedding_source_columns": [{"name": "chunk_text", "embedding_model_endpoint_name": "my-bge"}]},
+        "name": "main.crag.chunks_index",
+        "index_type": "DELTA_SYNC",
+        "primary_key": "chunk_id",
+        "delta_sync_index_spec": {
+            "source_table": "main.crag.chunks",
+            "pipeline_type": "TRIGGERED",
+            "embedding_source_columns": [{"name": "chunk_text", "embedding_model_endpoint_name": "my-bge"}],
+        },
     }
     manifest = build_knowledge_base(SAMPLE / "kb", tmp_path / "kb", cfg)
     assert manifest["vector_index"].startswith("synced") and emulator.syncs == ["main.crag.chunks_index"]

@@ -6,13 +6,12 @@ from __future__ import annotations
 import importlib.util
 import json
 
+import langchain_stores
 import pandas as pd
 import pytest
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 
-import langchain_stores
-from tests.support import REPO
 from crag.backends import build_backends
 from crag.backends.base import Usage
 from crag.config import load_config
@@ -36,11 +35,19 @@ def stores(tmp_path_factory) -> dict[str, list[str]]:
         found["faiss"] = [*common, "retriever.factory=langchain_stores:faiss_store", f"retriever.kwargs.path={faiss}"]
     if importlib.util.find_spec("langchain_chroma"):
         chroma = langchain_stores.write_chroma(root / "chroma")
-        found["chroma"] = [*common, "retriever.factory=langchain_stores:chroma_store", f"retriever.kwargs.path={chroma}"]
+        found["chroma"] = [
+            *common,
+            "retriever.factory=langchain_stores:chroma_store",
+            f"retriever.kwargs.path={chroma}",
+        ]
     if importlib.util.find_spec("rank_bm25"):
         docs = langchain_stores.write_documents(root / "docs.jsonl")
-        found["bm25"] = [*common, "retriever.factory=langchain_stores:bm25_retriever", f"retriever.kwargs.documents={docs}",
-                         "retriever.kwargs.k=4"]
+        found["bm25"] = [
+            *common,
+            "retriever.factory=langchain_stores:bm25_retriever",
+            f"retriever.kwargs.documents={docs}",
+            "retriever.kwargs.k=4",
+        ]
     return found
 
 
@@ -57,7 +64,8 @@ def test_each_store_returns_parents_with_their_fields(stores, store):
     backends = build_backends(load_config(None, stores[store]))
     usages = [Usage(), Usage()]
     english, japanese = backends.retriever.search(
-        ["How often should the HEPA-13 main filter be replaced?", "保証期間は何年ですか"], 4, usages)
+        ["How often should the HEPA-13 main filter be replaced?", "保証期間は何年ですか"], 4, usages
+    )
 
     best = english[0]
     assert best["parent_id"] == "filter#p0" and best["doc_id"] == "filter"
@@ -76,9 +84,13 @@ def test_each_store_returns_parents_with_their_fields(stores, store):
 @needs("faiss")
 def test_metadata_keys_come_from_the_config(stores):
     cfg = load_config(None, [*stores["faiss"], "retriever.metadata.url=source"])
-    assert build_backends(cfg).retriever.search(["decibels in sleep mode"], 4)[0][0]["url"] == "https://example.test/noise"
+    assert (
+        build_backends(cfg).retriever.search(["decibels in sleep mode"], 4)[0][0]["url"] == "https://example.test/noise"
+    )
     # Without the id and parent keys, each child chunk is its own document, under its Document id.
-    cfg = load_config(None, [*stores["faiss"], *(f"retriever.metadata.{key}=null" for key in ("doc_id", "parent_id", "parent_text"))])
+    cfg = load_config(
+        None, [*stores["faiss"], *(f"retriever.metadata.{key}=null" for key in ("doc_id", "parent_id", "parent_text"))]
+    )
     found = build_backends(cfg).retriever.search(["decibels in sleep mode"], 4)[0]
     assert [d["doc_id"] for d in found[:2]] == ["noise#p0#c2", "noise#p0#c3"]
     assert [d["parent_id"] for d in found[:2]] == ["noise#p0#c2", "noise#p0#c3"]
@@ -102,8 +114,15 @@ def test_vector_store_scores_raw_or_relevance(stores):
 def test_documents_without_metadata_get_stable_ids(tmp_path):
     docs = tmp_path / "bare.jsonl"
     docs.write_text(json.dumps({"id": None, "text": "bare text about filters", "metadata": {}}), encoding="utf-8")
-    cfg = load_config(None, ["retriever.backend=langchain", "retriever.factory=langchain_stores:bm25_retriever",
-                                   f"retriever.kwargs.documents={docs}", "web_search.backend=none"])
+    cfg = load_config(
+        None,
+        [
+            "retriever.backend=langchain",
+            "retriever.factory=langchain_stores:bm25_retriever",
+            f"retriever.kwargs.documents={docs}",
+            "web_search.backend=none",
+        ],
+    )
     first = build_backends(cfg).retriever.search(["filters"], 3)[0]
     again = build_backends(cfg).retriever.search(["filters"], 3)[0]
     assert first[0]["doc_id"].startswith("sha256:") and first[0]["doc_id"] == again[0]["doc_id"]
@@ -116,7 +135,9 @@ def test_the_whole_chain_answers_from_the_store(stores):
     from crag.stages import run_pipeline
 
     cfg = load_config(None, stores["chroma"])
-    question = pd.DataFrame({"question_id": ["q1"], "question": ["How often should the HEPA-13 main filter be replaced?"]})
+    question = pd.DataFrame(
+        {"question_id": ["q1"], "question": ["How often should the HEPA-13 main filter be replaced?"]}
+    )
     out = run_pipeline(question, build_backends(cfg), cfg).iloc[0]
     assert out["error"] is None and out["route"] == "internal"
     assert "twelve months" in out["answer"]
@@ -140,9 +161,15 @@ def flaky_retriever():
 
 
 def test_a_remote_store_gets_the_retry_policy_and_threads():
-    cfg = load_config(None, ["retriever.backend=langchain", "web_search.backend=none",
-                                   f"retriever.factory={__name__}:flaky_retriever",
-                                   "retriever.policy={max_concurrency: 4, max_attempts: 2, backoff_initial_s: 0}"])
+    cfg = load_config(
+        None,
+        [
+            "retriever.backend=langchain",
+            "web_search.backend=none",
+            f"retriever.factory={__name__}:flaky_retriever",
+            "retriever.policy={max_concurrency: 4, max_attempts: 2, backoff_initial_s: 0}",
+        ],
+    )
     retriever = build_backends(cfg, concurrent_tasks=2).retriever
     assert retriever.concurrency == 2  # the job-wide budget shared by two tasks
     usage = Usage()
@@ -151,16 +178,26 @@ def test_a_remote_store_gets_the_retry_policy_and_threads():
     assert usage.retries == 1 and usage.search_calls == 1
 
 
-@pytest.mark.parametrize("factory, kwargs, message", [
-    ("no_such_module_x:make", {}, "cannot import no_such_module_x"),
-    ("langchain_stores:no_such_function", {}, "has no function 'no_such_function'"),
-    ("langchain_stores:not_a_store", {}, "returned a list, expected a LangChain BaseRetriever or VectorStore"),
-    ("langchain_stores:broken_store", {"path": "/nowhere"}, "failed: FileNotFoundError: no store at /nowhere"),
-    ("langchain_stores:faiss_store", {"wrong": 1}, "failed: TypeError"),
-])
+@pytest.mark.parametrize(
+    "factory, kwargs, message",
+    [
+        ("no_such_module_x:make", {}, "cannot import no_such_module_x"),
+        ("langchain_stores:no_such_function", {}, "has no function 'no_such_function'"),
+        ("langchain_stores:not_a_store", {}, "returned a list, expected a LangChain BaseRetriever or VectorStore"),
+        ("langchain_stores:broken_store", {"path": "/nowhere"}, "failed: FileNotFoundError: no store at /nowhere"),
+        ("langchain_stores:faiss_store", {"wrong": 1}, "failed: TypeError"),
+    ],
+)
 def test_factory_problems_are_one_line_config_errors(factory, kwargs, message):
-    cfg = load_config(None, ["retriever.backend=langchain", f"retriever.factory={factory}", "web_search.backend=none",
-                                   *(f"retriever.kwargs.{k}={v}" for k, v in kwargs.items())])
+    cfg = load_config(
+        None,
+        [
+            "retriever.backend=langchain",
+            f"retriever.factory={factory}",
+            "web_search.backend=none",
+            *(f"retriever.kwargs.{k}={v}" for k, v in kwargs.items()),
+        ],
+    )
     with pytest.raises(ConfigError) as err:
         build_backends(cfg)
     assert message in str(err.value) and "\n" not in str(err.value)
@@ -176,7 +213,17 @@ def test_cli_reports_a_bad_factory_on_one_line(capsys, tmp_path):
 
     conf = tmp_path / "langchain.yaml"
     conf.write_text("retriever:\n  backend: langchain\n", encoding="utf-8")
-    code = main(["ask", "--conf", str(conf),
-                 "--set", "retriever.factory=no_such_module_x:make", "--set", "web_search.backend=none", "filters?"])
+    code = main(
+        [
+            "ask",
+            "--conf",
+            str(conf),
+            "--set",
+            "retriever.factory=no_such_module_x:make",
+            "--set",
+            "web_search.backend=none",
+            "filters?",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("crag: error: retriever.factory") and err.count("\n") == 1

@@ -56,8 +56,13 @@ def test_ids_integers_become_text_and_missing_ids_are_marked():
 
 
 def test_jsonl_lines_are_parsed_one_by_one():
-    lines = [json.dumps({"question_id": "a", "question": "ok?", "answers": ["x"]}), '{"question_id": "b"',
-             "[1, 2]", json.dumps({"question_id": "c", "question": 5}), json.dumps({"question_id": "d", "question": "\ud800"})]
+    lines = [
+        json.dumps({"question_id": "a", "question": "ok?", "answers": ["x"]}),
+        '{"question_id": "b"',
+        "[1, 2]",
+        json.dumps({"question_id": "c", "question": 5}),
+        json.dumps({"question_id": "d", "question": "\ud800"}),
+    ]
     checked = check_rows(pd.DataFrame({"value": lines, "input_row": range(len(lines))}), 100)
     assert checked.loc[0, "reason"] is None and list(checked.loc[0, "answers"]) == ["x"] and checked.loc[0, "has_gold"]
     assert checked.loc[1, "reason"].startswith("line is not valid JSON")
@@ -67,20 +72,24 @@ def test_jsonl_lines_are_parsed_one_by_one():
 
 
 def test_gold_columns_are_normalised_or_rejected():
-    frame = pd.DataFrame({
-        "question_id": ["a", "b", "c", "d", "e"],
-        "question": ["q?"] * 5,
-        "answers": [["x", "y"], "single", None, [1, 2], ["ok"]],
-        "expected_route": ["internal", "web", None, "internal", "sideways"],
-        "is_impossible": [False, "true", None, False, False],
-        "input_row": range(5),
-    })
+    frame = pd.DataFrame(
+        {
+            "question_id": ["a", "b", "c", "d", "e"],
+            "question": ["q?"] * 5,
+            "answers": [["x", "y"], "single", None, [1, 2], ["ok"]],
+            "expected_route": ["internal", "web", None, "internal", "sideways"],
+            "is_impossible": [False, "true", None, False, False],
+            "input_row": range(5),
+        }
+    )
     checked = check_rows(frame, 10)
     assert [list(a) for a in checked["answers"][:3]] == [["x", "y"], ["single"], []]
     assert list(checked["is_impossible"][:3]) == [False, True, None]
     assert list(checked["expected_route"][:3]) == ["internal", "web", None]
-    assert list(checked["reason"][3:]) == ["answers must be a list of valid strings",
-                                          "expected_route must be one of internal, web, none (got 'sideways')"]
+    assert list(checked["reason"][3:]) == [
+        "answers must be a list of valid strings",
+        "expected_route must be one of internal, web, none (got 'sideways')",
+    ]
 
 
 def test_ask_checks_its_one_question():

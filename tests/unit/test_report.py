@@ -20,34 +20,81 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.support import REPO
 from crag.compare import compare_runs, gold_verdict, metric_deltas, render_report, summary_lines
 from crag.evaluation import METRIC_DIRECTIONS, QUESTION_METRICS, evaluate, is_cjk, question_scores
+from tests.support import REPO
 
 CHROMIUM = os.environ.get("CRAG_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 LONG_URL = "https://support.example.com/aq-7/manuals/" + "filter-replacement-schedule-" * 6 + "and-warranty.html"
 
 # question_id: question, gold (answers, is_impossible, expected_route), base answer, candidate answer,
 # base route, candidate route
 QUESTIONS = {
-    "q1": ("What is the clean air delivery rate of the AQ-7?", (["420 m3/h"], False, "internal"),
-           "The clean air delivery rate (CADR) of the AQ-7 is 420 m3/h.", "The AQ-7 filters the air of a room quickly.",
-           "mixed", "internal"),
-    "q2": ("Which Wi-Fi band does the AQ-7 connect to?", (["2.4 GHz"], False, "internal"),
-           None, "The AQ-7 connects only to 2.4 GHz Wi-Fi networks; 5 GHz networks are not supported.", "refused", "internal"),
-    "q3": ("フィルターサインをリセットするにはフィルターボタンを何秒間長押ししますか？", (["5秒"], False, "internal"),
-           "フィルターボタンを3秒間長押ししてください。", "フィルターボタンを5秒間長押ししてフィルターサインを消してください。",
-           "internal", "internal"),
-    "q4": ("Where is the filter replacement schedule published?", (["support site"], False, "web"),
-           "On the support site.", f"The support site has it: {LONG_URL}", "web", "mixed"),
-    "q5": ("What is the capital of Australia?", ([], True, "none"),
-           None, "Sapporo is the capital of Hokkaido and the fifth largest city in Japan.", "refused", "web"),
-    "q6": ("How long is the AQ-7 warranty?", (["2 years"], False, "internal"),
-           "The AQ-7 warranty lasts 2 years.", "The AQ-7 warranty lasts 2 years.", "web", "internal"),
-    "q7": ("What colour is the AQ-7 front panel?", None,
-           "The front panel is white.", "The front panel is matte white.", "web", "internal"),
+    "q1": (
+        "What is the clean air delivery rate of the AQ-7?",
+        (["420 m3/h"], False, "internal"),
+        "The clean air delivery rate (CADR) of the AQ-7 is 420 m3/h.",
+        "The AQ-7 filters the air of a room quickly.",
+        "mixed",
+        "internal",
+    ),
+    "q2": (
+        "Which Wi-Fi band does the AQ-7 connect to?",
+        (["2.4 GHz"], False, "internal"),
+        None,
+        "The AQ-7 connects only to 2.4 GHz Wi-Fi networks; 5 GHz networks are not supported.",
+        "refused",
+        "internal",
+    ),
+    "q3": (
+        "フィルターサインをリセットするにはフィルターボタンを何秒間長押ししますか？",
+        (["5秒"], False, "internal"),
+        "フィルターボタンを3秒間長押ししてください。",
+        "フィルターボタンを5秒間長押ししてフィルターサインを消してください。",
+        "internal",
+        "internal",
+    ),
+    "q4": (
+        "Where is the filter replacement schedule published?",
+        (["support site"], False, "web"),
+        "On the support site.",
+        f"The support site has it: {LONG_URL}",
+        "web",
+        "mixed",
+    ),
+    "q5": (
+        "What is the capital of Australia?",
+        ([], True, "none"),
+        None,
+        "Sapporo is the capital of Hokkaido and the fifth largest city in Japan.",
+        "refused",
+        "web",
+    ),
+    "q6": (
+        "How long is the AQ-7 warranty?",
+        (["2 years"], False, "internal"),
+        "The AQ-7 warranty lasts 2 years.",
+        "The AQ-7 warranty lasts 2 years.",
+        "web",
+        "internal",
+    ),
+    "q7": (
+        "What colour is the AQ-7 front panel?",
+        None,
+        "The front panel is white.",
+        "The front panel is matte white.",
+        "web",
+        "internal",
+    ),
 }
 REFUSAL = "I don't know: the available documents do not answer this question."
 
@@ -61,20 +108,52 @@ def _run(run_id: str, which: int) -> dict[str, pd.DataFrame]:
         refused = answer is None
         web = route in ("web", "mixed")
         source = "web" if route == "web" else "internal"
-        answers.append({"run_id": run_id, "variant": run_id, "question_id": qid, "question": question,
-                        "answer": REFUSAL if refused else answer, "action": "incorrect" if web else "correct", "route": route,
-                        "refused": refused, "web_query": question if web else None, "n_relevant": 0 if refused else 1,
-                        "sources": [] if refused else [{"source": source, "doc_id": f"{qid}-doc", "title": "AQ-7 manual", "url": None}]})
+        answers.append(
+            {
+                "run_id": run_id,
+                "variant": run_id,
+                "question_id": qid,
+                "question": question,
+                "answer": REFUSAL if refused else answer,
+                "action": "incorrect" if web else "correct",
+                "route": route,
+                "refused": refused,
+                "web_query": question if web else None,
+                "n_relevant": 0 if refused else 1,
+                "sources": []
+                if refused
+                else [{"source": source, "doc_id": f"{qid}-doc", "title": "AQ-7 manual", "url": None}],
+            }
+        )
         for rank, parent in enumerate(("p0", "p1")):
             # the candidate's lower threshold flips the second document of every other question to yes
             relevance = 0.35 if parent == "p1" else 0.8
             flipped = which == 1 and parent == "p1" and int(qid[1:]) % 2 == 1
-            grades.append({"run_id": run_id, "question_id": qid, "rank": rank, "source": "internal", "doc_id": f"{qid}-doc",
-                           "parent_id": f"{qid}-doc#{parent}", "title": f"AQ-7 manual, section {parent}", "url": None,
-                           "relevance": relevance, "grade": "yes" if parent == "p0" or flipped else "no"})
+            grades.append(
+                {
+                    "run_id": run_id,
+                    "question_id": qid,
+                    "rank": rank,
+                    "source": "internal",
+                    "doc_id": f"{qid}-doc",
+                    "parent_id": f"{qid}-doc#{parent}",
+                    "title": f"AQ-7 manual, section {parent}",
+                    "url": None,
+                    "relevance": relevance,
+                    "grade": "yes" if parent == "p0" or flipped else "no",
+                }
+            )
         if g is not None:
-            gold.append({"run_id": run_id, "question_id": qid, "answers": g[0], "is_impossible": g[1],
-                         "expected_route": g[2], "gold_doc_ids": [f"{qid}-doc"]})
+            gold.append(
+                {
+                    "run_id": run_id,
+                    "question_id": qid,
+                    "answers": g[0],
+                    "is_impossible": g[1],
+                    "expected_route": g[2],
+                    "gold_doc_ids": [f"{qid}-doc"],
+                }
+            )
     frames = {"answers": pd.DataFrame(answers), "grades": pd.DataFrame(grades), "gold": pd.DataFrame(gold)}
     frames["metrics"] = evaluate(frames["answers"], frames["grades"], frames["gold"]).assign(run_id=run_id)
     return frames
@@ -151,7 +230,9 @@ def test_gold_verdicts_of_each_case():
     verdicts = {}
     for name, run in (("base", base), ("cand", candidate)):
         scores = question_scores(run["answers"], run["grades"], run["gold"]).set_index("question_id")
-        verdicts[name] = {qid: gold_verdict(scores.loc[qid] if qid in scores.index else None)["verdict"] for qid in QUESTIONS}
+        verdicts[name] = {
+            qid: gold_verdict(scores.loc[qid] if qid in scores.index else None)["verdict"] for qid in QUESTIONS
+        }
     # a gold answer contained, dropped, refused, answered when it should refuse, and no gold at all
     assert (verdicts["base"]["q1"], verdicts["cand"]["q1"]) == ("correct", "wrong")
     assert (verdicts["base"]["q2"], verdicts["cand"]["q2"]) == ("wrong", "correct")
@@ -179,8 +260,11 @@ def test_the_wheel_ships_the_template_configs_and_prompts(tmp_path):
     assert (source / "crag" / "conf").is_symlink()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(tmp_path / "dist"), str(source)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(tmp_path / "dist"), str(source)],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     (wheel,) = (tmp_path / "dist").glob("crag-*.whl")
     shipped = zipfile.ZipFile(wheel)
@@ -193,19 +277,29 @@ def test_the_wheel_ships_the_template_configs_and_prompts(tmp_path):
     unpacked, elsewhere = tmp_path / "unpacked", tmp_path / "elsewhere"
     shipped.extractall(unpacked)
     elsewhere.mkdir()
-    probe = ("import crag, crag.config as c; cfg = c.load_config('databricks', variant='paper_thresholds'); "
-             "print(crag.__file__, cfg.routing.policy, cfg.generator.prompt_text == open(c.PACKAGED_CONF / 'prompts' / "
-             "'answer_concise.yaml', encoding='utf-8').read())")
-    loaded = subprocess.run([sys.executable, "-c", probe], cwd=elsewhere, capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": str(unpacked)})
+    probe = (
+        "import crag, crag.config as c; cfg = c.load_config('databricks', variant='paper_thresholds'); "
+        "print(crag.__file__, cfg.routing.policy, cfg.generator.prompt_text == open(c.PACKAGED_CONF / 'prompts' / "
+        "'answer_concise.yaml', encoding='utf-8').read())"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(unpacked)},
+    )
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     assert loaded.stdout.split() == [str(unpacked / "crag" / "__init__.py"), "thresholds", "True"]
 
 
 # ------------------------------------------------------------------ in a real browser
 
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Chromium not found (apt-get install chromium fonts-noto-cjk, "
-                                                               "or set CRAG_CHROMIUM): the browser test of the report is skipped")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="Chromium not found (apt-get install chromium fonts-noto-cjk, "
+    "or set CRAG_CHROMIUM): the browser test of the report is skipped",
+)
 
 
 @pytest.fixture(scope="module")
@@ -234,12 +328,15 @@ def _rgb(css: str) -> tuple[int, int, int]:
 def _on_top(page, selector: str) -> list[bool]:
     """For each element matched, whether the point at its centre shows that element (or a child):
     it is on screen and nothing covers it."""
-    return page.eval_on_selector_all(selector, """els => els.map(el => {
+    return page.eval_on_selector_all(
+        selector,
+        """els => els.map(el => {
         el.scrollIntoView({block: "center"});
         const r = el.getBoundingClientRect();
         const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
         return r.width > 0 && r.height > 0 && hit !== null && (hit === el || el.contains(hit));
-    })""")
+    })""",
+    )
 
 
 @needs_chromium
@@ -253,7 +350,9 @@ def test_a_person_sees_the_charts_and_the_changed_answers(browser, report, tmp_p
     for i in range(charts.count()):
         box = charts.nth(i).bounding_box()
         assert box["width"] > 200 and box["height"] > 40
-    bars = page.eval_on_selector_all("svg rect.bar", "els => els.map(e => [e.getBoundingClientRect().width, getComputedStyle(e).fill])")
+    bars = page.eval_on_selector_all(
+        "svg rect.bar", "els => els.map(e => [e.getBoundingClientRect().width, getComputedStyle(e).fill])"
+    )
     assert sum(1 for w, _ in bars if w > 0) >= 12 and len({fill for _, fill in bars}) == 2
     # the changed answers: one row each, on screen, with the diff's removed and added words
     rows = page.locator("tr.changed-answer")
@@ -262,7 +361,10 @@ def test_a_person_sees_the_charts_and_the_changed_answers(browser, report, tmp_p
     shown = page.locator("section#changed").inner_text()
     for qid in _changed():
         assert QUESTIONS[qid][0] in shown
-    assert page.locator("section#changed ins").first.is_visible() and page.locator("section#changed del").first.is_visible()
+    assert (
+        page.locator("section#changed ins").first.is_visible()
+        and page.locator("section#changed del").first.is_visible()
+    )
     # a new wrong answer is red, a fixed one green; the diff itself is in neither colour
     for qid, expected in (("q1", "wrong"), ("q5", "wrong"), ("q2", "correct")):
         row = rows.filter(has_text=QUESTIONS[qid][0])
@@ -271,7 +373,9 @@ def test_a_person_sees_the_charts_and_the_changed_answers(browser, report, tmp_p
         r, g, b = _rgb(badge.evaluate("e => getComputedStyle(e).backgroundColor"))
         assert (r > g) if expected == "wrong" else (g > r), (qid, r, g, b)
     for tag in ("ins", "del"):
-        r, g, b = _rgb(page.locator(f"section#changed {tag}").first.evaluate("e => getComputedStyle(e).backgroundColor"))
+        r, g, b = _rgb(
+            page.locator(f"section#changed {tag}").first.evaluate("e => getComputedStyle(e).backgroundColor")
+        )
         assert not (g > r + 20 and g > b + 20) and not (r > g + 20 and r > b + 20), (tag, r, g, b)
     # the grade flips are listed
     assert page.locator("tr.grade-flip").count() > 0 and all(_on_top(page, "tr.grade-flip"))
@@ -285,10 +389,13 @@ def test_a_person_sees_the_charts_and_the_changed_answers(browser, report, tmp_p
 def test_each_metric_delta_is_coloured_by_its_direction(browser, report):
     """Green means the metric got better, whichever way that is: a lower web_search_rate is green."""
     page = _open(browser, report, 1280)
-    cells = page.eval_on_selector_all("section#metrics tbody tr", """rows => rows.map(r => {
+    cells = page.eval_on_selector_all(
+        "section#metrics tbody tr",
+        """rows => rows.map(r => {
         const c = r.querySelectorAll("td"), d = c[4].querySelector(".delta");
         return [c[0].innerText, c[1].innerText, d.innerText, getComputedStyle(d).color];
-    })""")
+    })""",
+    )
     seen = set()
     for metric, better_when, delta, color in cells:
         value = float(delta.split()[0])
@@ -311,7 +418,11 @@ def test_each_metric_delta_is_coloured_by_its_direction(browser, report):
 def test_japanese_text_is_drawn_with_a_font_that_has_its_glyphs(browser, report):
     """Tofu check: Chromium reports which fonts drew a node's text; the Japanese question must be drawn
     by fonts that fontconfig lists for Japanese, one glyph per CJK character."""
-    japanese = set(subprocess.run(["fc-list", ":lang=ja", "family"], capture_output=True, text=True).stdout.replace("\n", ",").split(","))
+    japanese = set(
+        subprocess.run(["fc-list", ":lang=ja", "family"], capture_output=True, text=True)
+        .stdout.replace("\n", ",")
+        .split(",")
+    )
     japanese = {f.strip() for f in japanese if f.strip()}
     assert japanese, "no Japanese font installed (apt-get install fonts-noto-cjk)"
     page = _open(browser, report, 1280)
@@ -320,8 +431,11 @@ def test_japanese_text_is_drawn_with_a_font_that_has_its_glyphs(browser, report)
     cdp.send("DOM.enable")
     cdp.send("CSS.enable")
     root = cdp.send("DOM.getDocument", {"depth": -1})["root"]["nodeId"]
-    (node,) = [n for n in cdp.send("DOM.querySelectorAll", {"nodeId": root, "selector": "td.question"})["nodeIds"]
-               if question in cdp.send("DOM.getOuterHTML", {"nodeId": n})["outerHTML"]]
+    (node,) = [
+        n
+        for n in cdp.send("DOM.querySelectorAll", {"nodeId": root, "selector": "td.question"})["nodeIds"]
+        if question in cdp.send("DOM.getOuterHTML", {"nodeId": n})["outerHTML"]
+    ]
     fonts = cdp.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]
     cjk_glyphs = sum(f["glyphCount"] for f in fonts if f["familyName"] in japanese)
     assert cjk_glyphs >= sum(1 for ch in question if is_cjk(ch)), fonts
@@ -335,9 +449,12 @@ def test_nothing_overflows_horizontally(browser, report, width):
     content (a long URL, Japanese without spaces) spills out of its cell."""
     page = _open(browser, report, width)
     assert page.evaluate("document.documentElement.scrollWidth") <= page.evaluate("window.innerWidth")
-    spilling = page.eval_on_selector_all("td, th, h1, dd", """els => els
+    spilling = page.eval_on_selector_all(
+        "td, th, h1, dd",
+        """els => els
         .filter(e => e.scrollWidth > e.clientWidth + 1 || e.getBoundingClientRect().right > window.innerWidth)
-        .map(e => e.innerText.slice(0, 60))""")
+        .map(e => e.innerText.slice(0, 60))""",
+    )
     assert spilling == []
     assert LONG_URL in page.locator("section#changed").inner_text()
     page.close()

@@ -16,7 +16,14 @@ from crag.backends.hybrid import HybridRetriever
 from crag.backends.lexical import LexicalScorer
 from crag.backends.semantic import RATIONALE, SemanticGrader
 from crag.calibration import calibrate, fit_logistic, report
-from crag.config import HybridRetrieverConfig, IndexingConfig, LanguageCalibration, SemanticGraderConfig, SemanticLanguages, load_config
+from crag.config import (
+    HybridRetrieverConfig,
+    IndexingConfig,
+    LanguageCalibration,
+    SemanticGraderConfig,
+    SemanticLanguages,
+    load_config,
+)
 from crag.errors import UnusableIndexError
 from crag.indexing import build_index
 from crag.text import TermWeights
@@ -24,7 +31,11 @@ from crag.text import TermWeights
 MODEL = "multilingual-e5-small"
 DOCS = [
     {"doc_id": "cat", "title": "Pets", "text": "The cat sleeps on the sofa all afternoon."},
-    {"doc_id": "market", "title": "Finance", "text": "Stock prices fell sharply after the central bank raised interest rates."},
+    {
+        "doc_id": "market",
+        "title": "Finance",
+        "text": "Stock prices fell sharply after the central bank raised interest rates.",
+    },
     {"doc_id": "volcano", "title": "Geology", "text": "富士山は日本で最も高い山で、標高は3776メートルです。"},
 ]
 
@@ -43,8 +54,12 @@ def test_the_packaged_model_embeds_english_and_japanese():
     passages = embedder.passages([d["text"] for d in DOCS])
     assert passages.shape == (3, embedder.dim) and np.allclose(np.linalg.norm(passages, axis=1), 1, atol=1e-3)
     # each question is closest to the passage that answers it, across languages too
-    for question, best in (("Where does the feline nap?", 0), ("Why did shares drop?", 1),
-                           ("How tall is Mount Fuji?", 2), ("猫はどこで寝ていますか？", 0)):
+    for question, best in (
+        ("Where does the feline nap?", 0),
+        ("Why did shares drop?", 1),
+        ("How tall is Mount Fuji?", 2),
+        ("猫はどこで寝ていますか？", 0),
+    ):
         assert int(np.argmax(passages @ embedder.query(question))) == best, question
 
 
@@ -69,7 +84,9 @@ def test_hybrid_retriever_finds_a_paraphrase_that_bm25_misses(dense_index):
     lexical = BM25Retriever(path).search([question], 10)[0]
     assert "cat" not in [d["doc_id"] for d in lexical]
     usage = Usage()
-    hybrid = HybridRetriever(HybridRetrieverConfig(backend="hybrid", candidates=3), path).search([question, "interest rates"], 10, [usage, None])
+    hybrid = HybridRetriever(HybridRetrieverConfig(backend="hybrid", candidates=3), path).search(
+        [question, "interest rates"], 10, [usage, None]
+    )
     assert hybrid[0][0]["doc_id"] == "cat" and hybrid[0][0]["source"] == "internal"
     assert hybrid[1][0]["doc_id"] == "market"  # a lexical match still ranks first
     assert [d["rank"] for d in hybrid[0]] == list(range(1, len(hybrid[0]) + 1)) and usage.search_calls == 1
@@ -77,13 +94,17 @@ def test_hybrid_retriever_finds_a_paraphrase_that_bm25_misses(dense_index):
 
 def _grader(dense_index, languages=None, threshold=0.5):
     index = load_index(str(dense_index / "index"))
-    cfg = SemanticGraderConfig(backend="semantic", threshold=threshold, **({"languages": SemanticLanguages(**languages)} if languages else {}))
+    cfg = SemanticGraderConfig(
+        backend="semantic", threshold=threshold, **({"languages": SemanticLanguages(**languages)} if languages else {})
+    )
     return SemanticGrader(LexicalScorer(index.term_weights, index.tokenizer), cfg, {"internal": index}), index
 
 
 def test_semantic_grader_combines_lexical_and_cosine_per_language(dense_index):
-    weights = {"en": LanguageCalibration(lexical=2.0, semantic=20.0, bias=-17.0),
-               "ja": LanguageCalibration(lexical=1.0, semantic=10.0, bias=-9.0)}
+    weights = {
+        "en": LanguageCalibration(lexical=2.0, semantic=20.0, bias=-17.0),
+        "ja": LanguageCalibration(lexical=1.0, semantic=10.0, bias=-9.0),
+    }
     grader, index = _grader(dense_index, weights)
     docs = index.search(["cat sofa stock prices 富士山"], 10, source="internal")[0]
     assert {d["doc_id"] for d in docs} == {"cat", "market", "volcano"}
@@ -102,7 +123,9 @@ def test_semantic_grader_combines_lexical_and_cosine_per_language(dense_index):
     strip = {**docs[0], "text": "The cat sleeps."}
     indexed = grader.cosine("Where does the feline nap?", next(d for d in docs if d["doc_id"] == "cat"))
     assert grader.cosine("Where does the feline nap?", strip) != indexed
-    assert grader.cosine("Where does the feline nap?", strip) > grader.cosine("Where does the feline nap?", docs[1] if docs[1]["doc_id"] == "market" else docs[0])
+    assert grader.cosine("Where does the feline nap?", strip) > grader.cosine(
+        "Where does the feline nap?", docs[1] if docs[1]["doc_id"] == "market" else docs[0]
+    )
 
 
 def test_logistic_fit_recovers_known_weights():
@@ -120,13 +143,25 @@ def test_calibrate_fits_each_language_and_proposes_thresholds_on_the_refit_relev
         lang = "ja" if q % 2 else "en"
         offset = 0.1 if lang == "ja" else 0.0  # Japanese cosines sit higher for the same relevance
         internal = q < 100
-        gold.append({"question_id": f"q{q}", "expected_route": "internal" if internal else "web",
-                     "gold_doc_ids": [f"q{q}-gold"] if internal else [f"w{q}"]})
+        gold.append(
+            {
+                "question_id": f"q{q}",
+                "expected_route": "internal" if internal else "web",
+                "gold_doc_ids": [f"q{q}-gold"] if internal else [f"w{q}"],
+            }
+        )
         for d in range(5):
             is_gold = internal and d == 0
             cosine = (0.85 if is_gold else 0.75) + offset + rng.normal(0, 0.02)
-            grades.append({"question_id": f"q{q}", "source": "internal", "doc_id": f"q{q}-gold" if is_gold else f"q{q}-{d}",
-                           "relevance": 0.5, "rationale": f"lexical {rng.uniform(0, 1):.4f}, cosine {cosine:.4f}, language {lang}"})
+            grades.append(
+                {
+                    "question_id": f"q{q}",
+                    "source": "internal",
+                    "doc_id": f"q{q}-gold" if is_gold else f"q{q}-{d}",
+                    "relevance": 0.5,
+                    "rationale": f"lexical {rng.uniform(0, 1):.4f}, cosine {cosine:.4f}, language {lang}",
+                }
+            )
     result = calibrate(pd.DataFrame(grades), pd.DataFrame(gold), 0.3, 0.6, current_threshold=0.5)
     # the run's own settings are scored on the relevance it stored (0.5 everywhere), not on the refit
     assert result["routing_current"].ambiguous_share == 1.0
@@ -147,18 +182,29 @@ def test_extractive_answer_from_the_best_document_instead_of_a_refusal():
     ]
     question = "What is the admission price?"  # no sentence shares a word with it
     assert ExtractiveGenerator(scorer, 2, 0.2, 0.5).generate(question, context, Usage()).text is None
-    answer = ExtractiveGenerator(scorer, 2, 0.2, 0.5, answer_from_best_document=True).generate(question, context, Usage())
+    answer = ExtractiveGenerator(scorer, 2, 0.2, 0.5, answer_from_best_document=True).generate(
+        question, context, Usage()
+    )
     assert answer.cited == [1] and answer.text == "Tickets cost five euros. Children enter free."
     # a sentence that reaches the minimum still wins over the fallback
     matched = [*context, {"source": "internal", "text": "The admission price is ten euros.", "relevance": 0.3}]
-    answer = ExtractiveGenerator(scorer, 2, 0.2, 0.5, answer_from_best_document=True).generate(question, matched, Usage())
+    answer = ExtractiveGenerator(scorer, 2, 0.2, 0.5, answer_from_best_document=True).generate(
+        question, matched, Usage()
+    )
     assert answer.cited == [2]
 
 
 def test_semantic_grader_config_overrides_one_language_and_keeps_the_other(tmp_path):
     from tests.support import LOCAL_CONF
 
-    cfg = load_config(LOCAL_CONF, ["grader.backend=semantic", "grader.languages.en.lexical=1", "grader.languages.en.semantic=2",
-                                   "grader.languages.en.bias=-3"])
+    cfg = load_config(
+        LOCAL_CONF,
+        [
+            "grader.backend=semantic",
+            "grader.languages.en.lexical=1",
+            "grader.languages.en.semantic=2",
+            "grader.languages.en.bias=-3",
+        ],
+    )
     assert cfg.grader.languages.en == LanguageCalibration(lexical=1, semantic=2, bias=-3)
     assert cfg.grader.languages.ja == SemanticGraderConfig(backend="semantic").languages.ja

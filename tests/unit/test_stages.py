@@ -5,16 +5,24 @@ Spark end-to-end test)."""
 import pandas as pd
 import pytest
 
-from tests.support import SAMPLE
 from crag import schema, stages
 from crag.backends import Backends
 from crag.backends.base import Answer, Grade, Usage
 from crag.config import CragConfig, RefinementConfig, load_config
+from tests.support import SAMPLE
 
 
 def doc(i, text, source="internal"):
-    return {"source": source, "doc_id": f"{source}-{i}", "parent_id": f"{source}-{i}#p0", "title": f"T{i}",
-            "url": None, "text": text, "retrieval_score": 1.0 / (i + 1), "rank": i + 1}
+    return {
+        "source": source,
+        "doc_id": f"{source}-{i}",
+        "parent_id": f"{source}-{i}#p0",
+        "title": f"T{i}",
+        "url": None,
+        "text": text,
+        "retrieval_score": 1.0 / (i + 1),
+        "rank": i + 1,
+    }
 
 
 class Retriever:
@@ -142,8 +150,11 @@ def test_each_stage_writes_exactly_its_declared_columns(fallback):
         for column in set(before.columns) - set(declared.updates):
             assert list(after[column]) == list(before[column]), f"{name} changed undeclared column {column}"
         before = after
-    assert backends.web_search.calls == (["web: some relevant?", "web: none relevant?"] if fallback == "single" else
-                                         ["some relevant?", "web: some relevant?", "none relevant?", "web: none relevant?"])
+    assert backends.web_search.calls == (
+        ["web: some relevant?", "web: none relevant?"]
+        if fallback == "single"
+        else ["some relevant?", "web: some relevant?", "none relevant?", "web: none relevant?"]
+    )
     assert list(after["web_query"][:2]) == ["web: some relevant?", "web: none relevant?"]
 
 
@@ -159,21 +170,29 @@ def checked(outputs=("a",), updates=stages.BOOKKEEPING):
 
 def test_a_stage_that_writes_an_undeclared_column_fails():
     probe = stages.runs(checked())(lambda df: {"a": 1, "b": 2, "error": df["error"], "decisions": df["decisions"]})
-    with pytest.raises(ValueError, match=r"stage 'probe' broke its contract: declared column\(s\) \[\] not written, "
-                                         r"undeclared column\(s\) \['b'\] written"):
+    with pytest.raises(
+        ValueError,
+        match=r"stage 'probe' broke its contract: declared column\(s\) \[\] not written, "
+        r"undeclared column\(s\) \['b'\] written",
+    ):
         probe(stages.start(questions("x?")))
 
 
 def test_a_stage_that_rewrites_a_column_it_does_not_declare_fails():
-    probe = stages.runs(checked())(lambda df: {"a": 1, "question": "other", "error": df["error"], "decisions": df["decisions"]})
+    probe = stages.runs(checked())(
+        lambda df: {"a": 1, "question": "other", "error": df["error"], "decisions": df["decisions"]}
+    )
     with pytest.raises(ValueError, match=r"undeclared column\(s\) \['question'\] written"):
         probe(stages.start(questions("x?")))
 
 
 def test_a_stage_that_misses_a_declared_column_fails():
     probe = stages.runs(checked(outputs=("a", "ms_probe")))(lambda df: {"a": 1, "error": df["error"]})
-    with pytest.raises(ValueError, match=r"declared column\(s\) \['ms_probe', 'decisions'\] not written, "
-                                         r"undeclared column\(s\) \[\] written"):
+    with pytest.raises(
+        ValueError,
+        match=r"declared column\(s\) \['ms_probe', 'decisions'\] not written, "
+        r"undeclared column\(s\) \[\] written",
+    ):
         probe(stages.start(questions("x?")))
 
 
@@ -274,17 +293,34 @@ def test_usage_and_counts_reach_the_stage_output():
     assert (rows[0]["n_retrieved"], rows[0]["n_relevant"], rows[0]["n_web"]) == (3, 1, 2)
     grades = rows[0]["grades"]
     assert [(g["source"], g["rank"], g["grade"]) for g in grades] == [
-        ("internal", 1, "yes"), ("internal", 2, "no"), ("internal", 3, "no"), ("web", 1, "yes"), ("web", 2, "no")]
+        ("internal", 1, "yes"),
+        ("internal", 2, "no"),
+        ("internal", 3, "no"),
+        ("web", 1, "yes"),
+        ("web", 2, "no"),
+    ]
     assert grades[0]["prompt_hash"] == "abc123" and grades[0]["grader"] == "fake-grader"
-    assert [d["step"] for d in rows[0]["decisions"]] == ["retrieve", "grade", "route", "rewrite", "web_search", "grade_web", "generate"]
+    assert [d["step"] for d in rows[0]["decisions"]] == [
+        "retrieve",
+        "grade",
+        "route",
+        "rewrite",
+        "web_search",
+        "grade_web",
+        "generate",
+    ]
     assert rows[0]["sources"] == [{"source": "internal", "doc_id": "internal-0", "title": "T0", "url": None}]
 
 
 def test_embedded_backends_on_the_sample(sample_backends, sample_config):
     out = stages.run_pipeline(
-        questions("How often should the HEPA-13 main filter be replaced?", "How high is Mount Fuji?",
-                  "Who painted the ceiling of the Sistine Chapel?"),
-        sample_backends, sample_config,
+        questions(
+            "How often should the HEPA-13 main filter be replaced?",
+            "How high is Mount Fuji?",
+            "Who painted the ceiling of the Sistine Chapel?",
+        ),
+        sample_backends,
+        sample_config,
     )
     assert list(out["route"]) == ["internal", "web", "refused"]
     assert "every 12 months" in out.loc[0, "answer"]
@@ -302,8 +338,13 @@ def test_streamed_pipelines_give_the_same_rows_in_order(sample_backends, sample_
     questions = questions[questions["question"].str.strip().astype(bool)].drop_duplicates("question_id").head(11)
     frame = questions[["question_id", "question"]].reset_index(drop=True)
     one = _run_subpipelines(frame, sample_backends, sample_config).to_pandas()
-    cfg = sample_config.model_copy(update={"spark": sample_config.spark.model_copy(
-        update={"pipelines_per_task": threads, "questions_per_pipeline": per_pipeline})})
+    cfg = sample_config.model_copy(
+        update={
+            "spark": sample_config.spark.model_copy(
+                update={"pipelines_per_task": threads, "questions_per_pipeline": per_pipeline}
+            )
+        }
+    )
     streamed = _run_subpipelines(frame, sample_backends, cfg).to_pandas()
     assert list(streamed["question_id"]) == list(frame["question_id"])
     compared = ["question_id", "answer", "action", "route", "n_retrieved", "n_relevant", "n_web"]

@@ -40,7 +40,12 @@ def test_keywords_keep_readable_words():
 
 
 def test_sentences_english_and_japanese():
-    assert split_sentences("梅雨は雨季です。5月に来る。Hello there. Bye!") == ["梅雨は雨季です。", "5月に来る。", "Hello there.", "Bye!"]
+    assert split_sentences("梅雨は雨季です。5月に来る。Hello there. Bye!") == [
+        "梅雨は雨季です。",
+        "5月に来る。",
+        "Hello there.",
+        "Bye!",
+    ]
     assert split_sentences("line one\nline two") == ["line one", "line two"]
 
 
