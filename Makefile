@@ -25,7 +25,7 @@ $(STAMP): $(UV) pyproject.toml uv.lock
 
 $(JARS)/.fetched: conf/spark/pom.xml
 	@echo "crag: fetching the Delta Lake jars for Spark from Maven Central into $(JARS)"
-	@mvn --quiet --batch-mode -f conf/spark/pom.xml dependency:copy-dependencies -DexcludeTransitive=true \
+	@mvn --quiet --batch-mode -Dstyle.color=never -f conf/spark/pom.xml dependency:copy-dependencies -DexcludeTransitive=true \
 		-DoutputDirectory=$(CURDIR)/$(JARS)
 	@touch $@
 
