@@ -110,8 +110,9 @@ class Warehouse:
         assert path is not None  # only a local folder's tables are attached
         if self.spark.catalog.tableExists(name):
             rows = self.spark.sql(f"DESCRIBE TABLE EXTENDED {name}").where("col_name = 'Location'").collect()
-            registered = rows[0]["data_type"].rstrip("/") if rows else None
-            if registered not in (path.as_uri(), str(path)):
+            registered = rows[0]["data_type"] if rows else ""
+            # Spark spells a location file:/a/b; compare paths, not spellings
+            if Path(registered.removeprefix("file:")) != path:
                 self.spark.sql(f"DROP TABLE {name}")  # an external table: its files stay where they are
         if not self.spark.catalog.tableExists(name) and any((path / "_delta_log").glob("*.json")):
             try:
