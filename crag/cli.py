@@ -25,13 +25,17 @@ def _conf_args(p: argparse.ArgumentParser) -> None:
         "with crag (local, databricks, openai) when no such file exists",
     )
     p.add_argument("--variant", help="overlay variants/NAME.yaml (next to the --conf file) on the config; base: none")
+    _set_args(p, "routing.policy=thresholds")
+
+
+def _set_args(p: argparse.ArgumentParser, example: str) -> None:
     p.add_argument(
         "--set",
         dest="overrides",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override one config key, e.g. --set routing.policy=thresholds (repeatable)",
+        help=f"override one config key, e.g. --set {example} (repeatable)",
     )
     p.add_argument(
         "--overrides",
@@ -194,15 +198,7 @@ def _session_args(p: argparse.ArgumentParser) -> None:
         help="YAML config file (or the name of a shipped one) whose spark and tables sections to use "
         "(default: built-in)",
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one config key, e.g. --set spark.remote=sc://localhost:15002 (repeatable)",
-    )
-    p.add_argument("--overrides", dest="override_list", default="", metavar="'K=V;K=V'", help=argparse.SUPPRESS)
+    _set_args(p, "spark.remote=sc://localhost:15002")
 
 
 def _format_arg(p: argparse.ArgumentParser) -> None:
