@@ -36,7 +36,7 @@ from crag.evaluation import ACTIONS
 from crag.ids import check_run_id
 from crag.questions import read_questions, validate
 from crag.spark import get_spark, parallelism, run_stages
-from crag.warehouse import Warehouse, quote
+from crag.warehouse import Warehouse, is_catalog_schema, quote
 
 log = logging.getLogger("crag")
 
@@ -176,6 +176,8 @@ def prepare(
     if resume and not run_id:
         raise CragError("--resume needs the id of the run to continue")
     run_id = check_run_id(run_id) if run_id else new_run_id()
+    if resume and spark is None and not is_catalog_schema(warehouse):
+        _check_resumable_folder(Path(warehouse), run_id)
     # Credentials, indexes and clients first: a missing one fails in seconds with one clear line,
     # before any input is read or any Spark work starts.
     secrets = resolve_credentials(cfg)
@@ -214,6 +216,20 @@ def prepare(
     plan.input_hash = str(totals["input_hash"])
     log.info("run %s: %d input rows, %d accepted, %d rejected", run_id, plan.input_rows, plan.accepted, plan.rejected)
     return plan
+
+
+def _check_resumable_folder(warehouse: Path, run_id: str) -> None:
+    """A run to resume in a local folder is looked up with delta-rs first: a wrong id is one line in a
+    second, before a JVM starts."""
+    from deltalake import DeltaTable
+
+    runs = warehouse / "runs"
+    found = (
+        DeltaTable.is_deltatable(str(runs))
+        and DeltaTable(str(runs)).to_pyarrow_table(columns=["run_id"], filters=[("run_id", "=", run_id)]).num_rows
+    )
+    if not found:
+        raise CragError(f"no run {run_id!r} to resume in {warehouse}")
 
 
 # An order-free fingerprint of a table of questions: what `--resume` checks the input against.
