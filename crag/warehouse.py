@@ -113,7 +113,9 @@ class Warehouse:
             registered = rows[0]["data_type"] if rows else ""
             # Spark spells a location file:/a/b; compare paths, not spellings
             if Path(registered.removeprefix("file:")) != path:
-                self.spark.sql(f"DROP TABLE {name}")  # an external table: its files stay where they are
+                self.spark.sql(
+                    f"DROP TABLE IF EXISTS {name}"
+                )  # external: its files stay; another thread may have dropped it
         if not self.spark.catalog.tableExists(name) and any((path / "_delta_log").glob("*.json")):
             try:
                 self.spark.catalog.createTable(name, path=str(path), source="delta")
@@ -183,7 +185,7 @@ class Warehouse:
     def drop(self, table: str) -> None:
         """Remove a table and its data (a run's work tables, once the run is finalised)."""
         if self.exists(table):
-            self.spark.sql(f"DROP TABLE {self.name(table)}")
+            self.spark.sql(f"DROP TABLE IF EXISTS {self.name(table)}")
         if self.folder is not None:
             self._attached.discard(table)
         path = self.path(table)

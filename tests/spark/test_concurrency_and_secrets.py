@@ -27,7 +27,7 @@ def test_two_runs_write_the_same_warehouse_at_once(spark, tmp_path, index_overri
                 spark=spark,
             )
         except Exception as exc:  # the assertion below shows it
-            errors.append(repr(exc))
+            errors.append(f"{type(exc).__name__}: {exc}")
 
     threads = [
         threading.Thread(target=one, args=("left", [])),
