@@ -25,8 +25,8 @@ $(STAMP): $(UV) pyproject.toml uv.lock
 
 $(JARS)/.fetched: conf/spark/pom.xml
 	@echo "crag: fetching the Delta Lake jars for Spark from Maven Central into $(JARS)"
-	@mvn --quiet --batch-mode -Dstyle.color=never -f conf/spark/pom.xml dependency:copy-dependencies -DexcludeTransitive=true \
-		-DoutputDirectory=$(CURDIR)/$(JARS)
+	@out=$$(mvn --quiet --batch-mode -f conf/spark/pom.xml dependency:copy-dependencies -DexcludeTransitive=true \
+		-DoutputDirectory=$(CURDIR)/$(JARS) 2>&1) || { echo "$$out"; exit 1; }  # Maven's output only when it fails
 	@touch $@
 
 .crag/indexes/sample_kb/manifest.json: $(STAMP) $(JARS)/.fetched $(wildcard data/sample/kb/* data/sample/kb/*/*)
