@@ -365,7 +365,7 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
         if cfg.cache.enabled:
             batch = _with_stored_results(wh, batch)
         else:
-            batch = batch.withColumn("cache", F.expr("array()").cast("array<struct<key:string,value:string>>"))
+            batch = batch.withColumn("cache", _no_stored_results())
         size = math.ceil(remaining / batches)
         partitions = max(1, min(cfg.spark.partitions or slots, size))
         output = run_stages(batch, cfg, plan.secrets, partitions, slots)
@@ -393,6 +393,14 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
     reporter.close()
 
 
+def _no_stored_results():
+    """An empty `cache` column, typed as schema.STAGE_INPUT types it."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    return F.expr("array()").cast(from_arrow_type(schema.STAGE_INPUT.field("cache").type))
+
+
 def _with_stored_results(wh: Warehouse, batch):
     """The batch's questions with the stage-cache rows filed under them (crag.cache), joined in Spark."""
     from pyspark.sql import functions as F
@@ -405,7 +413,7 @@ def _with_stored_results(wh: Warehouse, batch):
         .groupBy("question_key")
         .agg(F.collect_list(F.struct("key", "value")).alias("cache"))
     )
-    empty = F.expr("array()").cast("array<struct<key:string,value:string>>")
+    empty = _no_stored_results()
     return keyed.join(stored, "question_key", "left").select(
         "question_id", "question", F.coalesce("cache", empty).alias("cache")
     )

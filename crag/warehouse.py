@@ -177,11 +177,6 @@ class Warehouse:
         """Atomically replace the rows matching `condition` (a Column) with `df`'s rows."""
         self._write(table, df, lambda writer: writer.overwrite(condition))
 
-    def delete(self, table: str, condition) -> None:
-        """Delete the rows matching `condition` (a Column); nothing if the table does not exist."""
-        if self.exists(table):
-            self._write(table, self.empty(table), lambda writer: writer.overwrite(condition))
-
     def drop(self, table: str) -> None:
         """Remove a table and its data (a run's work tables, once the run is finalised)."""
         if self.exists(table):
