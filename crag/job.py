@@ -18,9 +18,11 @@ import logging
 import math
 import os
 import socket
+import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,6 +37,7 @@ from crag.errors import CragError, InputError
 from crag.evaluation import ACTIONS
 from crag.ids import check_run_id
 from crag.questions import read_questions, validate
+from crag.secrets import scrub
 from crag.spark import get_spark, parallelism, run_stages
 from crag.warehouse import Warehouse, is_catalog_schema, quote
 
@@ -336,9 +339,37 @@ def _merge_claim(plan: RunPlan, takeover: str | None) -> None:
 # ------------------------------------------------------------------ answer
 
 
+class Heartbeat:
+    """Calls `beat` every `every_s` seconds on a thread of its own until the block ends, so that a
+    long batch never makes a live run look stale to another process (tables.stale_run_after_s), and
+    the heartbeat's commit never stands between two batches. A failed beat is logged; the next one
+    tries again."""
+
+    def __init__(self, beat: Callable[[], None], every_s: float):
+        self._beat, self._every_s = beat, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="crag-heartbeat", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._every_s):
+            try:
+                self._beat()
+            except Exception as exc:  # the run goes on; a beat missed is a beat late
+                log.warning("heartbeat not recorded (%s): the next one tries again", scrub(str(exc))[:200])
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()  # a beat in progress ends before the run records its outcome
+
+
 def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
     """The accepted questions without a staged answer, in committed batches of spark.batch_questions.
-    `progress`: questions done / total, rate and time left after each batch on stderr (None: when
+    Two batches are in flight at a time: the next one's tasks run while the driver commits the last
+    one. `progress`: questions done / total, rate and time left after each batch on stderr (None: when
     stderr is a terminal)."""
     from pyspark.sql import functions as F
 
@@ -356,40 +387,51 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
     batches = math.ceil(remaining / cfg.spark.batch_questions)
     slots = parallelism(wh.spark, cfg.spark)
     bucket = F.pmod(F.xxhash64("question_id"), F.lit(batches))
+    size = math.ceil(remaining / batches)
+    partitions = max(1, min(cfg.spark.partitions or slots, size))
     reporter = ProgressReporter(enabled=progress, desc="crag: questions").start(
         plan.accepted, plan.accepted - remaining
     )
-    reported = 0
-    for i in range(batches):
+
+    def staged(i: int):
         batch = todo.where(bucket == i)
         if cfg.cache.enabled:
             batch = _with_stored_results(wh, batch)
         else:
             batch = batch.withColumn("cache", _no_stored_results())
-        size = math.ceil(remaining / batches)
-        partitions = max(1, min(cfg.spark.partitions or slots, size))
-        output = run_stages(batch, cfg, plan.secrets, partitions, slots)
-        staged = output.select(
+        return run_stages(batch, cfg, plan.secrets, partitions, slots).select(
             F.lit(plan.run_id).alias("run_id"),
             F.lit(i).cast("int").alias("batch"),
             "*",
             F.current_timestamp().alias("created_at"),
         )
-        wh.append(plan.staging, staged)
-        if i + 1 < batches:
-            plan.record("running")  # heartbeat: this process still holds the run
+
+    def committed(i: int) -> None:
         # Batches are hash buckets of about equal size: progress is estimated, not counted again.
-        done_now = round(remaining * (i + 1) / batches)
-        reporter.advance(done_now - reported)
-        reported = done_now
+        done_now = round(remaining * (i + 1) / batches) - round(remaining * i / batches)
+        reporter.advance(done_now)
         if not reporter.enabled:  # the bar says it on a terminal; a log line says it elsewhere
             log.info(
                 "batch %d/%d committed: about %d of %d questions answered",
                 i + 1,
                 batches,
-                plan.accepted - remaining + done_now,
+                plan.accepted - remaining + round(remaining * (i + 1) / batches),
                 plan.accepted,
             )
+
+    beat_every_s = cfg.tables.stale_run_after_s / 3
+    with Heartbeat(lambda: plan.record("running"), beat_every_s), ThreadPoolExecutor(2, "crag-batch") as pool:
+        # Leaving the block waits for the batch still in flight, also when another one failed: what
+        # it commits is kept, and --resume goes on after it.
+        in_flight: list[Future] = []
+        for i in range(batches):
+            in_flight.append(pool.submit(wh.append, plan.staging, staged(i)))
+            if len(in_flight) == 2:
+                in_flight.pop(0).result()
+                committed(i - 1)
+        for future in in_flight:
+            future.result()
+            committed(batches - 1)
     reporter.close()
 
 
@@ -427,7 +469,7 @@ def _derived_tables(plan: RunPlan) -> dict:
     from pyspark.sql import functions as F
 
     wh = plan.warehouse
-    staged = wh.load(plan.staging).dropDuplicates(["question_id"])
+    staged = wh.load(plan.staging)  # one row per question: check_invariant has counted them
     run_cols = [F.lit(plan.run_id).alias("run_id"), F.lit(plan.variant).alias("variant")]
     created = F.col("created_at")
 
@@ -450,8 +492,6 @@ def _derived_tables(plan: RunPlan) -> dict:
 
 
 def finalise(plan: RunPlan) -> RunResult:
-    from concurrent.futures import ThreadPoolExecutor
-
     from pyspark.sql import functions as F
 
     wh, run_id = plan.warehouse, plan.run_id

@@ -211,4 +211,6 @@ class Warehouse:
         writer = self.empty(table).writeTo(self.name(table)).using("delta")
         if path is not None:
             writer = writer.tableProperty("location", str(path))
+        if "__" in table:  # a run's work table is read whole, never filtered: no column statistics to collect
+            writer = writer.tableProperty("delta.dataSkippingNumIndexedCols", "0")
         writer.create()

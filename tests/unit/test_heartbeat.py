@@ -1,0 +1,55 @@
+"""The run's heartbeat: beats on its own thread while batches run, survives a failed beat, and has
+finished its last beat when the block ends (the run's outcome is recorded after it)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from crag.job import Heartbeat
+
+WAIT_S = 30  # generous: the machine may be busy; the waits end as soon as the beats happen
+
+
+def test_it_beats_until_the_block_ends():
+    beats, third = [], threading.Event()
+
+    def beat():
+        beats.append(threading.current_thread().name)
+        if len(beats) == 3:
+            third.set()
+
+    with Heartbeat(beat, every_s=0.01):
+        assert third.wait(WAIT_S)
+    after = len(beats)
+    threading.Event().wait(0.1)
+    assert len(beats) == after  # stopped with the block
+    assert set(beats) == {"crag-heartbeat"}  # never on the caller's thread
+
+
+def test_a_failed_beat_is_logged_and_the_next_one_tries_again(caplog):
+    calls, recovered = [], threading.Event()
+
+    def beat():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("ConcurrentAppendException at http://user:hunter2@host/x")
+        recovered.set()
+
+    with caplog.at_level(logging.WARNING, logger="crag"), Heartbeat(beat, every_s=0.01):
+        assert recovered.wait(WAIT_S)
+    assert "heartbeat not recorded" in caplog.text and "ConcurrentAppendException" in caplog.text
+    assert "hunter2" not in caplog.text
+
+
+def test_leaving_the_block_waits_for_a_beat_in_progress():
+    started, finished = threading.Event(), threading.Event()
+
+    def slow_beat():
+        started.set()
+        threading.Event().wait(0.3)
+        finished.set()
+
+    with Heartbeat(slow_beat, every_s=0.01):
+        assert started.wait(WAIT_S)
+    assert finished.is_set()
