@@ -194,8 +194,10 @@ class Warehouse:
         df = df.select(*target.names)
         for attempt in range(attempts):
             try:
-                self.ensure(table)
-                action(df.writeTo(self.name(table)))
+                if self.exists(table):
+                    action(df.writeTo(self.name(table)))
+                else:  # the first rows create the table: one commit, not an empty one and then the rows
+                    self._create(table, self.empty(table).unionByName(df))
                 return
             except Exception as exc:
                 if not _is_conflict(exc) or attempt == attempts - 1:
@@ -205,10 +207,14 @@ class Warehouse:
     def ensure(self, table: str) -> None:
         """Create the table if it does not exist (`exists` registers one that another process has
         created in a local folder since this session first looked)."""
-        if self.exists(table):
-            return
+        if not self.exists(table):
+            self._create(table, self.empty(table))
+
+    def _create(self, table: str, rows) -> None:
+        """A new Delta table of `rows`, whose columns are the table's own (`empty(table)` comes first in
+        a union, so its types and nullability are the ones the table gets)."""
         path = self.path(table)
-        writer = self.empty(table).writeTo(self.name(table)).using("delta")
+        writer = rows.writeTo(self.name(table)).using("delta")
         if path is not None:
             writer = writer.tableProperty("location", str(path))
         if "__" in table:  # a run's work table is read whole, never filtered: no column statistics to collect

@@ -165,6 +165,10 @@ def test_a_finished_run_leaves_no_staging_rows_and_the_catalog_names_its_tables(
     wh = Warehouse(spark, str(warehouse))
     assert wh.name("answers") == "`spark_catalog`.`crag`.`answers`"
     assert wh.load_run("answers", "sample-1").count() == 49  # Spark reads what delta-rs reads
+    # Each table was created by its first rows: it has the declared columns, types and nullability
+    # (crag.schema), not whatever the first writer's frame happened to have.
+    for name in ("answers", "grades", "decisions", "rejects", "gold", "runs", "metrics", "stage_cache"):
+        assert wh.load(name).schema == wh.empty(name).schema, name
 
 
 def test_a_rerun_keeps_the_old_rows_until_it_has_committed(spark, index_overrides, tmp_path, monkeypatch):
