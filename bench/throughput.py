@@ -96,7 +96,7 @@ def lower_bound(calls: Counter, capacity: int) -> tuple[float, str]:
 def load_client_libraries() -> float:
     """Import what crag's Databricks backends use; the seconds it took (about 0 once loaded)."""
     t0 = time.perf_counter()
-    import databricks.vector_search.client  # noqa: F401
+    import databricks.ai_search.client  # noqa: F401
     import mlflow.deployments  # noqa: F401
 
     import crag.backends.databricks_serving  # noqa: F401

@@ -19,6 +19,7 @@ import hashlib
 import random
 import re
 import time
+import weakref
 from pathlib import Path
 
 import pyarrow as pa
@@ -63,6 +64,11 @@ def _is_conflict(exc: Exception) -> bool:
     )
 
 
+# Per Spark session: the folder each local table name was registered for by crag (the session's
+# catalog is the truth; this spares asking it on every use).
+_REGISTERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 class Warehouse:
     """crag's tables in one catalog schema, read and written through one Spark session."""
 
@@ -99,20 +105,22 @@ class Warehouse:
 
     def _attach_folder(self) -> None:
         self.spark.sql(f"CREATE SCHEMA IF NOT EXISTS {quote(self.catalog)}.{quote(self.schema)}")
-        self._attached: set[str] = set()
 
     def _attach(self, table: str) -> None:
         """A local catalog lives only as long as its session, and one session may open several
-        folders: (re-)register the table's name for this folder's files the first time it is used."""
-        if table in self._attached:
-            return
+        folders: (re-)register the table's name for this folder's files when the session's name points
+        elsewhere or nowhere. What the session's names point to is remembered per session, so a run
+        asks the catalog only about names it has not registered itself."""
         name, path = self.name(table), self.path(table)
         assert path is not None  # only a local folder's tables are attached
+        registered = _REGISTERED.setdefault(self.spark, {})
+        if registered.get(name) == path:
+            return
         if self.spark.catalog.tableExists(name):
             rows = self.spark.sql(f"DESCRIBE TABLE EXTENDED {name}").where("col_name = 'Location'").collect()
-            registered = rows[0]["data_type"] if rows else ""
+            location = rows[0]["data_type"] if rows else ""
             # Spark spells a location file:/a/b; compare paths, not spellings
-            if Path(registered.removeprefix("file:")) != path:
+            if Path(location.removeprefix("file:")) != path:
                 self.spark.sql(
                     f"DROP TABLE IF EXISTS {name}"
                 )  # external: its files stay; another thread may have dropped it
@@ -123,7 +131,7 @@ class Warehouse:
                 if not _is_conflict(exc):
                     raise
         if self.spark.catalog.tableExists(name):
-            self._attached.add(table)
+            registered[name] = path
 
     @staticmethod
     def staging(kind: str, run_id: str) -> str:
@@ -182,7 +190,7 @@ class Warehouse:
         if self.exists(table):
             self.spark.sql(f"DROP TABLE IF EXISTS {self.name(table)}")
         if self.folder is not None:
-            self._attached.discard(table)
+            _REGISTERED.get(self.spark, {}).pop(self.name(table), None)
         path = self.path(table)
         if path is not None and path.is_dir():
             import shutil
@@ -220,3 +228,5 @@ class Warehouse:
         if "__" in table:  # a run's work table is read whole, never filtered: no column statistics to collect
             writer = writer.tableProperty("delta.dataSkippingNumIndexedCols", "0")
         writer.create()
+        if path is not None:
+            _REGISTERED.setdefault(self.spark, {})[self.name(table)] = path
