@@ -181,13 +181,18 @@ def prepare(
     run_id = check_run_id(run_id) if run_id else new_run_id()
     if resume and spark is None and not is_catalog_schema(warehouse):
         _check_resumable_folder(Path(warehouse), run_id)
-    # Credentials, indexes and clients first: a missing one fails in seconds with one clear line,
-    # before any input is read or any Spark work starts.
+    # Credentials, indexes and clients first: a missing one fails with one clear line before anything
+    # is written, and before a JVM starts when there is no session yet. With a session, the indexes
+    # load while Spark reads the run's record.
     secrets = resolve_credentials(cfg)
-    build_backends(cfg, secrets)
-    wh = Warehouse(spark or get_spark(cfg.spark), warehouse, cfg.tables)
-    plan = RunPlan(cfg, run_id, variant or "base", wh, secrets, uuid.uuid4().hex, datetime.now(UTC))
-    previous = _previous_run(plan, resume)
+    with ThreadPoolExecutor(1, "crag-backends") as pool:
+        backends_built = pool.submit(build_backends, cfg, secrets)
+        if spark is None:
+            backends_built.result()
+        wh = Warehouse(spark or get_spark(cfg.spark), warehouse, cfg.tables)
+        plan = RunPlan(cfg, run_id, variant or "base", wh, secrets, uuid.uuid4().hex, datetime.now(UTC))
+        previous = _previous_run(plan, resume)
+        backends_built.result()
     plan.fresh = previous is None
     raw = read_questions(wh.spark, questions)
     checked = validate(wh.spark, raw, cfg.input.max_question_chars)
@@ -377,9 +382,11 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
 
     wh, cfg = plan.warehouse, plan.cfg
     inputs = wh.load(plan.inputs).where(F.col("reason").isNull()).select("question_id", "question")
-    done = wh.load(plan.staging).select("question_id")
-    todo = inputs.join(done, "question_id", "left_anti")
-    remaining = todo.count()
+    if wh.exists(plan.staging):  # resumed: what the earlier attempts committed is not answered again
+        todo = inputs.join(wh.load(plan.staging).select("question_id"), "question_id", "left_anti")
+        remaining = todo.count()
+    else:
+        todo, remaining = inputs, plan.accepted
     if remaining < plan.accepted:
         log.info("resuming: %d questions already answered, %d to go", plan.accepted - remaining, remaining)
     if not remaining:
@@ -419,6 +426,8 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
                 plan.accepted,
             )
 
+    # Created before two batches race to create it: the loser would compute its batch again.
+    wh.ensure(plan.staging)
     beat_every_s = cfg.tables.stale_run_after_s / 3
     with Heartbeat(lambda: plan.record("running"), beat_every_s), ThreadPoolExecutor(2, "crag-batch") as pool:
         # Leaving the block waits for the batch still in flight, also when another one failed: what
