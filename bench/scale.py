@@ -2,7 +2,8 @@
 shared corpora (SQuAD 2.0, JSQuAD, JaQuAD paragraphs; children of 100 characters sliding by 50), on
 the machine's cores. The three corpora hold about 1.2 million characters, 23,000 such chunks; to reach
 the size asked for they are indexed `--copies` times (3) as separate document sets. Reports index
-build time, the job's wall time after Spark start-up, and the peak memory of the whole process tree
+build time, the job's wall time after Spark start-up and a Delta warm-up (bench/warm.py; both
+reported apart), and the peak memory of the whole process tree
 (driver, JVM, Python workers) and of the Python driver alone, sampled every 0.2 s.
 
 Run:  python -m bench.scale [--questions 10000] [--child-chars 100] [--child-overlap 50]
@@ -21,6 +22,7 @@ from pathlib import Path
 import psutil
 
 from bench.datasets import read_jsonl, require_dataset
+from bench.warm import warm_up_delta
 
 DATASETS = ("squad_v2", "jsquad", "jaquad")
 
@@ -120,6 +122,7 @@ def run_scale(
     spark = spark or get_spark(cfg.spark)
     spark.range(1).count()
     startup_s = time.perf_counter() - t0
+    warm_up_s = warm_up_delta(spark, workdir / "warm_up")
     overrides = [
         *sets,
         f"retriever.index={workdir / 'kb_index'}",
@@ -145,6 +148,7 @@ def run_scale(
         "kb_parents": kb_manifest["n_parents"],
         "index_build_s": round(index_s, 1),
         "spark_startup_s": round(startup_s, 1),
+        "delta_warm_up_s": round(warm_up_s, 1),
         "wall_s_after_startup": round(wall_s, 1),
         "questions_per_s": round(n_questions / wall_s, 1),
         "peak_memory_gb": round(memory.peak / 2**30, 2),
