@@ -18,7 +18,8 @@ from bench.datasets import REPO
 from crag.backends import Backends
 from crag.backends.base import Answer, Grade
 from crag.config import load_config
-from crag.stages import run_pipeline, to_stage_output
+from crag.spark import to_stage_output
+from crag.stages import run_pipeline
 
 
 def _doc(source: str, i: int) -> dict:

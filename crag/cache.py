@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from crag.backends import Backends, secrets_for
-from crag.backends.base import Answer, Grade, current_question
+from crag.backends.base import Answer, Grade
 from crag.backends.remote import on_databricks
 from crag.config import CragConfig, stable_hash
 
@@ -194,7 +194,7 @@ class CachedGrader(_Wrapper):
             self._slice,
             [question, _doc_inputs(documents)],
             usage,
-            current_question.get() or question,
+            question,
             lambda: self._inner.grade(question, documents, usage),
             lambda grades: [asdict(g) for g in grades],
             lambda rows: [Grade(**r) for r in rows],
@@ -216,14 +216,14 @@ class CachedRewriter(_Wrapper):
 
 
 class CachedWebSearch(_Wrapper):
-    def search(self, query, k, usage=None):
+    def search(self, query, k, usage=None, *, question=None):
         return self._cache.cached(
             "web_search",
             self._slice,
             [query, k],
             usage,
-            current_question.get() or query,
-            lambda: self._inner.search(query, k, usage),
+            question or query,  # filed under the question it serves, loaded with that question's rows
+            lambda: self._inner.search(query, k, usage, question=question),
             lambda docs: docs,
             lambda docs: docs,
         )

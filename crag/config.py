@@ -323,6 +323,15 @@ class RefinementConfig(Section):
     keep: int = Field(5, gt=0)
 
 
+class WebStageConfig(Section):
+    """The web search stage's slice, spread over two sections of the file: the web_search section, and
+    the routing threshold under which the two-stage fallback searches again. Made by the pipeline, not
+    read from YAML."""
+
+    search: WebSearchConfig
+    min_context_chars: int = Field(ge=0)
+
+
 class IndexingConfig(Section):
     tokenizer: Literal[TOKENIZERS] = "cjk_ngram"  # type: ignore[valid-type]
     # sections: parents are Markdown/HTML sections or paragraphs, children are split inside them

@@ -316,7 +316,7 @@ class OfflineCorpusSearch:
     # search API returns k distinct results.
     CHILDREN_PER_RESULT = 4
 
-    def search(self, query: str, k: int, usage=None) -> list[Document]:
+    def search(self, query: str, k: int, usage=None, *, question: str | None = None) -> list[Document]:
         if usage is not None:
             usage.search_calls += 1
         return self.index.search([query], k * self.CHILDREN_PER_RESULT, source="web", max_parents=k)[0]

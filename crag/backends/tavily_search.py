@@ -19,7 +19,7 @@ class TavilySearch:
         self.concurrency = self._endpoint.concurrency
         self.name = "tavily"
 
-    def search(self, query: str, k: int, usage=None) -> list[Document]:
+    def search(self, query: str, k: int, usage=None, *, question: str | None = None) -> list[Document]:
         cfg = self.cfg
         reply = self._endpoint.call(
             lambda: self._client.search(
