@@ -379,5 +379,6 @@ def test_the_stage_cache_files_every_call_under_its_question_and_counts_its_hits
     )
     assert backends.retriever.calls == [] and backends.web_search.calls == [] and backends.grader.calls == []
     assert [u["search_calls"] for u in again["usage"]] == [0, 0]
-    assert [u["cache_hits"] for u in again["usage"]] == [6, 6]  # retrieve, grade, rewrite, web search, web grades, generate
+    # each question's retrieve, grade, rewrite, web search, web grades and answer
+    assert [u["cache_hits"] for u in again["usage"]] == [6, 6]
     assert list(again["answer"]) == list(out["answer"])
