@@ -17,6 +17,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -34,7 +35,6 @@ def _index_identity(path: str | None) -> str | None:
     """A local index's build time: rebuilding an index at the same path invalidates its cache."""
     if not path:
         return None
-    from pathlib import Path
 
     manifest = Path(path) / "manifest.json"
     if not manifest.is_file():

@@ -25,7 +25,9 @@ import pandas as pd
 import pyarrow as pa
 
 from crag import schema
+from crag.backends import cached_backends
 from crag.backends.base import Document
+from crag.cache import StageCache, question_key, role_slices, with_cache
 from crag.config import CragConfig, SparkConfig
 from crag.errors import ConfigError
 from crag.stages import frame_rows, run_pipeline
@@ -66,7 +68,7 @@ def is_connect(spark) -> bool:
 def get_spark(cfg: SparkConfig):
     """The active session (Databricks, a notebook, a test's shared one), else a new one: Spark Connect
     when `spark.remote` is set, classic local Spark otherwise; Delta Lake configured either way."""
-    from pyspark.sql import SparkSession
+    from pyspark.sql import SparkSession  # noqa: PLC0415  # crag index on a laptop imports this module and writes with delta-rs
 
     active = SparkSession.getActiveSession()
     if active is not None and (cfg.remote is None or is_connect(active)):
@@ -133,8 +135,6 @@ def _partition_task(config_json: str, secrets: dict[str, str], concurrent_tasks:
     # have neither the driver's environment nor dbutils. It never enters the config or a table.
     def process(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         # Imported here: this runs in the worker process.
-        from crag.backends import cached_backends
-        from crag.cache import StageCache, question_key, role_slices, with_cache
 
         cfg = CragConfig.model_validate_json(config_json)
         backends = cached_backends(cfg, secrets, concurrent_tasks)
@@ -238,7 +238,7 @@ def run_stages(questions, cfg: CragConfig, secrets: dict[str, str] | None, parti
     """All stages over a DataFrame of questions (schema.STAGE_INPUT: question_id, question, and the
     stored backend results that may serve them); a DataFrame of schema.STAGE_OUTPUT rows, evaluated
     when it is written."""
-    from pyspark.sql.pandas.types import from_arrow_schema
+    from pyspark.sql.pandas.types import from_arrow_schema  # noqa: PLC0415  # as get_spark's
 
     # Partitions running at the same time share each endpoint's max_concurrency budget.
     concurrent_tasks = max(1, min(partitions, slots))
