@@ -6,6 +6,9 @@ REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
 LOCAL_CONF = REPO / "conf" / "local.yaml"
 TOKEN = "test-token-4f9a"  # recognisable, so tests can search outputs for it
+# Answers as the console shows them: English over two lines, and wide Japanese text.
+ANSWER_EN = "Replace the HEPA-13 main filter every twelve months.\nVacuum the pre-filter every two weeks."
+ANSWER_JA = "富士山は日本で一番高い山です。標高は3776メートルで、静岡県と山梨県にまたがっています。"
 
 
 def run_rows(warehouse, name: str, run_id: str | None = None):
