@@ -165,10 +165,13 @@ def checked(outputs=("a",), updates=stages.BOOKKEEPING):
     return stages.Stage("probe", ("question",), outputs, updates)
 
 
+def kept(df):
+    """The bookkeeping columns as they came in, which a probe stage must write back."""
+    return {column: df[column] for column in stages.BOOKKEEPING}
+
+
 def test_a_stage_that_writes_an_undeclared_column_fails():
-    probe = stages.runs(checked())(
-        lambda df: {"a": 1, "b": 2, "error": df["error"], "usage": df["usage"], "decisions": df["decisions"]}
-    )
+    probe = stages.runs(checked())(lambda df: {"a": 1, "b": 2, **kept(df)})
     with pytest.raises(
         ValueError,
         match=r"stage 'probe' broke its contract: declared column\(s\) \[\] not written, "
@@ -178,15 +181,7 @@ def test_a_stage_that_writes_an_undeclared_column_fails():
 
 
 def test_a_stage_that_rewrites_a_column_it_does_not_declare_fails():
-    probe = stages.runs(checked())(
-        lambda df: {
-            "a": 1,
-            "question": "other",
-            "error": df["error"],
-            "usage": df["usage"],
-            "decisions": df["decisions"],
-        }
-    )
+    probe = stages.runs(checked())(lambda df: {"a": 1, "question": "other", **kept(df)})
     with pytest.raises(ValueError, match=r"undeclared column\(s\) \['question'\] written"):
         probe(stages.start(questions("x?")))
 
@@ -208,9 +203,7 @@ def test_a_stage_cannot_add_a_column_that_is_already_there():
 
 
 def test_a_stage_that_keeps_its_contract_changes_only_its_columns():
-    probe = stages.runs(checked())(
-        lambda df: {"a": [7], "error": ["failed"], "usage": df["usage"], "decisions": df["decisions"]}
-    )
+    probe = stages.runs(checked())(lambda df: {**kept(df), "a": [7], "error": ["failed"]})
     out = probe(stages.start(questions("x?")))
     assert list(out.columns) == ["question_id", "question", "error", "usage", "decisions", "a"]
     assert (out.loc[0, "a"], out.loc[0, "error"], out.loc[0, "question"]) == (7, "failed", "x?")
