@@ -17,11 +17,12 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from crag.backends import Backends, secrets_for
-from crag.backends.base import Answer, Grade, current_question
+from crag.backends.base import Answer, Grade
 from crag.backends.remote import on_databricks
 from crag.config import CragConfig, stable_hash
 
@@ -34,7 +35,6 @@ def _index_identity(path: str | None) -> str | None:
     """A local index's build time: rebuilding an index at the same path invalidates its cache."""
     if not path:
         return None
-    from pathlib import Path
 
     manifest = Path(path) / "manifest.json"
     if not manifest.is_file():
@@ -153,21 +153,35 @@ def _doc_inputs(docs: list[dict]) -> list:
     return [[d.get("source"), d.get("doc_id"), d.get("parent_id"), d.get("title"), d.get("text")] for d in docs]
 
 
+def _same(value: Any) -> Any:
+    return value
+
+
 class _Wrapper:
+    """A backend whose calls are answered from the stage cache when it holds their result."""
+
+    role: str  # the role's name in role_slices and in the stored rows
+
     def __init__(self, inner, cache: StageCache, slice_hash: str):
         self._inner, self._cache, self._slice = inner, cache, slice_hash
 
     def __getattr__(self, name):  # name, concurrency, prompt_hash, policy_keywords ...
         return getattr(self._inner, name)
 
+    def _cached(self, inputs: Any, usage, question: str, call: Callable[[], Any], encode=_same, decode=_same):
+        """call()'s result, or the one stored for the same inputs, filed under `question`."""
+        return self._cache.cached(self.role, self._slice, inputs, usage, question, call, encode, decode)
+
 
 class CachedRetriever(_Wrapper):
+    role = "retriever"
+
     def search(self, queries, k, usages=None):
         usages = usages or [None] * len(queries)
         results: list = [None] * len(queries)
         missing = []
         for i, (query, usage) in enumerate(zip(queries, usages)):
-            stored = self._cache.get(self._cache.key("retriever", self._slice, [query, k]))
+            stored = self._cache.get(self._cache.key(self.role, self._slice, [query, k]))
             if stored is not None:
                 results[i] = json.loads(stored)
                 if usage is not None:
@@ -179,8 +193,8 @@ class CachedRetriever(_Wrapper):
             for i, docs in zip(missing, found):
                 results[i] = docs
                 self._cache.put(
-                    self._cache.key("retriever", self._slice, [queries[i], k]),
-                    "retriever",
+                    self._cache.key(self.role, self._slice, [queries[i], k]),
+                    self.role,
                     queries[i],
                     json.dumps(docs, ensure_ascii=False),
                 )
@@ -188,13 +202,13 @@ class CachedRetriever(_Wrapper):
 
 
 class CachedGrader(_Wrapper):
+    role = "grader"
+
     def grade(self, question, documents, usage):
-        return self._cache.cached(
-            "grader",
-            self._slice,
+        return self._cached(
             [question, _doc_inputs(documents)],
             usage,
-            current_question.get() or question,
+            question,
             lambda: self._inner.grade(question, documents, usage),
             lambda grades: [asdict(g) for g in grades],
             lambda rows: [Grade(**r) for r in rows],
@@ -202,38 +216,27 @@ class CachedGrader(_Wrapper):
 
 
 class CachedRewriter(_Wrapper):
+    role = "rewriter"
+
     def rewrite(self, question, usage):
-        return self._cache.cached(
-            "rewriter",
-            self._slice,
-            question,
-            usage,
-            question,
-            lambda: self._inner.rewrite(question, usage),
-            lambda q: q,
-            lambda q: q,
-        )
+        return self._cached(question, usage, question, lambda: self._inner.rewrite(question, usage))
 
 
 class CachedWebSearch(_Wrapper):
-    def search(self, query, k, usage=None):
-        return self._cache.cached(
-            "web_search",
-            self._slice,
-            [query, k],
-            usage,
-            current_question.get() or query,
-            lambda: self._inner.search(query, k, usage),
-            lambda docs: docs,
-            lambda docs: docs,
+    role = "web_search"
+
+    def search(self, query, k, usage=None, *, question=None):
+        # filed under the question it serves, so that it is loaded with that question's rows
+        return self._cached(
+            [query, k], usage, question or query, lambda: self._inner.search(query, k, usage, question=question)
         )
 
 
 class CachedSourceCheck(_Wrapper):
+    role = "source_check"
+
     def verify(self, question, results, usage):
-        return self._cache.cached(
-            "source_check",
-            self._slice,
+        return self._cached(
             [question, _doc_inputs(results)],
             usage,
             question,
@@ -244,10 +247,10 @@ class CachedSourceCheck(_Wrapper):
 
 
 class CachedGenerator(_Wrapper):
+    role = "generator"
+
     def generate(self, question, context, usage):
-        return self._cache.cached(
-            "generator",
-            self._slice,
+        return self._cached(
             [question, _doc_inputs(context)],
             usage,
             question,

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from crag.backends.semantic import RATIONALE
+from crag.evaluation import _as_list
+
 
 @dataclass(frozen=True)
 class RoutingProposal:
@@ -130,8 +133,6 @@ def fit_logistic(features: np.ndarray, target: np.ndarray, ridge: float = 1e-3, 
 
 def semantic_features(grades: pd.DataFrame) -> pd.DataFrame | None:
     """lexical, cosine and language of each grade written by the semantic grader (None if none was)."""
-    from crag.backends.semantic import RATIONALE
-
     parsed = grades["rationale"].fillna("").str.extract(RATIONALE)
     if parsed["lexical"].isna().all():
         return None
@@ -196,8 +197,6 @@ def calibrate(
     grader threshold is scored on the relevance the run stored (its own weights, if semantic). A
     binary grader's relevance is its yes (1) or no (0): there is no threshold to fit, only its grades
     to score."""
-    from crag.evaluation import _as_list
-
     result: dict = {"routing_policy": current_policy}
     gold_docs = gold.set_index("question_id")["gold_doc_ids"].map(lambda v: set(_as_list(v)))
     stored = grades

@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import difflib
 from collections import Counter
-from datetime import UTC
+from datetime import UTC, datetime
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+from jinja2 import Environment, PackageLoader, StrictUndefined
+from pyspark.sql import functions as F
 
-from crag.evaluation import METRIC_DIRECTIONS, is_cjk, normalize_answer
+from crag import schema
+from crag.errors import InputError
+from crag.evaluation import METRIC_DIRECTIONS, is_cjk, normalize_answer, question_scores, read_run
+from crag.ids import check_run_id
+from crag.tracking import log_report
 
 
 def answer_similarity(a: str | None, b: str | None) -> float:
@@ -159,8 +167,6 @@ _FLIPS_SHOWN = 50  # grade flips in the report
 def _environment():
     """The report templates (crag/templates, shipped in the wheel), autoescaped: every value from the
     runs is text, escaped by the template, never pre-formatted HTML."""
-    from jinja2 import Environment, PackageLoader, StrictUndefined
-
     return Environment(loader=PackageLoader("crag", "templates"), autoescape=True, undefined=StrictUndefined)
 
 
@@ -388,16 +394,6 @@ def compare(
     """Read both runs from the Warehouse, write their comparison rows (replacing an earlier comparison
     of the same pair) and the HTML report; return the rows, the summary lines and the report's path.
     A run that has not succeeded (still running, or failed) is refused unless `allow_unfinished`."""
-    from datetime import datetime
-    from pathlib import Path
-
-    import pyarrow as pa
-    from pyspark.sql import functions as F
-
-    from crag import schema
-    from crag.errors import InputError
-    from crag.evaluation import question_scores, read_run
-    from crag.ids import check_run_id
 
     path = Path(report or f"compare_{base_id}_vs_{candidate_id}.html")
     if path.is_dir():  # checked first: not after both runs are read
@@ -433,7 +429,5 @@ def compare(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_report(rows, deltas, base, candidate, question_scores=scores), encoding="utf-8")
     if tracking is not None:
-        from crag.tracking import log_report
-
         log_report(tracking, warehouse.location, candidate_id, str(path))
     return rows, summary_lines(rows, deltas), str(path)

@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -27,8 +27,6 @@ DEFAULT_REFUSAL = "I don't know: the available documents do not answer this ques
 
 
 def _is_number(annotation: Any) -> bool:
-    from typing import get_args
-
     return annotation in (int, float) or any(_is_number(a) for a in get_args(annotation))
 
 
@@ -321,6 +319,15 @@ class RefinementConfig(Section):
     strip: Literal["sentence", "words"] = "sentence"
     window_words: int = Field(50, gt=0)
     keep: int = Field(5, gt=0)
+
+
+class WebStageConfig(Section):
+    """The web search stage's slice, spread over two sections of the file: the web_search section, and
+    the routing threshold under which the two-stage fallback searches again. Made by the pipeline, not
+    read from YAML."""
+
+    search: WebSearchConfig
+    min_context_chars: int = Field(ge=0)
 
 
 class IndexingConfig(Section):
@@ -637,15 +644,11 @@ def _walk(loc: tuple) -> tuple[str, type[BaseModel] | None]:
 
 
 def _flatten(annotation: Any) -> list[Any]:
-    from typing import get_args
-
     args = get_args(annotation)
     return [x for a in args for x in _flatten(a)] if args else [annotation]
 
 
 def _backends_of(model: type[BaseModel]) -> tuple:
-    from typing import get_args
-
     field = model.model_fields.get("backend")
     return get_args(field.annotation) if field is not None else ()
 

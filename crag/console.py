@@ -30,6 +30,7 @@ import pyarrow as pa
 from wcwidth import wcwidth
 
 from crag.errors import InputError
+from crag.evaluation import QUESTION_METRICS
 
 FORMATS = ("table", "csv", "json", "markdown")
 ELLIPSIS = "…"
@@ -306,8 +307,6 @@ def select_slices(metrics: pd.DataFrame, spec: str | Sequence[str] | None = None
 def metrics_frame(metrics: pd.DataFrame, slices: Sequence[str]) -> pd.DataFrame:
     """metric x slice: a `metric` column, then one column of values per slice (NaN where a metric does
     not apply to a slice), metrics in crag.evaluation's order."""
-    from crag.evaluation import QUESTION_METRICS
-
     wanted = metrics[metrics["slice"].isin(list(slices))]
     pivot = wanted.pivot(index="metric", columns="slice", values="value").reindex(columns=list(slices))
     order = [m for m in (*QUESTION_METRICS, "grader_precision", "grader_recall") if m in pivot.index]
@@ -324,8 +323,6 @@ def render_metrics(
     how many questions or documents stand behind each value."""
     chosen = select_slices(metrics, slices)
     if fmt in ("csv", "json"):
-        from crag.evaluation import QUESTION_METRICS
-
         order = {m: i for i, m in enumerate((*QUESTION_METRICS, "grader_precision", "grader_recall"))}
         rank = {s: i for i, s in enumerate(chosen)}
         rows = metrics[metrics["slice"].isin(chosen)]

@@ -39,7 +39,7 @@ def _community():
     try:
         with warnings.catch_warnings():  # it warns on import that it is being sunset; crag pins what it uses
             warnings.simplefilter("ignore", DeprecationWarning)
-            import langchain_community.document_loaders as loaders
+            import langchain_community.document_loaders as loaders  # noqa: PLC0415  # langchain extra
     except ImportError:
         return None
     return loaders
@@ -57,7 +57,7 @@ class PptxLoader(BaseLoader):
         self.file_path = Path(file_path)
 
     def lazy_load(self) -> Iterator[Document]:
-        from pptx import Presentation
+        from pptx import Presentation  # noqa: PLC0415  # langchain extra
 
         deck = Presentation(str(self.file_path))
         sections = []
@@ -98,7 +98,7 @@ def load_file(file: Path, doc_id: str) -> list[LoadedDocument]:
     stem_title = file.stem.replace("_", " ").replace("-", " ")
     if suffix == ".pptx":
         try:
-            import pptx  # noqa: F401  (the library PptxLoader reads with)
+            import pptx  # noqa: F401, PLC0415  # langchain extra: the library PptxLoader reads with
         except ImportError:
             raise _needs_extra(file, "python-pptx") from None
         try:
@@ -112,7 +112,7 @@ def load_file(file: Path, doc_id: str) -> list[LoadedDocument]:
         raise _needs_extra(file, "langchain-community")
     if suffix == ".docx":
         try:
-            import docx2txt  # noqa: F401  (the library Docx2txtLoader reads with)
+            import docx2txt  # noqa: F401, PLC0415  # langchain extra: the library Docx2txtLoader reads with
         except ImportError:
             raise _needs_extra(file, "docx2txt") from None
         try:

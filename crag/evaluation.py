@@ -34,6 +34,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from crag import schema
+from crag.errors import InputError
 from crag.questions import EXPECTED_ROUTES, GOLD_COLUMNS
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f]")
@@ -276,8 +278,6 @@ def metrics_table(metrics: pd.DataFrame, slices: Iterable[str] = ("all",)) -> st
 
 def read_run(warehouse, run_id: str, names=("answers", "grades", "gold")) -> dict[str, pd.DataFrame]:
     """Tables of one run as pandas frames (a comparison or a calibration reads one run's rows)."""
-    from crag.errors import InputError
-
     parts = {name: warehouse.load_run(name, run_id).toPandas() for name in names}
     if "answers" in parts and parts["answers"].empty:
         raise InputError(f"run {run_id!r} has no answers in {warehouse.location}")
@@ -296,10 +296,7 @@ def evaluate_run(
     partition of questions (with their grades and gold) is evaluated by `evaluate`; every metric is a
     mean, so the partitions' values weighted by their n combine into exactly the run's. `replace`:
     replace the run's earlier metrics (False: a new run's, appended)."""
-    from pyspark.sql import functions as F
-
-    from crag import schema
-    from crag.errors import InputError
+    from pyspark.sql import functions as F  # noqa: PLC0415  # crag ask loads this module (semantic grader, console) without Spark
 
     if tables is None:
         tables = {name: warehouse.load_run(name, run_id) for name in ("answers", "grades", "gold")}

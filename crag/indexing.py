@@ -14,12 +14,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+from bs4 import BeautifulSoup
 from langchain_text_splitters import MarkdownHeaderTextSplitter, RecursiveCharacterTextSplitter
+from pypdf import PdfReader
+from pypdf.errors import PdfReadError
 
-from crag import schema
+from crag import schema, tables
+from crag.backends import resolve_credentials
+from crag.backends.bm25 import index_data, write_index
+from crag.backends.remote import on_databricks
+from crag.backends.vector_search import sync_vector_index
 from crag.config import CragConfig, IndexingConfig
 from crag.document_loaders import LOADER_SUFFIXES, load_file  # formats read through LangChain loaders
 from crag.errors import InputError
+from crag.spark import get_spark
 from crag.tables import iter_jsonl
 
 # Paragraphs first, then lines, then sentence ends (Western and Japanese), then words, then characters.
@@ -109,8 +117,6 @@ def _read_text_file(file: Path, root: Path) -> SourceDocument:
 def html_to_markdown(page: str) -> tuple[str | None, str]:
     """(title, text) of an HTML page: scripts, styles and navigation dropped, headings h1-h3 turned
     into Markdown headings so that the page is split into sections like a Markdown file."""
-    from bs4 import BeautifulSoup
-
     soup = BeautifulSoup(page, "html.parser")
     for tag in soup(["script", "style", "noscript", "nav", "header", "footer", "template"]):
         tag.decompose()
@@ -126,9 +132,6 @@ def html_to_markdown(page: str) -> tuple[str | None, str]:
 
 
 def _read_pdf(file: Path, doc_id: str) -> SourceDocument:
-    from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
-
     try:
         reader = PdfReader(file)
         pages = [page.extract_text() or "" for page in reader.pages]
@@ -197,8 +200,6 @@ def chunk_documents(path: str | Path, cfg: IndexingConfig) -> pa.Table:
 def build_index(docs: str | Path, out: str | Path, cfg: IndexingConfig) -> dict:
     """Chunk the documents and write the chunk table (Delta) and the BM25 index under `out`, and the
     chunks' dense vectors when `indexing.embedding` names a model."""
-    from crag.backends.bm25 import write_index  # the index format lives with its reader
-
     chunks = chunk_documents(docs, cfg)
     print(
         f"crag index: {chunks.num_rows} child chunks from {docs}"
@@ -215,12 +216,6 @@ def build_knowledge_base(docs: str | Path, out: str | Path, cfg: CragConfig) -> 
     r = cfg.retriever
     if r.backend != "databricks_vector_search":
         return manifest
-    from crag import tables
-    from crag.backends import resolve_credentials
-    from crag.backends.bm25 import index_data
-    from crag.backends.remote import on_databricks
-    from crag.backends.vector_search import sync_vector_index
-    from crag.spark import get_spark
 
     if on_databricks():  # the Vector Search index syncs from a Unity Catalog table
         if not r.source_table:

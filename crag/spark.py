@@ -17,6 +17,7 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,8 +25,12 @@ import pandas as pd
 import pyarrow as pa
 
 from crag import schema
+from crag.backends import cached_backends
+from crag.backends.base import Document
+from crag.cache import StageCache, question_key, role_slices, with_cache
 from crag.config import CragConfig, SparkConfig
 from crag.errors import ConfigError
+from crag.stages import frame_rows, run_pipeline
 
 # Spark settings for a local session: quiet, UTC, Arrow, small shuffles, and Delta Lake.
 LOCAL_SETTINGS = {
@@ -63,7 +68,7 @@ def is_connect(spark) -> bool:
 def get_spark(cfg: SparkConfig):
     """The active session (Databricks, a notebook, a test's shared one), else a new one: Spark Connect
     when `spark.remote` is set, classic local Spark otherwise; Delta Lake configured either way."""
-    from pyspark.sql import SparkSession
+    from pyspark.sql import SparkSession  # noqa: PLC0415  # crag index on a laptop imports this module and writes with delta-rs
 
     active = SparkSession.getActiveSession()
     if active is not None and (cfg.remote is None or is_connect(active)):
@@ -130,8 +135,6 @@ def _partition_task(config_json: str, secrets: dict[str, str], concurrent_tasks:
     # have neither the driver's environment nor dbutils. It never enters the config or a table.
     def process(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         # Imported here: this runs in the worker process.
-        from crag.backends import cached_backends
-        from crag.cache import StageCache, question_key, role_slices, with_cache
 
         cfg = CragConfig.model_validate_json(config_json)
         backends = cached_backends(cfg, secrets, concurrent_tasks)
@@ -164,10 +167,6 @@ def _run_subpipelines(frame: pd.DataFrame, backends, cfg: CragConfig) -> pa.Tabl
     the next `spark.questions_per_pipeline` questions (default: an equal share of the task) through all
     the stages, then the next. Small shares keep a question's stages in flight while others are in other
     stages, so every endpoint stays busy instead of one stage's endpoint at a time."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from crag.stages import run_pipeline, to_stage_output
-
     threads = max(1, min(cfg.spark.pipelines_per_task, len(frame)))
     size = cfg.spark.questions_per_pipeline or math.ceil(len(frame) / threads)
     parts = [frame.iloc[i : i + size] for i in range(0, len(frame), size)]
@@ -181,11 +180,65 @@ def _run_subpipelines(frame: pd.DataFrame, backends, cfg: CragConfig) -> pa.Tabl
         return pa.concat_tables(list(pool.map(through_stages, parts)))  # map keeps the parts' order
 
 
+def _grade_rows(graded: list[Document], web: list[Document]) -> list[dict]:
+    rows = []
+    for doc in graded + [d for d in web if "grade" in d]:
+        rows.append(
+            {
+                "rank": doc.get("rank"),
+                "source": doc["source"],
+                "doc_id": doc.get("doc_id"),
+                "parent_id": doc.get("parent_id"),
+                "title": doc.get("title"),
+                "url": doc.get("url"),
+                "retrieval_score": doc.get("retrieval_score"),
+                "relevance": doc.get("relevance"),
+                "grade": doc.get("grade"),
+                "parse_status": doc.get("parse_status"),
+                "rationale": doc.get("rationale"),
+                "raw_output": doc.get("raw_output"),
+                "grader": doc.get("grader"),
+                "prompt_hash": doc.get("prompt_hash"),
+            }
+        )
+    return rows
+
+
+def to_stage_output(df: pd.DataFrame) -> pa.Table:
+    """The pipeline's result as Arrow in schema.STAGE_OUTPUT: one row per question, its grades and
+    decisions nested (the driver splits them into their own tables)."""
+    rows = []
+    for r in frame_rows(df):
+        rows.append(
+            {
+                "question_id": r.question_id,
+                "question": r.question,
+                "answer": r.answer,
+                "action": r.action,
+                "route": r.route,
+                "refused": r.refused,
+                "web_query": r.web_query,
+                "n_retrieved": r.n_retrieved,
+                "n_relevant": r.n_relevant,
+                "n_web": r.n_web,
+                "sources": r.sources,
+                "error": r.error,
+                # llm_calls, search_calls, prompt_tokens, completion_tokens, retries, cache_hits
+                **r.usage,
+                **{f"ms_{s}": float(getattr(r, f"ms_{s}")) for s in schema.STAGES},
+                "grades": _grade_rows(r.graded, r.web_results),
+                "decisions": r.decisions,
+                "cache_entries": [],  # filled by the Spark task when the stage cache is on
+            }
+        )
+    return pa.Table.from_pylist(rows, schema=schema.STAGE_OUTPUT)
+
+
 def run_stages(questions, cfg: CragConfig, secrets: dict[str, str] | None, partitions: int, slots: int):
     """All stages over a DataFrame of questions (schema.STAGE_INPUT: question_id, question, and the
     stored backend results that may serve them); a DataFrame of schema.STAGE_OUTPUT rows, evaluated
     when it is written."""
-    from pyspark.sql.pandas.types import from_arrow_schema
+    from pyspark.sql.pandas.types import from_arrow_schema  # noqa: PLC0415  # as get_spark's
 
     # Partitions running at the same time share each endpoint's max_concurrency budget.
     concurrent_tasks = max(1, min(partitions, slots))

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import sqloxide
+from deltalake import DeltaTable, QueryBuilder
 
 from crag.errors import InputError
 
@@ -51,8 +53,6 @@ _WRITING_NODES = frozenset(
 
 def check_read_only(sql: str) -> None:
     """Refuse, as an InputError, anything but a single statement that only reads."""
-    import sqloxide
-
     try:
         statements = sqloxide.parse_sql(sql, dialect="generic")
     except ValueError as exc:
@@ -151,8 +151,6 @@ def _plain(kind: pa.DataType) -> pa.DataType:
 def _run_in_child(warehouse: Path, sql: str) -> int:
     """The child's side: run the query, write the result to stdout as an Arrow IPC stream, or one line
     to stderr."""
-    from deltalake import DeltaTable, QueryBuilder
-
     found = _tables(warehouse)
     try:
         builder = QueryBuilder()

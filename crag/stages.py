@@ -1,8 +1,12 @@
 """The CRAG stages: pure functions over a pandas DataFrame with one row per question.
 
-Each stage takes the DataFrame and its backends, reads the columns it names as inputs, and returns a new
+Every stage has one shape, `stage(df, backends, section) -> DataFrame`: the frame, the backends, and its
+own config section (`PIPELINE` says which). It reads the columns it names as inputs and returns a new
 DataFrame with its output columns added; it knows nothing of Spark, files or YAML. `run_pipeline` chains
 them, and is what both a Spark partition (`crag run`) and `crag ask` execute.
+
+A stage is pure: what its backend calls cost comes back in the frame's `usage` column (each call gets a
+fresh tally that the stage adds up into new per-row counts), and nothing in the frame is mutated.
 
 A backend failure is confined to its question: the row gets `error` set and later stages pass it by, so
 the rest of the batch goes on and the question still ends in exactly one answer row (route "error").
@@ -14,22 +18,30 @@ import time
 from collections import namedtuple
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import lru_cache, wraps
 from typing import Any, NamedTuple
 
 import pandas as pd
-import pyarrow as pa
 
-from crag import schema
-from crag.backends.base import Backends, Document, Grade, Grader, Usage, current_question
-from crag.config import CragConfig, RefinementConfig, RoutingConfig
+from crag.backends.base import Backends, Document, Grade, Grader, Usage
+from crag.config import (
+    CragConfig,
+    GeneratorConfig,
+    GraderConfig,
+    RefinementConfig,
+    RetrieverConfig,
+    RoutingConfig,
+    WebSearchConfig,
+    WebStageConfig,
+)
 from crag.secrets import scrub
 from crag.text import split_sentences, word_windows
 
-# The bookkeeping every stage reads and rewrites: a row's error (set when this stage fails it) and its
-# decision log (grown by this stage's entries).
-BOOKKEEPING = ("error", "decisions")
+# The bookkeeping every stage reads and rewrites: a row's error (set when this stage fails it), its usage
+# (the calls, tokens, retries and cache hits of its backend calls so far, as counts) and its decision log
+# (grown by this stage's entries).
+BOOKKEEPING = ("error", "usage", "decisions")
 
 
 @dataclass(frozen=True)
@@ -45,33 +57,33 @@ class Stage:
     updates: tuple[str, ...] = BOOKKEEPING  # read and rewritten
 
 
-# Adds the bookkeeping columns; `usage` holds one Usage per question, which the backends add their
-# calls and tokens to.
+# Adds the bookkeeping columns; `usage` starts at zero counts.
 START = Stage("start", ("question_id", "question"), ("error", "usage", "decisions"), updates=())
 
 STAGES = {
     s.name: s
     for s in (
-        Stage("retrieve", ("question", "usage"), ("retrieved", "n_retrieved", "ms_retrieve")),
-        Stage("grade", ("question", "usage", "retrieved"), ("graded", "n_relevant", "ms_grade")),
-        # Routing cannot fail a question: it reads the error column and passes failed rows by.
+        Stage("retrieve", ("question",), ("retrieved", "n_retrieved", "ms_retrieve")),
+        Stage("grade", ("question", "retrieved"), ("graded", "n_relevant", "ms_grade")),
+        # Routing cannot fail a question and calls no backend: it reads the error column and passes
+        # failed rows by.
         Stage(
             "decide",
             ("graded", "error"),
             ("action", "needs_web", "use_internal", "relevant", "ms_decide"),
             updates=("decisions",),
         ),
-        Stage("rewrite", ("question", "usage", "needs_web"), ("web_query", "ms_rewrite")),
+        Stage("rewrite", ("question", "needs_web"), ("web_query", "ms_rewrite")),
         # With the two-stage fallback the second search's query replaces the first in web_query: the
         # query that found the results.
         Stage(
             "web_search",
-            ("question", "usage", "relevant", "use_internal"),
+            ("question", "relevant", "use_internal"),
             ("web_results", "n_web", "ms_web_search"),
             updates=(*BOOKKEEPING, "web_query"),
         ),
-        Stage("refine", ("question", "usage", "relevant", "use_internal", "web_results"), ("context", "ms_refine")),
-        Stage("generate", ("question", "usage", "context"), ("answer", "refused", "sources", "route", "ms_generate")),
+        Stage("refine", ("question", "relevant", "use_internal", "web_results"), ("context", "ms_refine")),
+        Stage("generate", ("question", "context"), ("answer", "refused", "sources", "route", "ms_generate")),
     )
 }
 
@@ -124,7 +136,7 @@ def start(questions: pd.DataFrame) -> pd.DataFrame:
 def _start(df: pd.DataFrame) -> dict:
     return {
         "error": pd.Series([None] * len(df), dtype=object, index=df.index),
-        "usage": [Usage() for _ in range(len(df))],
+        "usage": [asdict(Usage()) for _ in range(len(df))],
         "decisions": [[] for _ in range(len(df))],
     }
 
@@ -144,7 +156,7 @@ def _row_type(columns: tuple[str, ...]) -> Any:
     return namedtuple("Row", columns)
 
 
-def _rows(df: pd.DataFrame) -> list:
+def frame_rows(df: pd.DataFrame) -> list:
     """The rows as named tuples. Cheaper than df.itertuples(), which builds its tuple type and reads
     every column through .iloc on each call: on the few-row frames of streamed pipelines
     (spark.questions_per_pipeline) that cost more CPU than the backend calls."""
@@ -159,26 +171,43 @@ def _with(df: pd.DataFrame, **columns) -> pd.DataFrame:
     return pd.DataFrame({**data, **columns}, index=df.index)
 
 
-def _per_row(df: pd.DataFrame, stage: str, fn: Callable[[object], object], when=None, workers: int = 1):
-    """Call fn on every row without an error (and where `when(row)` holds), from a pool of `workers`
-    threads; return results, per-row milliseconds and the updated error column. An exception fails
-    that row only."""
-    rows = _rows(df)
+def _added_usage(df: pd.DataFrame, tallies: list[Usage | None]) -> list[dict[str, int]]:
+    """The usage column with each row's tally of this stage's calls added: new dicts, the frame's own
+    left as they are."""
+    return [
+        totals if tally is None else {name: count + getattr(tally, name) for name, count in totals.items()}
+        for totals, tally in zip(df["usage"], tallies)
+    ]
+
+
+class _RowResults(NamedTuple):
+    results: list  # fn's result per row; None where it was not called or failed
+    millis: list[float]
+    errors: list[str | None]  # the error column, with this stage's failures set
+    usage: list[dict[str, int]]  # the usage column, with this stage's calls added
+
+
+def _per_row(
+    df: pd.DataFrame, stage: str, fn: Callable[[Any, Usage], object], when=None, workers: int = 1
+) -> _RowResults:
+    """Call fn(row, tally) on every row without an error (and where `when(row)` holds), from a pool of
+    `workers` threads, each call with a fresh Usage tally for its backend calls. An exception fails that
+    row only; what its calls cost until then still counts."""
+    rows = frame_rows(df)
     errors = list(df["error"])
     todo = [i for i, row in enumerate(rows) if errors[i] is None and (when is None or when(row))]
     results: list = [None] * len(rows)
     millis = [0.0] * len(rows)
+    tallies: list[Usage | None] = [None] * len(rows)
 
     def one(i: int) -> None:
         t0 = time.perf_counter()
-        token = current_question.set(rows[i].question)
+        tallies[i] = tally = Usage()
         try:
-            results[i] = fn(rows[i])
+            results[i] = fn(rows[i], tally)
         except Exception as exc:  # a backend failure is data for this question, not the end of the batch
             # Client libraries put whole URLs, credentials included, into their messages.
             errors[i] = scrub(f"{stage}: {type(exc).__name__}: {exc}")
-        finally:
-            current_question.reset(token)
         millis[i] = (time.perf_counter() - t0) * 1000
 
     if workers > 1 and len(todo) > 1:
@@ -187,35 +216,43 @@ def _per_row(df: pd.DataFrame, stage: str, fn: Callable[[object], object], when=
     else:
         for i in todo:
             one(i)
-    return results, millis, errors
+    return _RowResults(results, millis, errors, _added_usage(df, tallies))
 
 
 # ---------------------------------------------------------------- retrieve
 
 
 @runs(STAGES["retrieve"])
-def retrieve(df: pd.DataFrame, backends: Backends, k: int) -> dict:
+def retrieve(df: pd.DataFrame, backends: Backends, cfg: RetrieverConfig) -> dict:
     """Top-k child chunks per question, expanded to parent documents and de-duplicated by parent.
     An in-process retriever serves the partition in one batched call (if that fails, each question is
     tried alone so one bad question cannot fail its neighbours); a remote one gets one call per
     question from a thread pool."""
-    retriever = backends.retriever
-    one_by_one = lambda r: retriever.search([r.question], k, [r.usage])[0]  # noqa: E731
+    retriever, k = backends.retriever, cfg.k
+
+    def one_by_one(row, tally: Usage) -> list[Document]:
+        return retriever.search([row.question], k, [tally])[0]
+
     if retriever.concurrency > 1:
-        found, millis, errors = _per_row(df, "retrieve", one_by_one, workers=retriever.concurrency)
+        found, millis, errors, usage = _per_row(df, "retrieve", one_by_one, workers=retriever.concurrency)
     else:
         t0 = time.perf_counter()
+        tallies = [Usage() for _ in range(len(df))]
         try:
-            found = retriever.search(list(df["question"]), k, list(df["usage"]))
-            errors = list(df["error"])
+            found = retriever.search(list(df["question"]), k, tallies)
+            errors, usage = list(df["error"]), _added_usage(df, list(tallies))
             millis = [(time.perf_counter() - t0) * 1000 / max(len(df), 1)] * len(df)
         except Exception:
-            found, millis, errors = _per_row(df, "retrieve", one_by_one)
+            # What the failed batch call counted stays counted, as each question is tried alone.
+            found, millis, errors, usage = _per_row(
+                _with(df, usage=_added_usage(df, list(tallies))), "retrieve", one_by_one
+            )
     retrieved = [docs or [] for docs in found]
     return dict(
         retrieved=retrieved,
         n_retrieved=[len(d) for d in retrieved],
         error=errors,
+        usage=usage,
         ms_retrieve=millis,
         decisions=_log(
             df,
@@ -255,15 +292,15 @@ def _apply_grades(docs: list[Document], grades: list[Grade], grader: Grader) -> 
 
 
 @runs(STAGES["grade"])
-def grade(df: pd.DataFrame, backends: Backends) -> dict:
+def grade(df: pd.DataFrame, backends: Backends, cfg: GraderConfig) -> dict:
     """A relevance score and yes/no for every retrieved document (web results are graded in the web
-    search stage)."""
+    search stage). The grader backend was built from `cfg`, which holds nothing more for the stage."""
     grader = backends.grader
 
-    def grade_row(row):
-        return _apply_grades(row.retrieved, grader.grade(row.question, row.retrieved, row.usage), grader)
+    def grade_row(row, tally: Usage) -> list[Document]:
+        return _apply_grades(row.retrieved, grader.grade(row.question, row.retrieved, tally), grader)
 
-    graded, millis, errors = _per_row(
+    graded, millis, errors, usage = _per_row(
         df, "grade", grade_row, when=lambda r: bool(r.retrieved), workers=grader.concurrency
     )
     all_graded = [g if g is not None else list(d) for g, d in zip(graded, df["retrieved"])]
@@ -271,6 +308,7 @@ def grade(df: pd.DataFrame, backends: Backends) -> dict:
         graded=all_graded,
         n_relevant=[sum(d.get("grade") == "yes" for d in docs) for docs in all_graded],
         error=errors,
+        usage=usage,
         ms_grade=millis,
         decisions=_log(
             df,
@@ -353,7 +391,8 @@ def route_question(graded: list[Document], routing: RoutingConfig) -> Route:
 
 
 @runs(STAGES["decide"])
-def decide(df: pd.DataFrame, routing: RoutingConfig) -> dict:
+def decide(df: pd.DataFrame, backends: Backends, routing: RoutingConfig) -> dict:
+    """The routing decision per question (`route_question`); no backend is called."""
     t0 = time.perf_counter()
     routed = [
         route_question(g, routing) if e is None else Route(None, False, False, [], None)
@@ -378,23 +417,29 @@ def _direct_query(question: str, policy_keywords: list[str]) -> str:
 
 
 @runs(STAGES["rewrite"])
-def rewrite(df: pd.DataFrame, backends: Backends, fallback: str = "single") -> dict:
+def rewrite(df: pd.DataFrame, backends: Backends, cfg: WebSearchConfig) -> dict:
     """A web query for each question that needs the web; the original question is kept for
     generation. With the two-stage fallback (reference flow 3) the first query is the question itself
     (plus policy keywords) and the rewriter is called only if that search leaves the context short."""
     enabled = backends.web_search is not None
     rewriter = backends.rewriter
-    if fallback == "two_stage":
-        make = lambda r: _direct_query(r.question, rewriter.policy_keywords)  # noqa: E731
-    else:
-        make = lambda r: rewriter.rewrite(r.question, r.usage)  # noqa: E731
-    queries, millis, errors = _per_row(
+    two_stage = cfg.fallback == "two_stage"
+
+    def make(row, tally: Usage) -> str:
+        return (
+            _direct_query(row.question, rewriter.policy_keywords)
+            if two_stage
+            else rewriter.rewrite(row.question, tally)
+        )
+
+    queries, millis, errors, usage = _per_row(
         df, "rewrite", make, when=lambda r: r.needs_web and enabled, workers=rewriter.concurrency
     )
-    why = "two-stage fallback: the question itself first" if fallback == "two_stage" else f"rewriter {rewriter.name}"
+    why = "two-stage fallback: the question itself first" if two_stage else f"rewriter {rewriter.name}"
     return dict(
         web_query=queries,
         error=errors,
+        usage=usage,
         ms_rewrite=millis,
         decisions=_log(
             df,
@@ -416,25 +461,24 @@ def _usable_web(results: list[Document]) -> list[Document]:
 
 
 @runs(STAGES["web_search"])
-def web_search(df: pd.DataFrame, backends: Backends, cfg: CragConfig) -> dict:
+def web_search(df: pd.DataFrame, backends: Backends, cfg: WebStageConfig) -> dict:
     """Search the web for each question with a web query; optionally check each result as a source
     (reference flow 3), grade the results, and with the two-stage fallback search again with a
     rewritten query when the usable context is still shorter than routing.min_context_chars."""
     ws, grader, check = backends.web_search, backends.grader, backends.source_check
-    w = cfg.web_search
+    w = cfg.search
 
-    def search_once(row, query: str, first_rank: int, log: list) -> list[Document]:
+    def search_once(row, query: str, first_rank: int, log: list, tally: Usage) -> list[Document]:
         assert ws is not None  # rows get a web query only when web search is on
-        results: list[Document] = [
-            {**d, "rank": first_rank + i} for i, d in enumerate(ws.search(query, w.k, row.usage))
-        ]
+        found = ws.search(query, w.k, tally, question=row.question)
+        results: list[Document] = [{**d, "rank": first_rank + i} for i, d in enumerate(found)]
         log.append(("web_search", f"{len(results)} results", f"{ws.name}, query {query!r}"))
         if check is not None and results:
-            keep = check.verify(row.question, results, row.usage)
+            keep = check.verify(row.question, results, tally)
             log.append(("verify_web", f"{sum(keep)} of {len(results)} kept", f"source check {check.name}"))
             results = [d for d, ok in zip(results, keep) if ok]
         if w.grade_results and results:
-            results = _apply_grades(results, grader.grade(row.question, results, row.usage), grader)
+            results = _apply_grades(results, grader.grade(row.question, results, tally), grader)
             log.append(
                 (
                     "grade_web",
@@ -444,29 +488,29 @@ def web_search(df: pd.DataFrame, backends: Backends, cfg: CragConfig) -> dict:
             )
         return results
 
-    def search_row(row):
+    def search_row(row, tally: Usage):
         log: list = []
         query = row.web_query
-        results = search_once(row, query, 1, log)
+        results = search_once(row, query, 1, log, tally)
         if w.fallback == "two_stage":
             internal = row.relevant if row.use_internal else []
             chars = sum(len(d["text"]) for d in internal + _usable_web(results))
-            if chars < cfg.routing.min_context_chars:
-                query = backends.rewriter.rewrite(row.question, row.usage)
+            if chars < cfg.min_context_chars:
+                query = backends.rewriter.rewrite(row.question, tally)
                 log.append(
                     (
                         "rewrite",
                         query,
-                        f"context {chars} chars < {cfg.routing.min_context_chars}: second search with rewriter {backends.rewriter.name}",
+                        f"context {chars} chars < {cfg.min_context_chars}: second search with rewriter {backends.rewriter.name}",
                     )
                 )
                 seen = {d["parent_id"] for d in results}
-                more = [d for d in search_once(row, query, len(results) + 1, log) if d["parent_id"] not in seen]
+                more = [d for d in search_once(row, query, len(results) + 1, log, tally) if d["parent_id"] not in seen]
                 results = results + more
         return query, results, log
 
     concurrency = max(ws.concurrency if ws else 1, grader.concurrency, check.concurrency if check else 1)
-    found, millis, errors = _per_row(
+    found, millis, errors, usage = _per_row(
         df, "web_search", search_row, when=lambda r: r.web_query is not None, workers=concurrency
     )
     results = [f[1] if f else [] for f in found]
@@ -475,6 +519,7 @@ def web_search(df: pd.DataFrame, backends: Backends, cfg: CragConfig) -> dict:
         web_results=results,
         n_web=[len(r) for r in results],
         error=errors,
+        usage=usage,
         ms_web_search=millis,
         decisions=_log(df, [f[2] if f else None for f in found]),
     )
@@ -511,13 +556,13 @@ def refine(df: pd.DataFrame, backends: Backends, cfg: RefinementConfig) -> dict:
     """The context the generator will read: relevant internal documents (unless the action says web
     only) plus usable web results; refined into strips when refinement is on."""
 
-    def compose(row):
+    def compose(row, tally: Usage) -> list[Document]:
         context = (row.relevant if row.use_internal else []) + _usable_web(row.web_results)
         if cfg.enabled and context:
-            context = refine_context(row.question, context, backends.grader, cfg, row.usage)
+            context = refine_context(row.question, context, backends.grader, cfg, tally)
         return context
 
-    contexts, millis, errors = _per_row(
+    contexts, millis, errors, usage = _per_row(
         df, "refine", compose, workers=backends.grader.concurrency if cfg.enabled else 1
     )
     logged = [
@@ -527,6 +572,7 @@ def refine(df: pd.DataFrame, backends: Backends, cfg: RefinementConfig) -> dict:
     return dict(
         context=[c or [] for c in contexts],
         error=errors,
+        usage=usage,
         ms_refine=millis,
         decisions=_log(df, logged if cfg.enabled else [None] * len(df)),
     )
@@ -541,14 +587,15 @@ def _route(context: list[Document]) -> str:
 
 
 @runs(STAGES["generate"])
-def generate(df: pd.DataFrame, backends: Backends, refusal_message: str) -> dict:
+def generate(df: pd.DataFrame, backends: Backends, cfg: GeneratorConfig) -> dict:
     """Answer the ORIGINAL question from the context. No context: the refusal message, and no call."""
-    answers, millis, errors = _per_row(
+    generator, refusal_message = backends.generator, cfg.refusal_message
+    answers, millis, errors, usage = _per_row(
         df,
         "generate",
-        lambda r: backends.generator.generate(r.question, r.context, r.usage),  # type: ignore[attr-defined]
+        lambda row, tally: generator.generate(row.question, row.context, tally),
         when=lambda r: bool(r.context),
-        workers=backends.generator.concurrency,
+        workers=generator.concurrency,
     )
     texts: list[str | None] = []
     refused: list[bool] = []
@@ -592,12 +639,25 @@ def generate(df: pd.DataFrame, backends: Backends, refusal_message: str) -> dict
         sources=sources,
         route=routes,
         error=errors,
+        usage=usage,
         ms_generate=millis,
         decisions=_log(df, log),
     )
 
 
 # ---------------------------------------------------------------- the whole flow
+
+
+# The stages in order, each with the config section it receives.
+PIPELINE: tuple[tuple[Callable[..., pd.DataFrame], Callable[[CragConfig], Any]], ...] = (
+    (retrieve, lambda cfg: cfg.retriever),
+    (grade, lambda cfg: cfg.grader),
+    (decide, lambda cfg: cfg.routing),
+    (rewrite, lambda cfg: cfg.web_search),
+    (web_search, lambda cfg: WebStageConfig(search=cfg.web_search, min_context_chars=cfg.routing.min_context_chars)),
+    (refine, lambda cfg: cfg.refinement),
+    (generate, lambda cfg: cfg.generator),
+)
 
 
 def run_pipeline(
@@ -607,77 +667,9 @@ def run_pipeline(
     on_stage: Callable[[str, pd.DataFrame], None] | None = None,
 ) -> pd.DataFrame:
     """All stages in order over a batch of validated questions (`question_id`, `question`)."""
-    steps: list[tuple[str, Callable[[pd.DataFrame], pd.DataFrame]]] = [
-        ("retrieve", lambda d: retrieve(d, backends, cfg.retriever.k)),
-        ("grade", lambda d: grade(d, backends)),
-        ("decide", lambda d: decide(d, cfg.routing)),
-        ("rewrite", lambda d: rewrite(d, backends, cfg.web_search.fallback)),
-        ("web_search", lambda d: web_search(d, backends, cfg)),
-        ("refine", lambda d: refine(d, backends, cfg.refinement)),
-        ("generate", lambda d: generate(d, backends, cfg.generator.refusal_message)),
-    ]
     df = start(questions)
-    for name, step in steps:
-        df = step(df)
+    for stage, section in PIPELINE:
+        df = stage(df, backends, section(cfg))
         if on_stage is not None:
-            on_stage(name, df)
+            on_stage(stage.__name__, df)
     return df
-
-
-def _grade_rows(graded: list[Document], web: list[Document]) -> list[dict]:
-    rows = []
-    for doc in graded + [d for d in web if "grade" in d]:
-        rows.append(
-            {
-                "rank": doc.get("rank"),
-                "source": doc["source"],
-                "doc_id": doc.get("doc_id"),
-                "parent_id": doc.get("parent_id"),
-                "title": doc.get("title"),
-                "url": doc.get("url"),
-                "retrieval_score": doc.get("retrieval_score"),
-                "relevance": doc.get("relevance"),
-                "grade": doc.get("grade"),
-                "parse_status": doc.get("parse_status"),
-                "rationale": doc.get("rationale"),
-                "raw_output": doc.get("raw_output"),
-                "grader": doc.get("grader"),
-                "prompt_hash": doc.get("prompt_hash"),
-            }
-        )
-    return rows
-
-
-def to_stage_output(df: pd.DataFrame) -> pa.Table:
-    """The pipeline's result as Arrow in schema.STAGE_OUTPUT: one row per question, its grades and
-    decisions nested (the driver splits them into their own tables)."""
-    rows = []
-    for r in _rows(df):
-        usage: Usage = r.usage
-        rows.append(
-            {
-                "question_id": r.question_id,
-                "question": r.question,
-                "answer": r.answer,
-                "action": r.action,
-                "route": r.route,
-                "refused": r.refused,
-                "web_query": r.web_query,
-                "n_retrieved": r.n_retrieved,
-                "n_relevant": r.n_relevant,
-                "n_web": r.n_web,
-                "sources": r.sources,
-                "error": r.error,
-                "llm_calls": usage.llm_calls,
-                "search_calls": usage.search_calls,
-                "prompt_tokens": usage.prompt_tokens,
-                "completion_tokens": usage.completion_tokens,
-                "retries": usage.retries,
-                "cache_hits": usage.cache_hits,
-                **{f"ms_{s}": float(getattr(r, f"ms_{s}")) for s in schema.STAGES},
-                "grades": _grade_rows(r.graded, r.web_results),
-                "decisions": r.decisions,
-                "cache_entries": [],  # filled by the Spark task when the stage cache is on
-            }
-        )
-    return pa.Table.from_pylist(rows, schema=schema.STAGE_OUTPUT)

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
 
 from crag.errors import InputError
 
@@ -33,8 +34,6 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
 
 def write_table(location: str | Path, table: pa.Table) -> None:
     """Write a whole table (index chunk tables), replacing any previous content."""
-    from deltalake import write_deltalake
-
     Path(location).mkdir(parents=True, exist_ok=True)
     write_deltalake(str(location), table, mode="overwrite", schema_mode="overwrite")
 
@@ -52,6 +51,4 @@ def write_uc_chunk_table(name: str, chunks: pa.Table, spark) -> None:
 
 
 def read_whole_table(location: str | Path) -> pa.Table:
-    from deltalake import DeltaTable
-
     return DeltaTable(str(location)).to_pyarrow_table()

@@ -87,7 +87,7 @@ _SUDACHI_SKIP = frozenset(("助詞", "助動詞", "補助記号", "記号", "空
 @functools.lru_cache(maxsize=1)
 def _sudachi():
     # Imported lazily: loading the dictionary costs ~0.1 s and is needed only for Japanese text.
-    from sudachipy import Dictionary, SplitMode
+    from sudachipy import Dictionary, SplitMode  # noqa: PLC0415  # sudachi extra
 
     tokenizer = Dictionary(dict="core").tokenizer()
     return tokenizer, SplitMode.A

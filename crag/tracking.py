@@ -8,6 +8,7 @@ workspace's tracking server. `mlflow.enabled: false` turns it off.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from crag.backends.remote import on_databricks
@@ -24,9 +25,7 @@ def tracking_uri(cfg: TrackingConfig, warehouse: str) -> str:
 
 
 def _client(cfg: TrackingConfig, warehouse: str):
-    import logging
-
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415  # MLflow takes seconds to import: only a run that logs pays
 
     logging.getLogger("alembic").setLevel(logging.WARNING)  # the store's schema setup is not news
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
@@ -54,7 +53,7 @@ def log_run(
     """Log one crag run; returns the MLflow run id (None when tracking is off)."""
     if not cfg.mlflow.enabled:
         return None
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Metric, Param  # noqa: PLC0415  # as above
 
     client, experiment_id = _client(cfg.mlflow, warehouse)
     run = client.create_run(experiment_id, run_name=run_id, tags={"crag.run_id": run_id, "crag.variant": variant})

@@ -6,6 +6,33 @@ REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
 LOCAL_CONF = REPO / "conf" / "local.yaml"
 TOKEN = "test-token-4f9a"  # recognisable, so tests can search outputs for it
+# Answers as the console shows them: English over two lines, and wide Japanese text.
+ANSWER_EN = "Replace the HEPA-13 main filter every twelve months.\nVacuum the pre-filter every two weeks."
+ANSWER_JA = "富士山は日本で一番高い山です。標高は3776メートルで、静岡県と山梨県にまたがっています。"
+
+
+def set_args(overrides) -> list[str]:
+    """`--set KEY=VALUE` for each override."""
+    return [arg for override in overrides for arg in ("--set", override)]
+
+
+def crag_run_args(
+    warehouse, *extra: str, questions=SAMPLE / "questions.jsonl", conf=LOCAL_CONF, overrides=()
+) -> list[str]:
+    """The arguments of `crag run`: a config (the embedded one unless given) with its `--set` overrides
+    (a test's `index_overrides` point it at the sample indexes), the questions (the sample's unless given),
+    the warehouse, then `extra` (`--run-id`, `--resume`, ...)."""
+    return [
+        "run",
+        "--conf",
+        str(conf),
+        *set_args(overrides),
+        "--questions",
+        str(questions),
+        "--warehouse",
+        str(warehouse),
+        *extra,
+    ]
 
 
 def run_rows(warehouse, name: str, run_id: str | None = None):

@@ -1,7 +1,7 @@
 """Choosing backends is configuration: `build_backends(cfg)` reads the backend names from the config
 and constructs one object per role with the provider registered for that (role, name) in PROVIDERS.
-Each backend lives in its own module and is imported only when configured, so the embedded default
-never loads a cloud client."""
+Each backend lives in its own module; the cloud clients and optional extras they need are imported
+only when such a backend is built, so the embedded default never loads one."""
 
 from __future__ import annotations
 
@@ -12,6 +12,17 @@ from functools import cached_property
 from typing import Any
 
 from crag.backends.base import Backends
+from crag.backends.bm25 import BM25Retriever, OfflineCorpusSearch
+from crag.backends.databricks_serving import DatabricksServing
+from crag.backends.extractive import ExtractiveGenerator
+from crag.backends.hybrid import HybridRetriever
+from crag.backends.lexical import KeywordRewriter, LexicalGrader, LexicalScorer
+from crag.backends.llm_roles import LLMGenerator, LLMGrader, LLMRewriter, LLMSourceCheck
+from crag.backends.openai_compat import OpenAICompatible
+from crag.backends.remote import secret
+from crag.backends.semantic import SemanticGrader
+from crag.backends.tavily_search import TavilySearch
+from crag.backends.vector_search import VectorSearchRetriever
 from crag.config import (
     BM25RetrieverConfig,
     CragConfig,
@@ -34,6 +45,7 @@ from crag.config import (
     stable_hash,
 )
 from crag.errors import ConfigError
+from crag.text import TermWeights
 
 
 def _require(value: str | None, key: str) -> str:
@@ -69,8 +81,6 @@ def credentials(cfg: CragConfig) -> list[tuple[str, str | None, str, bool]]:
 def resolve_credentials(cfg: CragConfig) -> dict[str, str]:
     """Every credential the config needs, by environment-variable name. A missing one is a ConfigError
     naming it. The values travel to Spark workers in memory only: never logged, never stored."""
-    from crag.backends.remote import secret
-
     found = {
         env: secret(env, ref, what, optional_on_databricks=optional) for env, ref, what, optional in credentials(cfg)
     }
@@ -118,10 +128,7 @@ def _chat_model(
 
 def _new_chat_model(role: LLMConfig, secrets, concurrent_tasks: int):
     if role.backend == "databricks":
-        from crag.backends.databricks_serving import DatabricksServing
-
         return DatabricksServing(role, secrets, concurrent_tasks)
-    from crag.backends.openai_compat import OpenAICompatible
 
     return OpenAICompatible(role, secrets, concurrent_tasks, getattr(role, "guided_regex_key", "guided_regex"))
 
@@ -148,8 +155,6 @@ class _Building:
         """The lexical scorer, over the term weights of every local index (without one, as with Vector
         Search and Tavily, every term weighs the same). Its collections are all loaded by then: the
         retriever and web search are built before the roles that score."""
-        from crag.backends.lexical import LexicalScorer
-        from crag.text import TermWeights
 
         internal, web = self.local_indexes.get("internal"), self.local_indexes.get("web")
         weights = internal.term_weights if internal else TermWeights({}, 1)
@@ -162,36 +167,28 @@ class _Building:
 
 
 def _bm25_retriever(b: _Building, cfg: BM25RetrieverConfig):
-    from crag.backends.bm25 import BM25Retriever
-
     retriever = BM25Retriever(_require(cfg.index, "retriever.index"))
     b.local_indexes["internal"] = retriever.index
     return retriever
 
 
 def _hybrid_retriever(b: _Building, cfg: HybridRetrieverConfig):
-    from crag.backends.hybrid import HybridRetriever
-
     retriever = HybridRetriever(cfg, _require(cfg.index, "retriever.index"))
     b.local_indexes["internal"] = retriever.index
     return retriever
 
 
 def _langchain_retriever(b: _Building, cfg: LangChainRetrieverConfig):
-    from crag.backends.langchain_retriever import LangChainRetriever
+    from crag.backends.langchain_retriever import LangChainRetriever  # noqa: PLC0415  # langchain extra: loaded only when configured
 
     return LangChainRetriever(cfg, b.concurrent_tasks)
 
 
 def _vector_search_retriever(b: _Building, cfg: VectorSearchRetrieverConfig):
-    from crag.backends.vector_search import VectorSearchRetriever
-
     return VectorSearchRetriever(cfg, b.secrets, b.concurrent_tasks)
 
 
 def _offline_corpus(b: _Building, cfg: OfflineCorpusConfig):
-    from crag.backends.bm25 import OfflineCorpusSearch
-
     web_search = OfflineCorpusSearch(_require(cfg.index, "web_search.index"))
     internal = b.local_indexes.get("internal")
     if internal is not None and web_search.index.tokenizer != internal.tokenizer:
@@ -204,8 +201,6 @@ def _offline_corpus(b: _Building, cfg: OfflineCorpusConfig):
 
 
 def _tavily(b: _Building, cfg: TavilyConfig):
-    from crag.backends.tavily_search import TavilySearch
-
     return TavilySearch(cfg, b.secrets, b.concurrent_tasks)
 
 
@@ -214,52 +209,36 @@ def _no_web_search(b: _Building, cfg: NoWebSearchConfig) -> None:
 
 
 def _lexical_grader(b: _Building, cfg: LexicalGraderConfig):
-    from crag.backends.lexical import LexicalGrader
-
     return LexicalGrader(b.scorer, cfg.threshold)
 
 
 def _semantic_grader(b: _Building, cfg: SemanticGraderConfig):
-    from crag.backends.semantic import SemanticGrader
-
     return SemanticGrader(b.scorer, cfg, b.local_indexes)
 
 
 def _llm_grader(b: _Building, cfg: LLMGraderConfig):
-    from crag.backends.llm_roles import LLMGrader
-
     return LLMGrader(b.chat_model(cfg), cfg)
 
 
 def _keyword_rewriter(b: _Building, cfg: KeywordRewriterConfig):
-    from crag.backends.lexical import KeywordRewriter
-
     return KeywordRewriter(cfg.policy_keywords)
 
 
 def _llm_rewriter(b: _Building, cfg: LLMRewriterConfig):
-    from crag.backends.llm_roles import LLMRewriter
-
     return LLMRewriter(b.chat_model(cfg), cfg)
 
 
 def _extractive_generator(b: _Building, cfg: ExtractiveGeneratorConfig):
-    from crag.backends.extractive import ExtractiveGenerator
-
     return ExtractiveGenerator(
         b.scorer, cfg.max_sentences, cfg.min_sentence_score, cfg.document_weight, cfg.answer_from_best_document
     )
 
 
 def _llm_generator(b: _Building, cfg: LLMGeneratorConfig):
-    from crag.backends.llm_roles import LLMGenerator
-
     return LLMGenerator(b.chat_model(cfg), cfg)
 
 
 def _llm_source_check(b: _Building, cfg: SourceCheckConfig):
-    from crag.backends.llm_roles import LLMSourceCheck
-
     return LLMSourceCheck(b.chat_model(cfg), cfg)
 
 

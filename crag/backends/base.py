@@ -9,7 +9,6 @@ Arrow unchanged), its keys typed.
 
 from __future__ import annotations
 
-import contextvars
 from dataclasses import dataclass, field
 from typing import NotRequired, Protocol, TypedDict, runtime_checkable
 
@@ -34,11 +33,6 @@ class Document(TypedDict):
     prompt_hash: NotRequired[str | None]
 
 
-# The question the current backend call serves, set per question by the stage runner: a call whose
-# input is not the question itself (a web query) can still be filed under its question (crag.cache).
-current_question: contextvars.ContextVar[str | None] = contextvars.ContextVar("current_question", default=None)
-
-
 @dataclass(frozen=True)
 class Grade:
     relevance: float  # 0..1
@@ -56,7 +50,8 @@ class Answer:
 
 @dataclass
 class Usage:
-    """Calls and tokens one backend call cost, summed per question into the answers table."""
+    """Calls and tokens backend calls cost: a fresh tally the caller hands to each call, which the
+    backend adds to; the stages sum the tallies into each question's counts (the answers table)."""
 
     llm_calls: int = 0
     search_calls: int = 0
@@ -122,8 +117,9 @@ class WebSearch(Protocol):
     name: str
     concurrency: int
 
-    def search(self, query: str, k: int, usage: Usage | None = None) -> list[Document]:
-        """Up to k results, each its own document (source "web")."""
+    def search(self, query: str, k: int, usage: Usage | None = None, *, question: str | None = None) -> list[Document]:
+        """Up to k results, each its own document (source "web"). `question`: the question the query
+        was made for, which a search ignores and the stage cache files the result under."""
 
 
 @runtime_checkable

@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from crag import tables
 from crag.backends.base import Document
+from crag.backends.embedding import load_embedder
 from crag.errors import UnusableIndexError
 from crag.text import TermWeights, tokenize
 
@@ -56,8 +57,6 @@ def write_index(chunks: pa.Table, out: Path, tokenizer: str, embedding: str = "n
     index.index(corpus_tokens, show_progress=False)
     index.save(str(build / "bm25"), show_progress=False)
     if embedding != "none":
-        from crag.backends.embedding import load_embedder
-
         np.save(build / DENSE_FILE, load_embedder(embedding).passages(chunks.column("chunk_text").to_pylist()))
     previous = _read_manifest(out).get("data") if (out / "manifest.json").is_file() else None
     manifest = {
@@ -316,7 +315,7 @@ class OfflineCorpusSearch:
     # search API returns k distinct results.
     CHILDREN_PER_RESULT = 4
 
-    def search(self, query: str, k: int, usage=None) -> list[Document]:
+    def search(self, query: str, k: int, usage=None, *, question: str | None = None) -> list[Document]:
         if usage is not None:
             usage.search_calls += 1
         return self.index.search([query], k * self.CHILDREN_PER_RESULT, source="web", max_parents=k)[0]

@@ -40,7 +40,7 @@ class DatabricksServing:
             MLFLOW_DEPLOYMENT_PREDICT_TOTAL_TIMEOUT=timeout,
         )
         self._use_environment()
-        from mlflow.deployments import get_deploy_client
+        from mlflow.deployments import get_deploy_client  # noqa: PLC0415  # MLflow takes seconds to import: only this backend pays
 
         self._client = get_deploy_client("databricks")
         self.endpoint_name = cfg.endpoint

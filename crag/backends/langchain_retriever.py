@@ -22,6 +22,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import VectorStore
 
 from crag.backends.base import Document, Usage
+from crag.backends.remote import Endpoint
 from crag.config import LangChainRetrieverConfig
 from crag.errors import ConfigError
 
@@ -76,8 +77,6 @@ class LangChainRetriever:
         self._endpoint = None
         self.concurrency = 1
         if cfg.policy is not None:
-            from crag.backends.remote import Endpoint
-
             # A client of unknown make may have no timeout of its own: the endpoint enforces one.
             self._endpoint = Endpoint(f"langchain:{cfg.factory}", cfg.policy, concurrent_tasks, hard_timeout=True)
             self.concurrency = self._endpoint.concurrency

@@ -174,7 +174,7 @@ def _read_secret(
     if secret_ref and on_databricks():  # elsewhere the SDK would go looking for a workspace
         scope, _, key = secret_ref.partition("/")
         try:
-            from databricks.sdk.runtime import dbutils  # only on Databricks
+            from databricks.sdk.runtime import dbutils  # noqa: PLC0415  # only on Databricks
 
             return dbutils.secrets.get(scope=scope, key=key)
         except Exception as exc:  # not on Databricks, or no such secret

@@ -10,7 +10,7 @@ from crag.config import TavilyConfig
 
 class TavilySearch:
     def __init__(self, cfg: TavilyConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1):
-        from tavily import TavilyClient
+        from tavily import TavilyClient  # noqa: PLC0415  # a cloud client: only this backend pays
 
         key = secret(cfg.api_key_env, cfg.api_key_secret, "Tavily web search", secrets)
         self._client = TavilyClient(api_key=key, api_base_url=cfg.api_base_url)
@@ -19,7 +19,7 @@ class TavilySearch:
         self.concurrency = self._endpoint.concurrency
         self.name = "tavily"
 
-    def search(self, query: str, k: int, usage=None) -> list[Document]:
+    def search(self, query: str, k: int, usage=None, *, question: str | None = None) -> list[Document]:
         cfg = self.cfg
         reply = self._endpoint.call(
             lambda: self._client.search(

@@ -21,7 +21,7 @@ STARTUP_ATTEMPTS = 2
 
 def vector_search_client(cfg: VectorSearchRetrieverConfig, secrets: dict[str, str] | None):
     """A client with the configured host and token, or the runtime's own auth on Databricks."""
-    from databricks.ai_search.client import AISearchClient  # databricks-ai-search: the renamed databricks-vectorsearch
+    from databricks.ai_search.client import AISearchClient  # noqa: PLC0415  # databricks-ai-search (the renamed databricks-vectorsearch): only this backend pays
 
     what = f"Vector Search index {cfg.index_name!r}"
     host = secret(cfg.host_env, None, f"{what} (workspace URL)", secrets, optional_on_databricks=True)

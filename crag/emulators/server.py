@@ -15,9 +15,13 @@ from typing import Any
 
 from requests.structures import CaseInsensitiveDict  # header names are case-insensitive
 
+from crag.backends.bm25 import load_index
+from crag.backends.extractive import ExtractiveGenerator
+from crag.backends.lexical import KeywordRewriter, LexicalScorer
 from crag.emulators.serving import serving
 from crag.emulators.tavily import tavily
 from crag.emulators.vector_search import vector_search
+from crag.text import TermWeights
 
 SERVICES = ("serving", "vector_search", "tavily")
 # malformed: a reply in no requested format; prose: the right reply wrapped in chatter and a code fence
@@ -113,11 +117,6 @@ class Emulator:
     @property
     def model(self):
         if self._model is None:
-            from crag.backends.bm25 import load_index
-            from crag.backends.extractive import ExtractiveGenerator
-            from crag.backends.lexical import KeywordRewriter, LexicalScorer
-            from crag.text import TermWeights
-
             weights = TermWeights({}, 1)
             tokenizer = "cjk_ngram"
             for path in (self.kb_index, self.web_index):

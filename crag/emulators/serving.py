@@ -9,6 +9,8 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
+from crag.backends.base import Usage
+
 if TYPE_CHECKING:
     from crag.emulators.server import Emulator
 
@@ -60,8 +62,6 @@ def _lexical_reply(emulator: Emulator, system: str, user: str) -> str:
             )
         return json.dumps({"grade": "yes" if relevance >= 0.5 else "no"})
     if "<context" in prompt:  # answer generation
-        from crag.backends.base import Usage
-
         docs = [{"text": t} for t in _TAG["document"].findall(prompt)]
         answer = generator.generate(question, docs, Usage())
         if answer.text is None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from crag.backends.bm25 import load_index
+
 if TYPE_CHECKING:
     from crag.emulators.server import Emulator
 
@@ -11,7 +13,6 @@ if TYPE_CHECKING:
 def tavily(emulator: Emulator, method: str, path: str, body: Any, fault: str):
     if not emulator.web_index:
         return 200, {"query": body.get("query"), "answer": None, "images": [], "results": [], "response_time": 0.0}
-    from crag.backends.bm25 import load_index
 
     k = int(body.get("max_results") or 5)
     docs = load_index(emulator.web_index).search([body.get("query") or ""], k * 4, source="web", max_parents=k)[0]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from crag.backends.bm25 import load_index
+
 if TYPE_CHECKING:
     from crag.emulators.server import Emulator
 
@@ -38,7 +40,6 @@ def vector_search(emulator: Emulator, method: str, path: str, body: Any, fault: 
     if parts[3] == "indexes" and parts[-1] == "query":
         if not emulator.kb_index:
             return 404, {"error_code": "RESOURCE_DOES_NOT_EXIST", "message": "no index loaded"}
-        from crag.backends.bm25 import load_index
 
         columns = body.get("columns") or []
         index = load_index(emulator.kb_index)

@@ -7,7 +7,7 @@ import pytest
 from deltalake import DeltaTable
 
 from crag.cli import main
-from tests.support import LOCAL_CONF, REPO, SAMPLE
+from tests.support import LOCAL_CONF, REPO, crag_run_args
 
 OPENAI_CONF = REPO / "conf" / "openai.yaml"
 
@@ -48,21 +48,7 @@ def rejected_run(spark, index_overrides, tmp_path_factory):
     ]
     path = folder / "questions.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    sets = [a for o in index_overrides for a in ("--set", o)]
-    code = main(
-        [
-            "run",
-            "--conf",
-            str(LOCAL_CONF),
-            *sets,
-            "--questions",
-            str(path),
-            "--warehouse",
-            str(folder / "wh"),
-            "--run-id",
-            "bad",
-        ]
-    )
+    code = main(crag_run_args(folder / "wh", "--run-id", "bad", questions=path, overrides=index_overrides))
     assert code == 0
     rejects = DeltaTable(str(folder / "wh" / "rejects")).to_pandas()
     answers = DeltaTable(str(folder / "wh" / "answers")).to_pandas()
@@ -169,19 +155,9 @@ UNREADABLE = {
 @pytest.mark.parametrize("case", sorted(UNREADABLE))
 def test_a_file_of_unreadable_rows_is_reject_rows_and_one_line(case, tmp_path, index_overrides, capsys):
     name, content, reason = UNREADABLE[case]
-    sets = [a for o in index_overrides for a in ("--set", o)]
-    argv = [
-        "run",
-        "--conf",
-        str(LOCAL_CONF),
-        "--questions",
-        _write(tmp_path, name, content),
-        "--warehouse",
-        str(tmp_path / "wh"),
-        "--run-id",
-        "unreadable",
-        *sets,
-    ]
+    argv = crag_run_args(
+        tmp_path / "wh", "--run-id", "unreadable", questions=_write(tmp_path, name, content), overrides=index_overrides
+    )
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "crag: error: no question was accepted: all 1 input rows were rejected" in err and "Traceback" not in err, (
@@ -204,18 +180,13 @@ def test_one_line_error(case, tmp_path, index_overrides, capsys, monkeypatch):
     monkeypatch.delenv("CRAG_NO_KEY", raising=False)
     build, message = ERRORS[case]
     extra = build(tmp_path)
-    args = {
-        "--conf": str(LOCAL_CONF),
-        "--questions": str(SAMPLE / "questions.jsonl"),
-        "--warehouse": str(tmp_path / "wh"),
-    }
+    chosen = {}  # a case's own --conf or --questions in place of the default
     for flag in ("--conf", "--questions"):
         if flag in extra:
             i = extra.index(flag)
-            args[flag] = extra[i + 1]
+            chosen[flag.removeprefix("--")] = extra[i + 1]
             extra = extra[:i] + extra[i + 2 :]
-    sets = [a for o in index_overrides for a in ("--set", o)]
-    argv = ["run", *[x for kv in args.items() for x in kv], *sets, *extra]
+    argv = crag_run_args(tmp_path / "wh", *extra, overrides=index_overrides, **chosen)
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("crag: error: ") and err.count("\n") == 1, err

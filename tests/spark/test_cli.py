@@ -6,12 +6,11 @@ from pathlib import Path
 import pytest
 
 from crag.cli import main
-from tests.support import LOCAL_CONF, SAMPLE
+from tests.support import LOCAL_CONF, SAMPLE, crag_run_args, set_args
 
 
 def test_ask_prints_every_stage(capsys, index_overrides):
-    sets = [a for o in index_overrides for a in ("--set", o)]
-    assert main(["ask", "--conf", str(LOCAL_CONF), *sets, "How high is Mount Fuji?"]) == 0
+    assert main(["ask", "--conf", str(LOCAL_CONF), *set_args(index_overrides), "How high is Mount Fuji?"]) == 0
     out = capsys.readouterr().out
     for marker in (
         "[retrieve]",
@@ -26,8 +25,7 @@ def test_ask_prints_every_stage(capsys, index_overrides):
 
 
 def test_ask_rejects_a_blank_question_in_one_line(capsys, index_overrides):
-    sets = [a for o in index_overrides for a in ("--set", o)]
-    assert main(["ask", "--conf", str(LOCAL_CONF), *sets, "   "]) == 2
+    assert main(["ask", "--conf", str(LOCAL_CONF), *set_args(index_overrides), "   "]) == 2
     assert capsys.readouterr().err == "crag: error: question is only whitespace\n"
 
 
@@ -52,39 +50,13 @@ def test_config_errors_are_one_line(capsys, args, message):
 
 
 def test_run_with_missing_questions_is_one_line(capsys, tmp_path, index_overrides):
-    sets = [a for o in index_overrides for a in ("--set", o)]
-    code = main(
-        [
-            "run",
-            "--conf",
-            str(LOCAL_CONF),
-            *sets,
-            "--questions",
-            str(tmp_path / "none.jsonl"),
-            "--warehouse",
-            str(tmp_path),
-        ]
-    )
+    code = main(crag_run_args(tmp_path, questions=tmp_path / "none.jsonl", overrides=index_overrides))
     assert code == 2
     assert capsys.readouterr().err == f"crag: error: questions not found: {tmp_path / 'none.jsonl'}\n"
 
 
 def test_run_prints_the_summary(capsys, spark, tmp_path, index_overrides):
-    sets = [a for o in index_overrides for a in ("--set", o)]
-    code = main(
-        [
-            "run",
-            "--conf",
-            str(LOCAL_CONF),
-            *sets,
-            "--questions",
-            str(SAMPLE / "questions.jsonl"),
-            "--warehouse",
-            str(tmp_path),
-            "--run-id",
-            "cli",
-        ]
-    )
+    code = main(crag_run_args(tmp_path, "--run-id", "cli", overrides=index_overrides))
     assert code == 0
     out = capsys.readouterr().out
     assert "run cli (variant base)" in out and "questions   51: 49 accepted, 2 rejected" in out
@@ -105,24 +77,7 @@ def test_console_script_builds_an_index(tmp_path):
 
 
 def test_sql_over_the_warehouse(capsys, spark, tmp_path, index_overrides):
-    sets = [a for o in index_overrides for a in ("--set", o)]
-    assert (
-        main(
-            [
-                "run",
-                "--conf",
-                str(LOCAL_CONF),
-                *sets,
-                "--questions",
-                str(SAMPLE / "questions.jsonl"),
-                "--warehouse",
-                str(tmp_path),
-                "--run-id",
-                "sql",
-            ]
-        )
-        == 0
-    )
+    assert main(crag_run_args(tmp_path, "--run-id", "sql", overrides=index_overrides)) == 0
     capsys.readouterr()
     sql = (
         "SELECT a.route, count(DISTINCT a.question_id) AS questions, count(g.doc_id) AS graded "

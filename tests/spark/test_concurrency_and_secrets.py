@@ -10,7 +10,7 @@ from crag.backends.llm_roles import LLMGenerator, LLMSourceCheck, Prompt
 from crag.cli import main
 from crag.config import load_config
 from crag.job import run
-from tests.support import LOCAL_CONF, REPO, SAMPLE, TOKEN
+from tests.support import LOCAL_CONF, REPO, SAMPLE, TOKEN, crag_run_args
 
 
 def test_two_runs_write_the_same_warehouse_at_once(spark, tmp_path, index_overrides):
@@ -50,19 +50,7 @@ def test_two_runs_write_the_same_warehouse_at_once(spark, tmp_path, index_overri
 
 
 def test_no_secret_in_tables_logs_or_run_config(spark, emulator, tmp_path, capfd):
-    code = main(
-        [
-            "run",
-            "--conf",
-            str(REPO / "conf" / "databricks.yaml"),
-            "--questions",
-            str(SAMPLE / "questions.jsonl"),
-            "--warehouse",
-            str(tmp_path),
-            "--run-id",
-            "secret-check",
-        ]
-    )
+    code = main(crag_run_args(tmp_path, "--run-id", "secret-check", conf=REPO / "conf" / "databricks.yaml"))
     assert code == 0
     out, err = capfd.readouterr()
     assert TOKEN not in out and TOKEN not in err

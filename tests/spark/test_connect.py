@@ -17,7 +17,7 @@ import pytest
 from deltalake import DeltaTable
 
 from tests import connect_server
-from tests.support import LOCAL_CONF, REPO, SAMPLE, staged_questions, staging_folder
+from tests.support import LOCAL_CONF, REPO, SAMPLE, crag_run_args, staged_questions, staging_folder
 
 QUESTIONS = SAMPLE / "questions.jsonl"
 
@@ -63,19 +63,7 @@ def crag(*args, url: str, check: bool = True, **popen) -> subprocess.CompletedPr
 
 
 def _run_args(index_overrides, warehouse, run_id, *extra):
-    sets = [a for o in [*index_overrides, *extra] for a in ("--set", o)]
-    return [
-        "run",
-        "--conf",
-        str(LOCAL_CONF),
-        *sets,
-        "--questions",
-        str(QUESTIONS),
-        "--warehouse",
-        str(warehouse),
-        "--run-id",
-        run_id,
-    ]
+    return crag_run_args(warehouse, "--run-id", run_id, questions=QUESTIONS, overrides=[*index_overrides, *extra])
 
 
 def table(warehouse, name) -> pd.DataFrame:
@@ -212,18 +200,8 @@ def test_a_question_id_built_to_inject_sql_touches_no_other_run(connect_url, spa
     before = table(warehouse, "answers")
     for attempt in range(2):  # the second time replaces the hostile run's own rows
         run(str(LOCAL_CONF), str(path), str(warehouse), run_id="hostile", overrides=base, spark=spark)
-    sets = [a for o in base for a in ("--set", o)]
     crag(
-        "run",
-        "--conf",
-        str(LOCAL_CONF),
-        *sets,
-        "--questions",
-        str(path),
-        "--warehouse",
-        str(warehouse),
-        "--run-id",
-        "hostile",
+        *crag_run_args(warehouse, "--run-id", "hostile", questions=path, overrides=base),
         url=connect_url,
     )
     after = table(warehouse, "answers")

@@ -1,28 +1,11 @@
 """crag eval and crag calibrate on a run of the sample, through the Warehouse."""
 
 from crag.cli import main
-from tests.support import LOCAL_CONF, SAMPLE
+from tests.support import crag_run_args
 
 
 def test_eval_and_calibrate_commands_on_the_sample(spark, tmp_path, index_overrides, capsys):
-    sets = [a for o in index_overrides for a in ("--set", o)]
-    assert (
-        main(
-            [
-                "run",
-                "--conf",
-                str(LOCAL_CONF),
-                *sets,
-                "--questions",
-                str(SAMPLE / "questions.jsonl"),
-                "--warehouse",
-                str(tmp_path),
-                "--run-id",
-                "gold",
-            ]
-        )
-        == 0
-    )
+    assert main(crag_run_args(tmp_path, "--run-id", "gold", overrides=index_overrides)) == 0
     assert "quality against the gold columns" in capsys.readouterr().out
     assert main(["eval", "--warehouse", str(tmp_path), "--run", "gold"]) == 0
     out = capsys.readouterr().out
@@ -41,23 +24,8 @@ def test_eval_and_calibrate_commands_on_the_sample(spark, tmp_path, index_overri
 def test_eval_without_gold_is_a_clear_error(spark, tmp_path, index_overrides, capsys):
     questions = tmp_path / "q.jsonl"
     questions.write_text('{"question_id": "1", "question": "How high is Mount Fuji?"}\n')
-    sets = [a for o in index_overrides for a in ("--set", o)]
     assert (
-        main(
-            [
-                "run",
-                "--conf",
-                str(LOCAL_CONF),
-                *sets,
-                "--questions",
-                str(questions),
-                "--warehouse",
-                str(tmp_path / "w"),
-                "--run-id",
-                "nogold",
-            ]
-        )
-        == 0
+        main(crag_run_args(tmp_path / "w", "--run-id", "nogold", questions=questions, overrides=index_overrides)) == 0
     )
     capsys.readouterr()
     assert main(["eval", "--warehouse", str(tmp_path / "w"), "--run", "nogold"]) == 2

@@ -18,7 +18,7 @@ from crag import cli
 from crag.cli import main
 from crag.errors import InputError
 from crag.ids import check_run_id
-from tests.support import LOCAL_CONF, REPO, SAMPLE
+from tests.support import REPO, crag_run_args
 
 
 @pytest.mark.parametrize("run_id", ["r1\n", "r1\r\n", "r1\n\n", "\nr1", "r 1", "r1/..", "", "-r1", "r1\x00"])
@@ -33,20 +33,7 @@ def test_good_run_ids_pass(run_id):
 
 
 def test_the_cli_refuses_a_run_id_with_a_trailing_newline(tmp_path, capsys, index_overrides):
-    code = main(
-        [
-            "run",
-            "--conf",
-            str(LOCAL_CONF),
-            "--questions",
-            str(SAMPLE / "questions.jsonl"),
-            "--warehouse",
-            str(tmp_path),
-            "--run-id",
-            "r1\n",
-            *[x for o in index_overrides for x in ("--set", o)],
-        ]
-    )
+    code = main(crag_run_args(tmp_path, "--run-id", "r1\n", overrides=index_overrides))
     assert code == 2
     err = capsys.readouterr().err
     assert err.startswith("crag: error: invalid run id 'r1\\n'") and err.count("\n") == 1
@@ -100,18 +87,7 @@ def _bad_parquet(tmp_path, content: bytes):
 @pytest.mark.parametrize("content", [b"", b"PAR1 not really parquet"])
 def test_unreadable_parquet_input_is_one_line(tmp_path, capsys, index_overrides, content):
     questions = _bad_parquet(tmp_path, content)
-    code = main(
-        [
-            "run",
-            "--conf",
-            str(LOCAL_CONF),
-            "--questions",
-            str(questions),
-            "--warehouse",
-            str(tmp_path / "wh"),
-            *[x for o in index_overrides for x in ("--set", o)],
-        ]
-    )
+    code = main(crag_run_args(tmp_path / "wh", questions=questions, overrides=index_overrides))
     assert code == 2
     err = capsys.readouterr().err
     assert re.fullmatch(r"crag: error: [^\n]*(not a Parquet file|cannot read questions)[^\n]*\n", err), err
@@ -119,18 +95,7 @@ def test_unreadable_parquet_input_is_one_line(tmp_path, capsys, index_overrides,
 
 def test_a_delta_folder_with_an_empty_log_is_one_line(tmp_path, capsys, index_overrides):
     (tmp_path / "questions" / "_delta_log").mkdir(parents=True)
-    code = main(
-        [
-            "run",
-            "--conf",
-            str(LOCAL_CONF),
-            "--questions",
-            str(tmp_path / "questions"),
-            "--warehouse",
-            str(tmp_path / "wh"),
-            *[x for o in index_overrides for x in ("--set", o)],
-        ]
-    )
+    code = main(crag_run_args(tmp_path / "wh", questions=tmp_path / "questions", overrides=index_overrides))
     assert code == 2
     err = capsys.readouterr().err
     assert err.startswith("crag: error: ") and err.count("\n") == 1, err
@@ -145,18 +110,7 @@ def test_crag_debug_shows_the_traceback(tmp_path, monkeypatch, index_overrides):
 
     monkeypatch.setattr(crag.job, "prepare", full_disk)
     with pytest.raises(OSError, match="No space left"):
-        main(
-            [
-                "run",
-                "--conf",
-                str(LOCAL_CONF),
-                "--questions",
-                str(SAMPLE / "questions.jsonl"),
-                "--warehouse",
-                str(tmp_path / "wh"),
-                *[x for o in index_overrides for x in ("--set", o)],
-            ]
-        )
+        main(crag_run_args(tmp_path / "wh", overrides=index_overrides))
 
 
 def test_a_file_system_error_is_one_scrubbed_line(monkeypatch, capsys):
@@ -186,7 +140,7 @@ def test_an_interrupt_behind_a_cancelled_spark_job_is_an_interrupt(monkeypatch, 
             raise RuntimeError("An error occurred while calling o102.getResult")  # as Spark's collect does
 
     monkeypatch.setattr(cli, "_run_command", fail)
-    assert main(["run", "--conf", "c.yaml", "--questions", "q.jsonl", "--warehouse", "w", "--run-id", "r7"]) == 130
+    assert main(crag_run_args("w", "--run-id", "r7", questions="q.jsonl", conf="c.yaml")) == 130
     err = capsys.readouterr().err
     assert err == (
         "crag: interrupted: run r7 did not finish; continue it with: "
@@ -205,21 +159,7 @@ def _start_run(tmp_path, sample_indexes, extra: list[str]):
         "spark.batch_questions=3",
         "routing.policy=thresholds",
     ]
-    args = [
-        sys.executable,
-        "-m",
-        "crag.cli",
-        "run",
-        "--conf",
-        str(LOCAL_CONF),
-        "--questions",
-        str(SAMPLE / "questions.jsonl"),
-        "--warehouse",
-        str(tmp_path / "wh"),
-        "--no-cache",
-        *[x for o in sets for x in ("--set", o)],
-        *extra,
-    ]
+    args = [sys.executable, "-m", "crag.cli", *crag_run_args(tmp_path / "wh", "--no-cache", *extra, overrides=sets)]
     err = open(tmp_path / "stderr.txt", "w+", encoding="utf-8")
     return subprocess.Popen(
         args, stdout=subprocess.DEVNULL, stderr=err, cwd=REPO, env={**os.environ, "CRAG_DEBUG": ""}
@@ -274,19 +214,14 @@ def test_the_resume_line_shows_no_credential(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_run_command", interrupted)
     assert (
         main(
-            [
-                "run",
-                "--conf",
-                "c.yaml",
-                "--questions",
-                "q.jsonl",
-                "--warehouse",
+            crag_run_args(
                 "w",
                 "--run-id",
                 "r8",
-                "--set",
-                "web_search.api_base_url=http://proxy:pa55word-x@h:8080",
-            ]
+                questions="q.jsonl",
+                conf="c.yaml",
+                overrides=["web_search.api_base_url=http://proxy:pa55word-x@h:8080"],
+            )
         )
         == 130
     )

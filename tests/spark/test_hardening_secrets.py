@@ -12,7 +12,7 @@ from deltalake import DeltaTable
 from crag import secrets
 from crag.cli import main
 from crag.config import load_config, redacted
-from tests.support import LOCAL_CONF, REPO, SAMPLE
+from tests.support import LOCAL_CONF, REPO, SAMPLE, crag_run_args, set_args
 
 PASSWORD = "pw-Zq81-secret"
 
@@ -165,7 +165,7 @@ def test_crag_ask_shows_no_credential_of_an_unreachable_host(monkeypatch, capfd,
         "ask",
         "--conf",
         str(LOCAL_CONF),
-        *[x for o in overrides for x in ("--set", o)],
+        *set_args(overrides),
         "How often should the HEPA-13 main filter be replaced?",
     ]
     assert main(args) == 0
@@ -188,20 +188,7 @@ def test_crag_run_stores_no_credential_in_errors_reasons_or_config(
         o.replace("mlflow.enabled=false", "mlflow.enabled=true")
         for o in _databricks_grader(sample_indexes["kb"], sample_indexes["web"])
     ]
-    code = main(
-        [
-            "run",
-            "--conf",
-            str(LOCAL_CONF),
-            "--questions",
-            str(questions),
-            "--warehouse",
-            str(warehouse),
-            "--run-id",
-            "leak",
-            *[x for o in overrides for x in ("--set", o)],
-        ]
-    )
+    code = main(crag_run_args(warehouse, "--run-id", "leak", questions=questions, overrides=overrides))
     assert code == 0
     out, err = capfd.readouterr()
     answers = DeltaTable(str(warehouse / "answers")).to_pandas()

@@ -7,7 +7,7 @@ from deltalake import DeltaTable
 
 from crag.cli import main
 from crag.job import run
-from tests.support import REPO, SAMPLE, TOKEN
+from tests.support import REPO, SAMPLE, TOKEN, crag_run_args
 
 QUESTIONS = SAMPLE / "questions.jsonl"
 
@@ -53,21 +53,14 @@ def test_no_credential_reaches_a_table(databricks_run):
 
 def test_openai_config_from_the_cli(spark, emulator, tmp_path, sample_indexes, capsys):
     code = main(
-        [
-            "run",
-            "--conf",
-            str(REPO / "conf" / "openai.yaml"),
-            "--questions",
-            str(QUESTIONS),
-            "--warehouse",
-            str(tmp_path),
+        crag_run_args(
+            tmp_path,
             "--run-id",
             "oai",
-            "--set",
-            f"retriever.index={sample_indexes['kb']}",
-            "--set",
-            f"web_search.index={sample_indexes['web']}",
-        ]
+            questions=QUESTIONS,
+            conf=REPO / "conf" / "openai.yaml",
+            overrides=[f"retriever.index={sample_indexes['kb']}", f"web_search.index={sample_indexes['web']}"],
+        )
     )
     assert code == 0
     out = capsys.readouterr().out
@@ -87,17 +80,7 @@ def test_openai_config_from_the_cli(spark, emulator, tmp_path, sample_indexes, c
 
 def test_missing_credential_fails_before_any_work(spark, emulator, tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("TAVILY_API_KEY")
-    code = main(
-        [
-            "run",
-            "--conf",
-            str(REPO / "conf" / "databricks.yaml"),
-            "--questions",
-            str(QUESTIONS),
-            "--warehouse",
-            str(tmp_path),
-        ]
-    )
+    code = main(crag_run_args(tmp_path, questions=QUESTIONS, conf=REPO / "conf" / "databricks.yaml"))
     assert code == 2
     err = capsys.readouterr().err
     assert err == (

@@ -15,7 +15,7 @@ from deltalake import DeltaTable
 from crag import job as crag_job
 from crag.errors import CragError
 from crag.job import run
-from tests.support import LOCAL_CONF, REPO, SAMPLE, staged_questions, staging_folder
+from tests.support import LOCAL_CONF, REPO, SAMPLE, crag_run_args, staged_questions, staging_folder
 
 QUESTIONS = SAMPLE / "questions.jsonl"
 
@@ -134,19 +134,16 @@ def test_sigkill_of_the_driver_then_resume(emulator, sample_indexes, tmp_path):
         sys.executable,
         "-m",
         "crag.cli",
-        "run",
-        "--conf",
-        str(REPO / "conf" / "openai.yaml"),
-        "--questions",
-        str(QUESTIONS),
-        "--warehouse",
-        str(warehouse),
-        "--set",
-        f"retriever.index={sample_indexes['kb']}",
-        "--set",
-        f"web_search.index={sample_indexes['web']}",
-        "--set",
-        "spark.batch_questions=8",
+        *crag_run_args(
+            warehouse,
+            questions=QUESTIONS,
+            conf=REPO / "conf" / "openai.yaml",
+            overrides=[
+                f"retriever.index={sample_indexes['kb']}",
+                f"web_search.index={sample_indexes['web']}",
+                "spark.batch_questions=8",
+            ],
+        ),
     ]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     first = subprocess.Popen(

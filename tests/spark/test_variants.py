@@ -8,7 +8,7 @@ from deltalake import DeltaTable
 
 from crag.cli import main
 from crag.job import run
-from tests.support import LOCAL_CONF, REPO, SAMPLE
+from tests.support import LOCAL_CONF, REPO, SAMPLE, crag_run_args
 
 QUESTIONS = str(SAMPLE / "questions.jsonl")
 
@@ -143,24 +143,7 @@ def test_runs_are_logged_to_mlflow(spark, sample_indexes, tmp_path, capsys):
 
     sets = ["--set", f"retriever.index={sample_indexes['kb']}", "--set", f"web_search.index={sample_indexes['web']}"]
     for run_id, extra in (("ml-base", []), ("ml-cand", ["--variant", "paper_thresholds"])):
-        assert (
-            main(
-                [
-                    "run",
-                    "--conf",
-                    str(LOCAL_CONF),
-                    *sets,
-                    *extra,
-                    "--questions",
-                    QUESTIONS,
-                    "--warehouse",
-                    str(tmp_path),
-                    "--run-id",
-                    run_id,
-                ]
-            )
-            == 0
-        )
+        assert main(crag_run_args(tmp_path, *sets, *extra, "--run-id", run_id, questions=QUESTIONS)) == 0
     report = tmp_path / "cmp.html"
     assert (
         main(

@@ -1,4 +1,5 @@
-"""The fast tier: no JVM. A test here that asks for a Spark session belongs in tests/spark."""
+"""The fast tier: no JVM, and nothing slow to wait for (a child process, a browser, the embedding model or a
+time limit: those tests are in tests/slow). A test here that asks for a Spark session belongs in tests/spark."""
 
 import pytest
 

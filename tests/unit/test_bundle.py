@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import REPO
+from tests.support import REPO, crag_run_args
 
 SCHEMA = REPO.parent / "shared" / "schemas" / "databricks-bundle.schema.json"
 BUNDLE_FILES = [REPO / "databricks.yml", *sorted((REPO / "resources").glob("*.yml"))]
@@ -185,9 +185,7 @@ def test_the_bundle_overrides_load_with_the_production_config():
     conf = str(REPO / "conf" / "databricks.yaml")
     for settings in ("", "generator.endpoint=my-chat;routing.max_relevant_docs=3"):
         variables, *_ = _resolve("dev", "alice@example.com", settings=settings)
-        args = parser().parse_args(
-            ["run", "--conf", conf, "--questions", "q", "--warehouse", "w", "--overrides", variables["overrides"]]
-        )
+        args = parser().parse_args(crag_run_args("w", "--overrides", variables["overrides"], questions="q", conf=conf))
         cfg = load_config(conf, _overrides(args))
         assert cfg.retriever.source_table == "main.dev_alice_crag.chunks"
         assert cfg.retriever.index_name == "main.dev_alice_crag.chunks_index"

@@ -4,15 +4,14 @@ Each file is written here with the library a user's tools would use (python-docx
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 
 import pytest
 
+from crag.cli import main
 from crag.config import IndexingConfig
 from crag.errors import InputError
 from crag.indexing import chunk_documents, read_documents
-from tests.support import REPO
+from tests.support import LOCAL_CONF
 
 pytest.importorskip("langchain_community")
 docx = pytest.importorskip("docx")
@@ -166,48 +165,17 @@ def test_bad_files_are_one_line_errors(tmp_path, name, content, message):
     assert "\n" not in str(err.value)
 
 
-def test_crag_index_reads_them_from_the_command_line(tmp_path):
+def test_crag_index_reads_them_from_the_command_line(tmp_path, capsys):
     write_docx(tmp_path / "care.docx", ["Replace the HEPA-13 main filter every twelve months."])
     write_csv(tmp_path / "faq.csv", [["question", "answer"], ["Warranty?", "Three years."]])
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "crag.cli",
-            "index",
-            "--conf",
-            str(REPO / "conf" / "local.yaml"),
-            "--docs",
-            str(tmp_path),
-            "--out",
-            str(tmp_path / "index"),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr
-    assert "indexed 2 documents" in out.stdout
-    bad = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "crag.cli",
-            "index",
-            "--conf",
-            str(REPO / "conf" / "local.yaml"),
-            "--docs",
-            str(tmp_path / "care.docx.missing.pptx"),
-            "--out",
-            str(tmp_path / "x"),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
-    assert bad.returncode == 2 and bad.stderr.startswith("crag: error: documents not found")
+
+    def index(docs) -> int:
+        return main(["index", "--conf", str(LOCAL_CONF), "--docs", str(docs), "--out", str(tmp_path / "index")])
+
+    assert index(tmp_path) == 0
+    assert "indexed 2 documents" in capsys.readouterr().out
+    assert index(tmp_path / "care.docx.missing.pptx") == 2
+    assert capsys.readouterr().err.startswith("crag: error: documents not found")
 
 
 def test_without_the_extra_the_error_names_it(tmp_path, monkeypatch):

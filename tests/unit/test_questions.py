@@ -8,6 +8,7 @@ import pytest
 
 from crag.errors import InputError
 from crag.questions import check_one, check_rows
+from tests.support import crag_run_args
 
 
 def _check(questions, ids=None, max_chars=50):
@@ -101,26 +102,11 @@ def test_ask_checks_its_one_question():
 def test_resuming_an_unknown_run_in_a_folder_is_one_line_before_spark(tmp_path, capsys, monkeypatch, index_overrides):
     import crag.job
     from crag.cli import main
-    from tests.support import LOCAL_CONF, SAMPLE
 
     def no_spark(*args, **kwargs):
         raise AssertionError("Spark was started")
 
     monkeypatch.setattr(crag.job, "get_spark", no_spark)
-    sets = [a for o in index_overrides for a in ("--set", o)]
-    code = main(
-        [
-            "run",
-            "--conf",
-            str(LOCAL_CONF),
-            *sets,
-            "--questions",
-            str(SAMPLE / "questions.jsonl"),
-            "--warehouse",
-            str(tmp_path),
-            "--resume",
-            "ghost",
-        ]
-    )
+    code = main(crag_run_args(tmp_path, "--resume", "ghost", overrides=index_overrides))
     assert code == 2
     assert capsys.readouterr().err.strip().endswith(f"crag: error: no run 'ghost' to resume in {tmp_path}")

@@ -8,7 +8,9 @@ import pytest
 from crag import schema, stages
 from crag.backends import Backends
 from crag.backends.base import Answer, Grade, Usage
+from crag.cache import StageCache, question_key, with_cache
 from crag.config import CragConfig, RefinementConfig, load_config
+from crag.spark import to_stage_output
 from tests.support import SAMPLE
 
 
@@ -73,7 +75,7 @@ class Web:
     def __init__(self, results):
         self.results, self.calls = results, []
 
-    def search(self, query, k, usage=None):
+    def search(self, query, k, usage=None, *, question=None):
         self.calls.append(query)
         usage.search_calls += 1
         return [doc(i, t, "web") for i, t in enumerate(self.results)][:k]
@@ -118,18 +120,13 @@ def run(texts, cfg=None, **kw):
 
 def test_stages_declare_their_inputs_and_refuse_to_run_out_of_order():
     with pytest.raises(ValueError, match="stage 'grade' needs column"):
-        stages.grade(stages.start(questions("x?")), make_backends())
+        stages.grade(stages.start(questions("x?")), make_backends(), CragConfig().grader)
 
 
 def stage_steps(backends, cfg):
     return {
-        "retrieve": lambda d: stages.retrieve(d, backends, 10),
-        "grade": lambda d: stages.grade(d, backends),
-        "decide": lambda d: stages.decide(d, cfg.routing),
-        "rewrite": lambda d: stages.rewrite(d, backends, cfg.web_search.fallback),
-        "web_search": lambda d: stages.web_search(d, backends, cfg),
-        "refine": lambda d: stages.refine(d, backends, cfg.refinement),
-        "generate": lambda d: stages.generate(d, backends, "no idea"),
+        stage.__name__: lambda d, stage=stage, section=section: stage(d, backends, section(cfg))
+        for stage, section in stages.PIPELINE
     }
 
 
@@ -168,8 +165,13 @@ def checked(outputs=("a",), updates=stages.BOOKKEEPING):
     return stages.Stage("probe", ("question",), outputs, updates)
 
 
+def kept(df):
+    """The bookkeeping columns as they came in, which a probe stage must write back."""
+    return {column: df[column] for column in stages.BOOKKEEPING}
+
+
 def test_a_stage_that_writes_an_undeclared_column_fails():
-    probe = stages.runs(checked())(lambda df: {"a": 1, "b": 2, "error": df["error"], "decisions": df["decisions"]})
+    probe = stages.runs(checked())(lambda df: {"a": 1, "b": 2, **kept(df)})
     with pytest.raises(
         ValueError,
         match=r"stage 'probe' broke its contract: declared column\(s\) \[\] not written, "
@@ -179,9 +181,7 @@ def test_a_stage_that_writes_an_undeclared_column_fails():
 
 
 def test_a_stage_that_rewrites_a_column_it_does_not_declare_fails():
-    probe = stages.runs(checked())(
-        lambda df: {"a": 1, "question": "other", "error": df["error"], "decisions": df["decisions"]}
-    )
+    probe = stages.runs(checked())(lambda df: {"a": 1, "question": "other", **kept(df)})
     with pytest.raises(ValueError, match=r"undeclared column\(s\) \['question'\] written"):
         probe(stages.start(questions("x?")))
 
@@ -190,7 +190,7 @@ def test_a_stage_that_misses_a_declared_column_fails():
     probe = stages.runs(checked(outputs=("a", "ms_probe")))(lambda df: {"a": 1, "error": df["error"]})
     with pytest.raises(
         ValueError,
-        match=r"declared column\(s\) \['ms_probe', 'decisions'\] not written, "
+        match=r"declared column\(s\) \['ms_probe', 'usage', 'decisions'\] not written, "
         r"undeclared column\(s\) \[\] written",
     ):
         probe(stages.start(questions("x?")))
@@ -203,7 +203,7 @@ def test_a_stage_cannot_add_a_column_that_is_already_there():
 
 
 def test_a_stage_that_keeps_its_contract_changes_only_its_columns():
-    probe = stages.runs(checked())(lambda df: {"a": [7], "error": ["failed"], "decisions": df["decisions"]})
+    probe = stages.runs(checked())(lambda df: {**kept(df), "a": [7], "error": ["failed"]})
     out = probe(stages.start(questions("x?")))
     assert list(out.columns) == ["question_id", "question", "error", "usage", "decisions", "a"]
     assert (out.loc[0, "a"], out.loc[0, "error"], out.loc[0, "question"]) == (7, "failed", "x?")
@@ -285,7 +285,7 @@ def test_refinement_drops_documents_without_kept_strips():
 
 def test_usage_and_counts_reach_the_stage_output():
     out, _ = run(["some relevant?", "all relevant?"])
-    table = stages.to_stage_output(out)
+    table = to_stage_output(out)
     assert table.schema == schema.STAGE_OUTPUT
     rows = table.to_pylist()
     assert rows[0]["search_calls"] == 2 and rows[1]["search_calls"] == 1  # retrieval (+ web)
@@ -349,3 +349,29 @@ def test_streamed_pipelines_give_the_same_rows_in_order(sample_backends, sample_
     assert list(streamed["question_id"]) == list(frame["question_id"])
     compared = ["question_id", "answer", "action", "route", "n_retrieved", "n_relevant", "n_web"]
     pd.testing.assert_frame_equal(streamed[compared], one[compared])
+
+
+def test_the_stage_cache_files_every_call_under_its_question_and_counts_its_hits():
+    """The web search's input is the rewritten query, yet its stored result is filed under the question
+    it served (the driver loads a batch's entries by question); a run from those entries calls no
+    backend and its usage counts the hits instead of the calls."""
+    texts = ("some relevant?", "none relevant?")
+    slices = {role: role for role in ("retriever", "grader", "rewriter", "web_search", "source_check", "generator")}
+    first = StageCache({})
+    out = stages.run_pipeline(questions(*texts), with_cache(make_backends(CORPUS), first, slices), CragConfig())
+    filed = {(e["role"], e["question_key"]) for e in first.new}
+    assert {role for role, _ in filed} == {"retriever", "grader", "rewriter", "web_search", "generator"}
+    assert {key for _, key in filed} == {question_key(t) for t in texts}
+    assert [u["search_calls"] for u in out["usage"]] == [2, 2] and [u["cache_hits"] for u in out["usage"]] == [0, 0]
+
+    backends = make_backends(CORPUS)
+    again = stages.run_pipeline(
+        questions(*texts),
+        with_cache(backends, StageCache({e["key"]: e["value"] for e in first.new}), slices),
+        CragConfig(),
+    )
+    assert backends.retriever.calls == [] and backends.web_search.calls == [] and backends.grader.calls == []
+    assert [u["search_calls"] for u in again["usage"]] == [0, 0]
+    # each question's retrieve, grade, rewrite, web search, web grades and answer
+    assert [u["cache_hits"] for u in again["usage"]] == [6, 6]
+    assert list(again["answer"]) == list(out["answer"])

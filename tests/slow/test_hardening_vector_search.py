@@ -14,7 +14,7 @@ import pytest
 from crag.backends.vector_search import VectorSearchRetriever
 from crag.config import load_config
 from crag.errors import ConfigError
-from tests.support import REPO
+from tests.support import REPO, set_args
 
 DBX = REPO / "conf" / "databricks.yaml"
 FAST = ["retriever.policy.timeout_s=1", "retriever.policy.backoff_initial_s=0.01"]
@@ -72,7 +72,7 @@ def test_crag_ask_ends_with_one_line_and_exits_when_the_service_hangs(silent_ser
     }
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "crag.cli", "ask", "--conf", str(DBX), *[x for o in FAST for x in ("--set", o)], "q?"],
+        [sys.executable, "-m", "crag.cli", "ask", "--conf", str(DBX), *set_args(FAST), "q?"],
         env=env,
         capture_output=True,
         text=True,

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import csv
+import io
+import json
+
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from crag.cli import main
+from crag.console import display_width, render
 from crag.errors import InputError
 from crag.sql import check_read_only, query
+from tests.support import ANSWER_EN, ANSWER_JA
 
 
 @pytest.fixture
@@ -146,3 +152,63 @@ def test_list_columns_print(warehouse, capsys, statement):
     assert main(["sql", "--warehouse", str(warehouse), statement]) == 0
     out = capsys.readouterr().out
     assert "q1" in out or "web" in out or "A" in out
+
+
+def test_a_sql_result_from_a_real_warehouse(tmp_path):
+    """What `crag sql` gets: DataFusion's Arrow result over a Delta answers table (view types, lists of
+    structs, time zones), in every format."""
+    import datetime
+
+    from crag import schema, sql, tables
+
+    created = datetime.datetime(2026, 11, 29, 14, 58, 35, tzinfo=datetime.UTC)
+    rows = [
+        {
+            "run_id": "r1",
+            "question_id": "q-ja-02",
+            "question": "日本で一番高い山は？",
+            "answer": ANSWER_JA,
+            "route": "web",
+            "refused": False,
+            "n_retrieved": 3,
+            "prompt_tokens": None,
+            "ms_retrieve": 1.25,
+            "sources": [{"source": "web", "doc_id": "fuji", "title": "富士山", "url": None}],
+            "created_at": created,
+        },
+        {
+            "run_id": "r1",
+            "question_id": "q-en-01",
+            "question": "How often?",
+            "answer": ANSWER_EN,
+            "route": "internal",
+            "refused": False,
+            "n_retrieved": 10,
+            "prompt_tokens": 512,
+            "ms_retrieve": 0.5,
+            "sources": [],
+            "created_at": created,
+        },
+    ]
+    tables.write_table(tmp_path / "answers", pa.Table.from_pylist(rows, schema=schema.ANSWERS))
+    result = sql.query(
+        tmp_path,
+        "SELECT question_id, question, answer, n_retrieved, prompt_tokens, ms_retrieve, "
+        "refused, sources, created_at FROM answers ORDER BY question_id",
+    )
+
+    lines = render(result, "table", width=72).splitlines()
+    assert all(display_width(line) <= 72 for line in lines)
+    assert lines[2].startswith("q-en-01      How often?") and lines[3].startswith(
+        "q-ja-02      日本で一番高い山は？  富士山"
+    )
+    assert "2026-11-29 14:58:35+00:00" in lines[-1]  # times are never cut
+    table_text = render(result, "table", width=300)
+    assert '"title":"富士山"' in table_text and "false" in table_text
+    records = [json.loads(line) for line in render(result, "json").splitlines()]
+    assert records[1]["sources"] == [{"source": "web", "doc_id": "fuji", "title": "富士山", "url": None}]
+    assert records[0]["prompt_tokens"] == 512 and records[1]["prompt_tokens"] is None
+    assert records[0]["created_at"] == "2026-11-29T14:58:35+00:00" and records[0]["refused"] is False
+    rows_back = list(csv.DictReader(io.StringIO(render(result, "csv"))))
+    assert rows_back[1]["answer"] == ANSWER_JA and rows_back[1]["prompt_tokens"] == ""
+    assert render(result, "markdown").splitlines()[1] == "| --- | --- | --- | ---: | ---: | ---: | --- | --- | --- |"
