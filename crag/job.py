@@ -34,12 +34,14 @@ from crag import schema
 from crag.backends import build_backends, resolve_credentials
 from crag.config import CragConfig, load_config, redacted
 from crag.errors import CragError, InputError
-from crag.evaluation import ACTIONS
+from crag.evaluation import ACTIONS, evaluate_run, metrics_table
 from crag.ids import check_run_id
+from crag.progress import ProgressReporter
 from crag.questions import read_questions, validate
 from crag.secrets import scrub
 from crag.spark import get_spark, parallelism, run_stages
-from crag.warehouse import Warehouse, is_catalog_schema, quote
+from crag.tracking import log_run
+from crag.warehouse import Warehouse, is_catalog_schema, is_conflict, quote
 
 log = logging.getLogger("crag")
 
@@ -155,8 +157,6 @@ class RunResult:
             f"  wall time   {self.seconds:.1f} s",
         ]
         if self.metrics is not None and not self.metrics.empty:
-            from crag.evaluation import metrics_table
-
             slices = ["all"] + sorted(s for s in self.metrics["slice"].unique() if s.startswith("language="))
             lines += ["", "quality against the gold columns (crag eval):", metrics_table(self.metrics, slices)]
         return "\n".join(lines)
@@ -298,9 +298,7 @@ def claim_run(plan: RunPlan, previous) -> None:
         try:
             _merge_claim(plan, takeover)
         except Exception as exc:
-            from crag.warehouse import _is_conflict
-
-            if not _is_conflict(exc):
+            if not is_conflict(exc):
                 raise
         rows = wh.load_run("runs", plan.run_id).collect()
         previous = rows[0] if rows else None
@@ -377,8 +375,6 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
     one. `progress`: questions done / total, rate and time left after each batch on stderr (None: when
     stderr is a terminal)."""
     from pyspark.sql import functions as F
-
-    from crag.progress import ProgressReporter
 
     wh, cfg = plan.warehouse, plan.cfg
     inputs = wh.load(plan.inputs).where(F.col("reason").isNull()).select("question_id", "question")
@@ -518,8 +514,6 @@ def finalise(plan: RunPlan) -> RunResult:
         writes.append(pool.submit(_store_cache_rows, plan))
         evaluated = None
         if plan.gold_rows:  # from the same derived rows, beside their commits
-            from crag.evaluation import evaluate_run
-
             evaluated = pool.submit(evaluate_run, wh, run_id, plan.variant, derived, not plan.fresh)
         for write in writes:
             write.result()
@@ -528,8 +522,6 @@ def finalise(plan: RunPlan) -> RunResult:
     plan.record("succeeded", counts, datetime.now(UTC))
     for table in (plan.staging, plan.inputs):
         wh.drop(table)
-    from crag.tracking import log_run
-
     mlflow_run = log_run(
         plan.cfg,
         wh.location,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+import shutil
 import time
 import weakref
 from pathlib import Path
@@ -42,7 +43,7 @@ def is_catalog_schema(location: str) -> bool:
     return bool(_CATALOG_SCHEMA.fullmatch(location)) and not Path(location).exists()
 
 
-def _is_conflict(exc: Exception) -> bool:
+def is_conflict(exc: Exception) -> bool:
     """Delta's optimistic concurrency: another writer committed first (or created the table first);
     writing again on top of the new version is the cure. On Spark Connect the Java class arrives only
     as text, so the error's class name, condition and message are all looked at."""
@@ -128,7 +129,7 @@ class Warehouse:
             try:
                 self.spark.catalog.createTable(name, path=str(path), source="delta")
             except Exception as exc:  # another thread of this session registered it first
-                if not _is_conflict(exc):
+                if not is_conflict(exc):
                     raise
         if self.spark.catalog.tableExists(name):
             registered[name] = path
@@ -193,8 +194,6 @@ class Warehouse:
             _REGISTERED.get(self.spark, {}).pop(self.name(table), None)
         path = self.path(table)
         if path is not None and path.is_dir():
-            import shutil
-
             shutil.rmtree(path)  # an external table's files outlive DROP TABLE
 
     def _write(self, table: str, df, action, attempts: int = 8) -> None:
@@ -208,7 +207,7 @@ class Warehouse:
                     self._create(table, self.empty(table).unionByName(df))
                 return
             except Exception as exc:
-                if not _is_conflict(exc) or attempt == attempts - 1:
+                if not is_conflict(exc) or attempt == attempts - 1:
                     raise
                 time.sleep(0.05 * 2**attempt * (1 + random.random()))  # jitter: colliding writers drift apart
 
