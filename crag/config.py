@@ -174,6 +174,8 @@ class LangChainRetrieverConfig(Section):
 class LexicalGraderConfig(Section):
     backend: Literal["lexical"] = "lexical"
     threshold: float = Field(0.5, ge=0, le=1)
+    # a web result is graded "yes" at or above this (None: `threshold`); see crag.backends.lexical
+    web_threshold: float | None = Field(None, ge=0, le=1)
 
 
 class LanguageCalibration(Section):
@@ -204,6 +206,7 @@ class SemanticGraderConfig(Section):
 
     backend: Literal["semantic"]
     threshold: float = Field(0.5, ge=0, le=1)
+    web_threshold: float | None = Field(None, ge=0, le=1)  # as the lexical grader's (None: `threshold`)
     embedding: Literal["multilingual-e5-small"] = "multilingual-e5-small"
     languages: SemanticLanguages = Field(default_factory=SemanticLanguages)
 

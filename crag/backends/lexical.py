@@ -33,16 +33,32 @@ class LexicalScorer:
         return sum(self.weights.idf(t) for t in matched) / total, matched
 
 
+def is_relevant(relevance: float, n_matched: int, doc: Document, threshold: float, web_threshold: float | None) -> bool:
+    """Graded "yes": at or above `threshold`; a web result sharing at least two terms with the question
+    also at or above `web_threshold` (None: no lower cut). Why, in LexicalGrader."""
+    if relevance >= threshold:
+        return True
+    return web_threshold is not None and doc.get("source") == "web" and relevance >= web_threshold and n_matched >= 2
+
+
 class LexicalGrader:
     """Relevance = IDF-weighted share of the question's content terms found in the document's title and
-    text; grade "yes" at or above `threshold`."""
+    text; grade "yes" at or above `threshold`, or for a web result at or above `web_threshold`.
+
+    The two cuts answer different questions. On the knowledge base the grade decides whether the
+    question needs the web at all, so it must be strict. A web result was found by a search for this
+    very question and is the last source before a refusal: a paraphrase that shares a third of the
+    question's words with the page that answers it is better answered from that page than refused. The
+    lower cut needs at least two of the question's terms on the page: one shared word ("capital" in a
+    page about another country's cities) is a coincidence, and must pass `threshold` alone."""
 
     prompt_hash = None  # no prompt: the grader is not a model
     concurrency = 1
 
-    def __init__(self, scorer: LexicalScorer, threshold: float):
+    def __init__(self, scorer: LexicalScorer, threshold: float, web_threshold: float | None = None):
         self.scorer = scorer
         self.threshold = threshold
+        self.web_threshold = web_threshold
         self.name = "lexical"
 
     def grade(self, question: str, documents: list[Document], usage: Usage) -> list[Grade]:
@@ -54,7 +70,9 @@ class LexicalGrader:
             grades.append(
                 Grade(
                     relevance=relevance,
-                    grade="yes" if relevance >= self.threshold else "no",
+                    grade="yes"
+                    if is_relevant(relevance, len(matched), doc, self.threshold, self.web_threshold)
+                    else "no",
                     rationale=f"{len(matched)} of {len(terms)} question terms present",
                 )
             )

@@ -16,7 +16,7 @@ import re
 
 from crag.backends.base import Document, Grade, Usage
 from crag.backends.embedding import load_embedder
-from crag.backends.lexical import LexicalScorer
+from crag.backends.lexical import LexicalScorer, is_relevant
 from crag.config import SemanticGraderConfig
 from crag.evaluation import is_cjk
 
@@ -57,14 +57,16 @@ class SemanticGrader:
         weights = getattr(self.cfg.languages, lang)
         grades = []
         for doc in documents:
-            lexical, _ = self.scorer.score(terms, f"{doc.get('title') or ''}\n{doc['text']}")
+            lexical, matched = self.scorer.score(terms, f"{doc.get('title') or ''}\n{doc['text']}")
             cosine = self.cosine(question, doc)
             z = weights.bias + weights.lexical * lexical + weights.semantic * cosine
             relevance = round(1 / (1 + math.exp(-z)), 4)  # the stored value is the one compared with the threshold
             grades.append(
                 Grade(
                     relevance=relevance,
-                    grade="yes" if relevance >= self.cfg.threshold else "no",
+                    grade="yes"
+                    if is_relevant(relevance, len(matched), doc, self.cfg.threshold, self.cfg.web_threshold)
+                    else "no",
                     rationale=f"lexical {lexical:.4f}, cosine {cosine:.4f}, language {lang}",
                 )
             )
