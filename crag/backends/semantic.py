@@ -16,16 +16,11 @@ import re
 
 from crag.backends.base import Document, Grade, Usage
 from crag.backends.embedding import load_embedder
-from crag.backends.lexical import LexicalScorer, is_relevant
+from crag.backends.lexical import LexicalScorer, is_relevant, language
 from crag.config import SemanticGraderConfig
-from crag.evaluation import is_cjk
 
 # The rationale is also the record `crag calibrate` refits the weights from.
 RATIONALE = re.compile(r"lexical (?P<lexical>[0-9.]+), cosine (?P<cosine>-?[0-9.]+), language (?P<language>\w+)")
-
-
-def language(question: str) -> str:
-    return "ja" if is_cjk(question) else "en"
 
 
 class SemanticGrader:
