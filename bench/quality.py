@@ -13,7 +13,8 @@ Two setups:
   scored on the CRAG action (`--set routing.policy=thresholds` for the paper's policy).
 For each dataset it prints the metrics, the action confusion (expected route x action) and the costs:
 index build time, job time per question, and the peak memory of the whole process tree (driver, JVM,
-Python workers) during the dataset's index build and job.
+Python workers) during the dataset's index build and job; then whether each of the setup's targets
+(TARGETS) is met.
 
 Run:  python -m bench.quality [--setup default|actions] [--datasets squad_v2,jsquad,jaquad] [--per-dataset N]
                               [--answerable-only] [--variant semantic] [--set KEY=VALUE ...] [--calibrate]
