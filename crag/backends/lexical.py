@@ -52,8 +52,9 @@ def is_relevant(relevance: float, n_matched: int, doc: Document, threshold: floa
 
 
 class LexicalGrader:
-    """Relevance = IDF-weighted share of the question's content terms found in the document's title and
-    text; grade "yes" at or above `threshold`, or for a web result at or above `web_threshold`.
+    """Coverage = IDF-weighted share of the question's content terms found in the document's title and
+    text; relevance = coverage ** the exponent of the question's language; grade "yes" at or above
+    `threshold`, or for a web result at or above `web_threshold`.
 
     The two cuts answer different questions. On the knowledge base the grade decides whether the
     question needs the web at all, so it must be strict. A web result was found by a search for this
