@@ -48,9 +48,10 @@ def test_one_shared_word_is_not_enough_for_the_lower_cut():
     assert grade.grade == "no"
 
 
-def test_the_shipped_config_sets_the_web_cut_and_the_semantic_variant_clears_it():
+def test_the_shipped_config_sets_the_web_cut_and_the_semantic_variant_its_own():
     assert load_config(LOCAL_CONF).grader.web_threshold == 0.25
-    assert load_config(LOCAL_CONF, [], "semantic").grader.web_threshold is None
+    semantic = load_config(LOCAL_CONF, [], "semantic").grader
+    assert semantic.web_threshold is not None and semantic.web_threshold < semantic.threshold
 
 
 def test_the_short_sentence_after_the_match_can_be_the_answer():
