@@ -11,6 +11,10 @@ grades table, against the run's gold labels, give the thresholds that would have
   "the document is gold" on its lexical relevance and cosine (both kept in each grade's rationale).
   The routing and yes/no thresholds are then proposed on the relevance the fitted weights give, so
   one `crag calibrate` yields a complete, consistent configuration.
+- the lexical grader's exponents, per language: when the run was graded by it (coverage and language
+  kept in each grade's rationale), each language's best single cut c between knowledge-base and web
+  questions on coverage, and the exponent that moves c onto the grader's threshold t
+  (c ** exponent = t). The thresholds are then proposed on the relevance those exponents give.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from crag.backends.semantic import RATIONALE
+from crag.backends.lexical import RATIONALE as LEXICAL_RATIONALE
+from crag.backends.semantic import RATIONALE as SEMANTIC_RATIONALE
 from crag.evaluation import _as_list
 
 
@@ -133,7 +138,7 @@ def fit_logistic(features: np.ndarray, target: np.ndarray, ridge: float = 1e-3, 
 
 def semantic_features(grades: pd.DataFrame) -> pd.DataFrame | None:
     """lexical, cosine and language of each grade written by the semantic grader (None if none was)."""
-    parsed = grades["rationale"].fillna("").str.extract(RATIONALE)
+    parsed = grades["rationale"].fillna("").str.extract(SEMANTIC_RATIONALE)
     if parsed["lexical"].isna().all():
         return None
     keep = parsed["lexical"].notna()
@@ -171,6 +176,48 @@ def refit_semantic(grades: pd.DataFrame, gold_docs: pd.Series) -> tuple[dict[str
     return weights, refitted
 
 
+def best_cut(best: np.ndarray, internal: np.ndarray) -> tuple[float, float]:
+    """(cut, route accuracy) of the best single cut: correct at or above it, incorrect below (the
+    thresholds policy with lower = upper); among equals, the lowest."""
+    best, internal = np.asarray(best, float), np.asarray(internal, bool)
+    cuts = _candidates(best)
+    accuracy = np.array([((best >= c) == internal).mean() for c in cuts])
+    i = int(np.argmax(accuracy))
+    return float(cuts[i]), float(accuracy[i])
+
+
+def refit_lexical(
+    grades: pd.DataFrame, gold: pd.DataFrame, threshold: float
+) -> tuple[dict[str, dict], pd.DataFrame] | None:
+    """Per-language exponents that put each language's best cut on `threshold`, and the grades with
+    `relevance` recomputed from them. None when the run was not graded by the lexical grader."""
+    parsed = grades["rationale"].fillna("").str.extract(LEXICAL_RATIONALE)
+    if parsed["coverage"].isna().all() or not 0 < threshold < 1:
+        return None
+    keep = parsed["coverage"].notna()
+    features = grades[keep].assign(
+        coverage=parsed.loc[keep, "coverage"].astype(float), language=parsed.loc[keep, "language"]
+    )
+    exponents: dict[str, dict] = {}
+    refitted = grades.copy()
+    for lang, part in features.groupby("language"):
+        internal_docs = part[part["source"] == "internal"]
+        table = question_best_relevance(internal_docs.assign(relevance=internal_docs["coverage"]), gold)
+        table = table[
+            table["question_id"].isin(part["question_id"]) & table["expected_route"].isin(["internal", "web"])
+        ]
+        expected_internal = (table["expected_route"] == "internal").to_numpy()
+        if expected_internal.all() or not expected_internal.any():
+            continue  # nothing to tell apart
+        cut, accuracy = best_cut(table["best"].to_numpy(), expected_internal)
+        if not 0 < cut < 1:
+            continue  # every question on one side: no exponent moves that cut
+        exponent = float(np.log(threshold) / np.log(cut))
+        exponents[lang] = {"exponent": round(exponent, 3), "cut": round(cut, 4), "accuracy": accuracy, "n": len(table)}
+        refitted.loc[part.index, "relevance"] = (part["coverage"] ** round(exponent, 3)).round(4)
+    return exponents, refitted
+
+
 def question_best_relevance(grades: pd.DataFrame, gold: pd.DataFrame) -> pd.DataFrame:
     """question_id, best internal relevance (0 when nothing was retrieved), expected_route."""
     internal = grades[grades["source"] == "internal"].groupby("question_id")["relevance"].max()
@@ -203,6 +250,10 @@ def calibrate(
     refit = refit_semantic(grades, gold_docs)
     if refit is not None:
         result["semantic"], grades = refit
+    elif current_threshold is not None:
+        lexical = refit_lexical(grades, gold, current_threshold)
+        if lexical is not None and lexical[0]:
+            result["lexical"], grades = lexical
     table = question_best_relevance(grades, gold)
     if len(table):
         internal = (table["expected_route"] == "internal").to_numpy()
@@ -227,7 +278,7 @@ def calibrate(
 def report(result: dict) -> str:
     lines = []
     # with refitted weights, the run's own settings are scored on the relevance its own weights gave
-    current = "current (the run's weights)" if result.get("semantic") else "current "
+    current = "current (the run's weights)" if result.get("semantic") or result.get("lexical") else "current "
     if result.get("semantic"):
         lines.append(
             "semantic grader weights per language (logistic fit against gold_doc_ids); the thresholds below "
@@ -241,6 +292,20 @@ def report(result: dict) -> str:
                 "  use: "
                 + " ".join(f"--set grader.languages.{lang}.{k}={w[k]}" for k in ("lexical", "semantic", "bias"))
             )
+    if result.get("lexical"):
+        lines.append(
+            "lexical grader exponents per language (each language's best cut on coverage moved onto the "
+            "grader threshold); the thresholds below assume them:"
+        )
+        for lang, e in sorted(result["lexical"].items()):
+            lines.append(
+                f"  {lang}: best cut {e['cut']} (route accuracy {e['accuracy']:.3f} over {e['n']} questions) "
+                f"-> exponent {e['exponent']}"
+            )
+        lines.append(
+            "  use: "
+            + " ".join(f"--set grader.exponents.{k}={e['exponent']}" for k, e in sorted(result["lexical"].items()))
+        )
     if "routing" in result:
         p, c = result["routing"], result["routing_current"]
         lines.append(f"routing thresholds over {p.n} questions with expected_route (ambiguous = half credit):")

@@ -169,9 +169,24 @@ class LangChainRetrieverConfig(Section):
         return value
 
 
+class LexicalExponents(Section):
+    """relevance = coverage ** exponent, by the question's language (Japanese when it has CJK
+    characters, else English): one cut then serves both languages. Defaults: `crag calibrate` on the
+    development sample of bench/quality.py (--setup actions --seed 1) proposed ja 0.827 (its best cut
+    0.433 moved onto 0.5) and en 1.267 (0.579); English stays at 1, where its action accuracy already
+    meets the target and fewer knowledge-base questions are sent to a web without their answer
+    (README "Quality")."""
+
+    en: float = Field(1.0, gt=0, le=10)
+    ja: float = Field(0.827, gt=0, le=10)
+
+
 class LexicalGraderConfig(Section):
     backend: Literal["lexical"] = "lexical"
     threshold: float = Field(0.5, ge=0, le=1)
+    exponents: LexicalExponents = Field(default_factory=LexicalExponents)
+    # a web result is graded "yes" at or above this (None: `threshold`); see crag.backends.lexical
+    web_threshold: float | None = Field(None, ge=0, le=1)
 
 
 class LanguageCalibration(Section):
@@ -202,6 +217,7 @@ class SemanticGraderConfig(Section):
 
     backend: Literal["semantic"]
     threshold: float = Field(0.5, ge=0, le=1)
+    web_threshold: float | None = Field(None, ge=0, le=1)  # as the lexical grader's (None: `threshold`)
     embedding: Literal["multilingual-e5-small"] = "multilingual-e5-small"
     languages: SemanticLanguages = Field(default_factory=SemanticLanguages)
 

@@ -16,16 +16,11 @@ import re
 
 from crag.backends.base import Document, Grade, Usage
 from crag.backends.embedding import load_embedder
-from crag.backends.lexical import LexicalScorer
+from crag.backends.lexical import LexicalScorer, is_relevant, language
 from crag.config import SemanticGraderConfig
-from crag.evaluation import is_cjk
 
 # The rationale is also the record `crag calibrate` refits the weights from.
 RATIONALE = re.compile(r"lexical (?P<lexical>[0-9.]+), cosine (?P<cosine>-?[0-9.]+), language (?P<language>\w+)")
-
-
-def language(question: str) -> str:
-    return "ja" if is_cjk(question) else "en"
 
 
 class SemanticGrader:
@@ -57,14 +52,16 @@ class SemanticGrader:
         weights = getattr(self.cfg.languages, lang)
         grades = []
         for doc in documents:
-            lexical, _ = self.scorer.score(terms, f"{doc.get('title') or ''}\n{doc['text']}")
+            lexical, matched = self.scorer.score(terms, f"{doc.get('title') or ''}\n{doc['text']}")
             cosine = self.cosine(question, doc)
             z = weights.bias + weights.lexical * lexical + weights.semantic * cosine
             relevance = round(1 / (1 + math.exp(-z)), 4)  # the stored value is the one compared with the threshold
             grades.append(
                 Grade(
                     relevance=relevance,
-                    grade="yes" if relevance >= self.cfg.threshold else "no",
+                    grade="yes"
+                    if is_relevant(relevance, len(matched), doc, self.cfg.threshold, self.cfg.web_threshold)
+                    else "no",
                     rationale=f"lexical {lexical:.4f}, cosine {cosine:.4f}, language {lang}",
                 )
             )

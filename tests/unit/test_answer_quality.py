@@ -1,0 +1,132 @@
+"""The lexical grader's lower cut for web results and the extractive answerer's sentence choice (the two
+changes that cut refusals of answerable questions), and the lexical grader's per-language exponents with
+their calibration (README "Quality"). Real scorer, small text made here."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from crag.backends.base import Usage
+from crag.backends.extractive import ExtractiveGenerator
+from crag.backends.lexical import RATIONALE, LexicalGrader, LexicalScorer
+from crag.calibration import calibrate, report
+from crag.config import load_config
+from crag.text import TermWeights, tokenize
+from tests.support import LOCAL_CONF
+
+CORPUS = [
+    "Sapporo is the capital of Hokkaido and hosted the 1972 Winter Olympics.",
+    "Quarks are never observed alone: free quarks are absent, which is called colour confinement.",
+    "The Rhine flows from the Alps to the North Sea.",
+    "Steam engines drove the industrial revolution in Britain.",
+]
+
+
+def _scorer() -> LexicalScorer:
+    return LexicalScorer(TermWeights.from_tokens([tokenize(t) for t in CORPUS]), "cjk_ngram")
+
+
+def test_a_web_result_sharing_two_question_terms_is_used_from_the_lower_cut():
+    scorer = _scorer()
+    question = "What is the term for the lack of observable free quarks in physics experiments?"
+    page = {"source": "web", "text": CORPUS[1]}
+    (relevance,) = [g.relevance for g in LexicalGrader(scorer, 0.5).grade(question, [page], Usage())]
+    assert 0.25 <= relevance < 0.5  # a paraphrase: under the knowledge base's cut
+    assert LexicalGrader(scorer, 0.5).grade(question, [page], Usage())[0].grade == "no"
+    grader = LexicalGrader(scorer, 0.5, web_threshold=0.25)
+    assert grader.grade(question, [page], Usage())[0].grade == "yes"
+    # the same text in the knowledge base still needs the full threshold: it decides the route
+    assert grader.grade(question, [{**page, "source": "internal"}], Usage())[0].grade == "no"
+
+
+def test_one_shared_word_is_not_enough_for_the_lower_cut():
+    scorer = _scorer()
+    question = "What is the capital of Australia?"  # no page answers it; one shares "capital"
+    page = {"source": "web", "text": CORPUS[0]}
+    grade = LexicalGrader(scorer, 0.5, web_threshold=0.25).grade(question, [page], Usage())[0]
+    assert 0.25 <= grade.relevance < 0.5 and grade.rationale.startswith("1 of 2")
+    assert grade.grade == "no"
+
+
+def test_the_shipped_config_sets_the_web_cut_and_the_semantic_variant_its_own():
+    assert load_config(LOCAL_CONF).grader.web_threshold == 0.25
+    semantic = load_config(LOCAL_CONF, [], "semantic").grader
+    assert semantic.web_threshold is not None and semantic.web_threshold < semantic.threshold
+
+
+def test_the_short_sentence_after_the_match_can_be_the_answer():
+    """A Japanese definition often names the thing in a short sentence of its own after the sentence
+    that matches the question ("...を感じる。これをテンポという。"). With a minimum coverage per sentence
+    that sentence could never be chosen; ranked by coverage and its document's relevance, it is."""
+    scorer = _scorer()
+    question = "拍の周期の長短によって音楽の速度を感じることを何という？"
+    context = [
+        {
+            "source": "internal",
+            "relevance": 0.8,
+            "text": "音楽では拍の周期の長短によって速度を感じる。これをテンポという。楽譜には速度記号が書かれる。",
+        },
+        {
+            "source": "internal",
+            "relevance": 0.3,
+            "text": "周期的な運動は長短の周期で表される。音の高さは周波数で決まる。",
+        },
+    ]
+    strict = ExtractiveGenerator(scorer, 2, 0.2, 0.7).generate(question, context, Usage())
+    assert "テンポ" not in strict.text
+    answer = ExtractiveGenerator(scorer, 2, 0.0, 0.7).generate(question, context, Usage())
+    assert "これをテンポという。" in answer.text and answer.cited == [0]
+
+
+def test_the_exponent_of_the_question_language_maps_coverage_to_relevance():
+    scorer = _scorer()
+    grader = LexicalGrader(scorer, 0.5, exponents={"en": 1.0, "ja": 0.5})
+    ja = grader.grade(
+        "札幌の冬季オリンピックは何年？", [{"source": "internal", "text": "札幌は北海道の都市です。"}], Usage()
+    )[0]
+    coverage = float(RATIONALE.search(ja.rationale)["coverage"])
+    assert 0 < coverage < 1 and RATIONALE.search(ja.rationale)["language"] == "ja"
+    assert ja.relevance == round(coverage**0.5, 4) > coverage
+    en = grader.grade("Which Winter Olympics did Sapporo host?", [{"source": "internal", "text": CORPUS[0]}], Usage())[
+        0
+    ]
+    assert en.relevance == float(RATIONALE.search(en.rationale)["coverage"])
+    assert RATIONALE.search(en.rationale)["language"] == "en"
+
+
+def _lexical_run(cuts: dict[str, float]):
+    """Grades as the lexical grader stores them: per language, knowledge-base questions whose best
+    coverage lies above that language's cut and web questions below it."""
+    rng = np.random.default_rng(7)
+    grades, gold = [], []
+    for lang, cut in cuts.items():
+        for q in range(40):
+            internal = q % 2 == 0
+            best = rng.uniform(cut + 0.02, 0.95) if internal else rng.uniform(0.05, cut - 0.02)
+            qid = f"{lang}{q}"
+            gold.append({"question_id": qid, "expected_route": "internal" if internal else "web", "gold_doc_ids": []})
+            for d, coverage in enumerate((best, best / 2)):
+                grades.append(
+                    {
+                        "question_id": qid,
+                        "source": "internal",
+                        "doc_id": f"{qid}-{d}",
+                        "relevance": round(coverage, 4),
+                        "rationale": f"2 of 5 question terms present, coverage {coverage:.4f}, language {lang}",
+                    }
+                )
+    return pd.DataFrame(grades), pd.DataFrame(gold)
+
+
+def test_calibrate_fits_one_exponent_per_language_so_that_one_cut_serves_both():
+    grades, gold = _lexical_run({"en": 0.6, "ja": 0.4})
+    raw = calibrate(grades.assign(rationale=None), gold, 0.5, 0.5, current_threshold=0.5)
+    assert "lexical" not in raw and raw["routing"].accuracy < 1.0  # no single cut on coverage fits both
+    result = calibrate(grades, gold, 0.5, 0.5, current_threshold=0.5)
+    en, ja = result["lexical"]["en"], result["lexical"]["ja"]
+    assert 0.55 < en["cut"] < 0.65 and 0.35 < ja["cut"] < 0.45
+    assert en["exponent"] > 1 > ja["exponent"]
+    assert en["cut"] ** en["exponent"] == pytest.approx(0.5, abs=0.01)
+    assert result["routing"].accuracy == 1.0  # on the refitted relevance one cut separates both languages
+    text = report(result)
+    assert f"--set grader.exponents.en={en['exponent']}" in text and "--set grader.exponents.ja=" in text
