@@ -185,8 +185,10 @@ class LexicalGraderConfig(Section):
     backend: Literal["lexical"] = "lexical"
     threshold: float = Field(0.5, ge=0, le=1)
     exponents: LexicalExponents = Field(default_factory=LexicalExponents)
-    # a web result is graded "yes" at or above this (None: `threshold`); see crag.backends.lexical
-    web_threshold: float | None = Field(None, ge=0, le=1)
+    # a web result sharing >= 2 question terms is graded "yes" at or above this (None: `threshold`);
+    # see crag.backends.lexical. Its default lives here, not in conf/local.yaml, so that switching
+    # grader.backend to an LLM does not leave a key that grader does not have.
+    web_threshold: float | None = Field(0.25, ge=0, le=1)
 
 
 class LanguageCalibration(Section):
