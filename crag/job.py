@@ -469,12 +469,11 @@ def _with_stored_results(wh: Warehouse, batch):
 # ------------------------------------------------------------------ finalise
 
 
-def _derived_tables(plan: RunPlan) -> dict:
+def _derived_tables(plan: RunPlan, staged) -> dict:
     """Each run table's rows, derived from the staged stage output (one row per question)."""
     from pyspark.sql import functions as F
 
     wh = plan.warehouse
-    staged = wh.load(plan.staging)  # one row per question: check_invariant has counted them
     run_cols = [F.lit(plan.run_id).alias("run_id"), F.lit(plan.variant).alias("variant")]
     created = F.col("created_at")
 
@@ -500,9 +499,19 @@ def finalise(plan: RunPlan) -> RunResult:
     from pyspark.sql import functions as F
 
     wh, run_id = plan.warehouse, plan.run_id
-    counts = run_counts(wh.load(plan.staging), plan)
+    staged = wh.load(plan.staging)
+    counts = run_counts(staged, plan)
+    if counts["distinct_ids"] < counts["accepted"]:
+        # A batch that was still being written when its process died (a Spark Connect server finishes
+        # what a killed client started) can commit after --resume has answered its questions again.
+        log.warning(
+            "%d questions were staged twice (a batch committed after its process stopped): each is kept once",
+            counts["accepted"] - counts["distinct_ids"],
+        )
+        staged = staged.dropDuplicates(["question_id"])
+        counts = run_counts(staged, plan)
     check_invariant(counts, plan)
-    derived = _derived_tables(plan)
+    derived = _derived_tables(plan, staged)
     is_run = F.col("run_id") == F.lit(run_id)
     # Independent tables: their commits overlap. Each is one atomic replace of the run's rows (an
     # append when the run id is new, which need not look for rows to replace).

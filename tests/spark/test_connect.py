@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -147,7 +148,9 @@ def test_sigkill_then_resume_on_connect(connect_url, index_overrides, tmp_path):
     done = set(DeltaTable(str(staging_folder(warehouse, "killed"))).to_pandas()["question_id"])
     assert 12 <= len(done) < 49
     second = crag(*args[:-2], "--resume", "killed", url=connect_url)
-    assert f"resuming: {len(done)} questions already answered" in second.stderr
+    # The server finishes the write a killed client had started: it may commit after `done` was read.
+    resumed = re.search(r"resuming: (\d+) questions already answered", second.stderr)
+    assert resumed and len(done) <= int(resumed[1]) < 49, second.stderr
     answers = table(warehouse, "answers")
     assert len(answers) == 49 and answers["question_id"].is_unique
     assert table(warehouse, "runs").loc[0, "status"] == "succeeded"

@@ -2,6 +2,7 @@
 stored."""
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -56,6 +57,42 @@ def test_resume_after_a_failure_mid_run(spark, tmp_path, index_overrides, monkey
     assert len(answers) == 49 and answers["question_id"].is_unique
     assert not grades.duplicated(["question_id", "source", "rank"]).any()
     assert table(tmp_path, "runs").loc[0, "status"] == "succeeded" and result.counts["accepted"] == 49
+
+
+def test_a_batch_committed_after_its_process_stopped_is_kept_once(
+    spark, tmp_path, index_overrides, monkeypatch, caplog
+):
+    """On Spark Connect a killed client's last write can still commit after `--resume` has answered its
+    questions again: the run finalises with each question once and says so."""
+    from crag.warehouse import Warehouse
+
+    real = crag_job.run_stages
+    calls = []
+
+    def dies_on_second_batch(batch, cfg, secrets, partitions, slots):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("driver lost")
+        return real(batch, cfg, secrets, partitions, slots)
+
+    monkeypatch.setattr(crag_job, "run_stages", dies_on_second_batch)
+    sets = [*index_overrides, "spark.batch_questions=25"]
+    with pytest.raises(RuntimeError, match="driver lost"):
+        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="z1", overrides=sets, spark=spark)
+    monkeypatch.setattr(crag_job, "run_stages", real)
+    wh = Warehouse(spark, str(tmp_path))
+    staging = Warehouse.staging("run_staging", "z1")
+    late = wh.load(staging).limit(3).toArrow()  # the same questions, committed once more
+    wh.append(staging, spark.createDataFrame(late))
+    with caplog.at_level(logging.WARNING, logger="crag"):
+        result = run(
+            str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="z1", overrides=sets, spark=spark, resume=True
+        )
+    assert "3 questions were staged twice" in caplog.text
+    answers = table(tmp_path, "answers")
+    assert len(answers) == 49 and answers["question_id"].is_unique
+    assert result.counts["accepted"] == 49
+    assert not table(tmp_path, "grades").duplicated(["question_id", "source", "rank"]).any()
 
 
 def test_resume_refuses_a_different_config(spark, tmp_path, index_overrides):
