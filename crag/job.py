@@ -409,34 +409,36 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
             F.current_timestamp().alias("created_at"),
         )
 
-    def committed(i: int) -> None:
+    def answered_after(i: int) -> int:
         # Batches are hash buckets of about equal size: progress is estimated, not counted again.
-        done_now = round(remaining * (i + 1) / batches) - round(remaining * i / batches)
-        reporter.advance(done_now)
+        return round(remaining * (i + 1) / batches)
+
+    def committed(i: int, commit: Future) -> None:
+        commit.result()
+        reporter.advance(answered_after(i) - answered_after(i - 1))
         if not reporter.enabled:  # the bar says it on a terminal; a log line says it elsewhere
             log.info(
                 "batch %d/%d committed: about %d of %d questions answered",
                 i + 1,
                 batches,
-                plan.accepted - remaining + round(remaining * (i + 1) / batches),
+                plan.accepted - remaining + answered_after(i),
                 plan.accepted,
             )
 
     # Created before two batches race to create it: the loser would compute its batch again.
     wh.ensure(plan.staging)
-    beat_every_s = cfg.tables.stale_run_after_s / 3
-    with Heartbeat(lambda: plan.record("running"), beat_every_s), ThreadPoolExecutor(2, "crag-batch") as pool:
+    heartbeat = Heartbeat(lambda: plan.record("running"), cfg.tables.stale_run_after_s / 3)
+    with heartbeat, ThreadPoolExecutor(2, "crag-batch") as pool:
         # Leaving the block waits for the batch still in flight, also when another one failed: what
         # it commits is kept, and --resume goes on after it.
-        in_flight: list[Future] = []
+        previous: Future | None = None
         for i in range(batches):
-            in_flight.append(pool.submit(wh.append, plan.staging, staged(i)))
-            if len(in_flight) == 2:
-                in_flight.pop(0).result()
-                committed(i - 1)
-        for future in in_flight:
-            future.result()
-            committed(batches - 1)
+            commit = pool.submit(wh.append, plan.staging, staged(i))
+            if previous is not None:
+                committed(i - 1, previous)
+            previous = commit
+        assert previous is not None  # remaining > 0: at least one batch
+        committed(batches - 1, previous)
     reporter.close()
 
 

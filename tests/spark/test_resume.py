@@ -25,19 +25,24 @@ def table(warehouse, name):
     return DeltaTable(str(warehouse / name)).to_pandas()
 
 
-def test_resume_after_a_failure_mid_run(spark, tmp_path, index_overrides, monkeypatch):
-    sent: list[list[str]] = []
-    real = crag_job.run_stages
-    failures = [3]  # the batch to die on, once
+def run_stages_dying_on(batch_number: int, sent: list[list[str]]):
+    """crag.job.run_stages that raises "driver lost" when it is given its `batch_number`-th batch, once;
+    `sent` gets each batch's question ids."""
+    real, failures = crag_job.run_stages, [batch_number]
 
-    def dies_on_third_batch(batch, cfg, secrets, partitions, slots):
+    def stages(batch, cfg, secrets, partitions, slots):
         sent.append([r["question_id"] for r in batch.select("question_id").collect()])
         if failures and len(sent) == failures[0]:
             failures.clear()
             raise RuntimeError("driver lost")
         return real(batch, cfg, secrets, partitions, slots)
 
-    monkeypatch.setattr(crag_job, "run_stages", dies_on_third_batch)
+    return stages
+
+
+def test_resume_after_a_failure_mid_run(spark, tmp_path, index_overrides, monkeypatch):
+    sent: list[list[str]] = []
+    monkeypatch.setattr(crag_job, "run_stages", run_stages_dying_on(3, sent))
     sets = [*index_overrides, "spark.batch_questions=10"]
     with pytest.raises(RuntimeError, match="driver lost"):
         run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r1", overrides=sets, spark=spark)
@@ -66,20 +71,10 @@ def test_a_batch_committed_after_its_process_stopped_is_kept_once(
     questions again: the run finalises with each question once and says so."""
     from crag.warehouse import Warehouse
 
-    real = crag_job.run_stages
-    calls = []
-
-    def dies_on_second_batch(batch, cfg, secrets, partitions, slots):
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("driver lost")
-        return real(batch, cfg, secrets, partitions, slots)
-
-    monkeypatch.setattr(crag_job, "run_stages", dies_on_second_batch)
+    monkeypatch.setattr(crag_job, "run_stages", run_stages_dying_on(2, []))
     sets = [*index_overrides, "spark.batch_questions=25"]
     with pytest.raises(RuntimeError, match="driver lost"):
         run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="z1", overrides=sets, spark=spark)
-    monkeypatch.setattr(crag_job, "run_stages", real)
     wh = Warehouse(spark, str(tmp_path))
     staging = Warehouse.staging("run_staging", "z1")
     late = wh.load(staging).limit(3).toArrow()  # the same questions, committed once more
