@@ -80,8 +80,13 @@ class RunPlan:
     accepted: int = 0
     rejected: int = 0
     gold_rows: int = 0
+    question_ids: int = 0  # the accepted question ids' fingerprint (_id_fingerprint summed)
+    # The staged rows' counts, summed over the batches this attempt committed, when it committed all of
+    # them (Spark observed them while writing); None when earlier attempts staged some.
+    staged_counts: dict[str, int] | None = None
     t0: float = field(default_factory=time.perf_counter)
     fresh: bool = True  # no earlier rows of this run id in the run tables: appends need not replace
+    fresh_staging: bool = False  # this attempt created the staging table: no batch was committed before
 
     @property
     def inputs(self) -> str:
@@ -202,19 +207,22 @@ def prepare(
         _check_same_input(checked, stored, run_id)
         plan.input_hash = previous["input_hash"]
     claim_run(plan, previous)
-    if not resume:
+    if resume:
+        wh.ensure(plan.staging)  # before two batches in flight race to create it
+        totals = wh.load(plan.inputs).agg(*_input_totals()).collect()[0].asDict()
+    else:
         from pyspark.sql import functions as F
 
         for table in (plan.inputs, plan.staging):  # what an earlier attempt of this run id left
             wh.drop(table)
-        wh.append(plan.inputs, checked.withColumn("run_id", F.lit(run_id)))
-    inputs = wh.load(plan.inputs)
-    totals = inputs.selectExpr(
-        "count(*) AS rows",
-        "count_if(reason IS NULL) AS accepted",
-        "count_if(reason IS NULL AND has_gold) AS gold_rows",
-        f"{_HASH} AS input_hash",
-    ).collect()[0]
+        # Both work tables exist before their first rows: an append, unlike a creation, reports what
+        # Spark observed while writing (so the input is not read again to count it), and two batches
+        # in flight cannot race to create the staging table (the loser would compute its batch again).
+        plan.fresh_staging = True
+        with ThreadPoolExecutor(2, "crag-create") as pool:
+            for created in [pool.submit(wh.ensure, t) for t in (plan.inputs, plan.staging)]:
+                created.result()
+        totals = wh.append_observed(plan.inputs, checked.withColumn("run_id", F.lit(run_id)), _input_totals())
     plan.input_rows, plan.accepted, plan.gold_rows = (
         int(totals["rows"]),
         int(totals["accepted"]),
@@ -222,6 +230,7 @@ def prepare(
     )
     plan.rejected = plan.input_rows - plan.accepted
     plan.input_hash = str(totals["input_hash"])
+    plan.question_ids = int(totals["question_ids"] or 0)
     log.info("run %s: %d input rows, %d accepted, %d rejected", run_id, plan.input_rows, plan.accepted, plan.rejected)
     return plan
 
@@ -240,8 +249,30 @@ def _check_resumable_folder(warehouse: Path, run_id: str) -> None:
         raise CragError(f"no run {run_id!r} to resume in {warehouse}")
 
 
-# An order-free fingerprint of a table of questions: what `--resume` checks the input against.
-_HASH = "coalesce(bit_xor(xxhash64(question_id, question, reason, input_row)), 0)"
+def _input_totals() -> list:
+    """The input's row counts and fingerprints, as Spark aggregates (observable while writing)."""
+    from pyspark.sql import functions as F
+
+    accepted = F.col("reason").isNull()
+    return [
+        F.count(F.lit(1)).alias("rows"),
+        F.count_if(accepted).alias("accepted"),
+        F.count_if(accepted & F.col("has_gold")).alias("gold_rows"),
+        # order-free: what `--resume` checks the input against
+        F.coalesce(F.bit_xor(F.xxhash64("question_id", "question", "reason", "input_row")), F.lit(0)).alias(
+            "input_hash"
+        ),
+        F.sum(F.when(accepted, _id_fingerprint())).alias("question_ids"),
+    ]
+
+
+def _id_fingerprint():
+    """A question id's share of a multiset fingerprint: summed over rows, it tells whether two tables
+    hold the same question ids the same number of times (a duplicate and a missing id do not cancel,
+    as in a count). Summed exactly, as a decimal."""
+    from pyspark.sql import functions as F
+
+    return F.xxhash64("question_id").cast("decimal(38,0)")
 
 
 def _previous_run(plan: RunPlan, resume: bool):
@@ -283,10 +314,11 @@ def _check_same_input(checked, stored, run_id: str) -> None:
 def claim_run(plan: RunPlan, previous) -> None:
     """Make this process the run's only writer: a MERGE into `runs` that inserts the run, or takes over
     one that is not running (or whose writer is gone). Delta lets only one of two concurrent MERGEs
-    commit, so two processes cannot both hold a run id."""
+    commit, so two processes cannot both hold a run id. The MERGE says how many rows it changed: one
+    means the run is this attempt's; none, that another process holds it or got there first."""
     wh = plan.warehouse
-    takeover = None
     for _ in range(10):
+        takeover = None
         if previous is not None and previous["status"] == "running" and previous["attempt"] != plan.attempt:
             if not _writer_gone(previous, plan.cfg.tables.stale_run_after_s):
                 raise CragError(
@@ -296,13 +328,14 @@ def claim_run(plan: RunPlan, previous) -> None:
                 )
             takeover = previous["attempt"]
         try:
-            _merge_claim(plan, takeover)
+            if _merge_claim(plan, takeover, new_run=previous is None):
+                return
         except Exception as exc:
             if not is_conflict(exc):
                 raise
         rows = wh.load_run("runs", plan.run_id).collect()
         previous = rows[0] if rows else None
-        if previous is not None and previous["attempt"] == plan.attempt:
+        if previous is not None and previous["attempt"] == plan.attempt:  # committed, though no reply said so
             return
         time.sleep(0.2)
     raise CragError(f"could not claim run {plan.run_id!r}: the runs table kept changing under this process")
@@ -321,22 +354,31 @@ def _writer_gone(row, stale_after_s: float) -> bool:
     return beat is None or (datetime.now(UTC) - beat.replace(tzinfo=UTC)).total_seconds() > stale_after_s
 
 
-def _merge_claim(plan: RunPlan, takeover: str | None) -> None:
+def _merge_claim(plan: RunPlan, takeover: str | None, new_run: bool) -> bool:
+    """True when this attempt now holds the run. The first run of a warehouse creates `runs` with its
+    row (one commit; of two creators only one succeeds). A run id not seen before is claimed by an
+    insert-only MERGE (one join, no file rewritten), an existing one by a MERGE that also updates."""
     wh = plan.warehouse
-    if not wh.exists("runs"):
-        wh.ensure("runs")
-    row = plan.runs_row("running").append_column("takeover", pa.array([takeover], pa.string()))
+    row = plan.runs_row("running")
+    if not wh.exists("runs") and wh.create("runs", wh.frame("runs", row)):
+        return True
     view = f"crag_claim_{plan.attempt}"
-    wh.spark.createDataFrame(row).createOrReplaceTempView(view)
+    wh.spark.createDataFrame(row.append_column("takeover", pa.array([takeover], pa.string()))).createOrReplaceTempView(
+        view
+    )
     columns = schema.RUNS.names
-    assign = ", ".join(f"t.{quote(c)} = s.{quote(c)}" for c in columns)
     names = ", ".join(quote(c) for c in columns)
     values = ", ".join(f"s.{quote(c)}" for c in columns)
-    wh.spark.sql(
+    update = ""
+    if not new_run:
+        assign = ", ".join(f"t.{quote(c)} = s.{quote(c)}" for c in columns)
+        update = f"WHEN MATCHED AND (t.status <> 'running' OR t.attempt <=> s.takeover) THEN UPDATE SET {assign} "
+    result = wh.spark.sql(
         f"MERGE INTO {wh.name('runs')} AS t USING {quote(view)} AS s ON t.run_id = s.run_id "
-        f"WHEN MATCHED AND (t.status <> 'running' OR t.attempt <=> s.takeover) THEN UPDATE SET {assign} "
-        f"WHEN NOT MATCHED THEN INSERT ({names}) VALUES ({values})"
-    )
+        f"{update}WHEN NOT MATCHED THEN INSERT ({names}) VALUES ({values})"
+    ).collect()
+    # Delta's MERGE returns its row counts; without them, claim_run reads the run's row back
+    return bool(result) and result[0]["num_affected_rows"] == 1
 
 
 # ------------------------------------------------------------------ answer
@@ -378,11 +420,13 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
 
     wh, cfg = plan.warehouse, plan.cfg
     inputs = wh.load(plan.inputs).where(F.col("reason").isNull()).select("question_id", "question")
-    if wh.exists(plan.staging):  # resumed: what the earlier attempts committed is not answered again
+    counted: dict[str, int] = {}
+    if plan.fresh_staging:
+        todo, remaining = inputs, plan.accepted
+        plan.staged_counts = counted  # complete once every batch is committed (finalise reads it then)
+    else:  # resumed: what the earlier attempts committed is not answered again
         todo = inputs.join(wh.load(plan.staging).select("question_id"), "question_id", "left_anti")
         remaining = todo.count()
-    else:
-        todo, remaining = inputs, plan.accepted
     if remaining < plan.accepted:
         log.info("resuming: %d questions already answered, %d to go", plan.accepted - remaining, remaining)
     if not remaining:
@@ -413,6 +457,14 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
         # Batches are hash buckets of about equal size: progress is estimated, not counted again.
         return round(remaining * (i + 1) / batches)
 
+    lock = threading.Lock()
+
+    def commit_batch(batch) -> None:
+        observed = wh.append_observed(plan.staging, batch, _count_aggregates())
+        with lock:  # the two threads add one batch's counts at a time
+            for key, value in observed.items():
+                counted[key] = counted.get(key, 0) + int(value or 0)
+
     def committed(i: int, commit: Future) -> None:
         commit.result()
         reporter.advance(answered_after(i) - answered_after(i - 1))
@@ -425,15 +477,13 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
                 plan.accepted,
             )
 
-    # Created before two batches race to create it: the loser would compute its batch again.
-    wh.ensure(plan.staging)
     heartbeat = Heartbeat(lambda: plan.record("running"), cfg.tables.stale_run_after_s / 3)
     with heartbeat, ThreadPoolExecutor(2, "crag-batch") as pool:
         # Leaving the block waits for the batch still in flight, also when another one failed: what
         # it commits is kept, and --resume goes on after it.
         previous: Future | None = None
         for i in range(batches):
-            commit = pool.submit(wh.append, plan.staging, staged(i))
+            commit = pool.submit(commit_batch, staged(i))
             if previous is not None:
                 committed(i - 1, previous)
             previous = commit
@@ -502,17 +552,19 @@ def finalise(plan: RunPlan) -> RunResult:
 
     wh, run_id = plan.warehouse, plan.run_id
     staged = wh.load(plan.staging)
-    counts = run_counts(staged, plan)
-    if counts["distinct_ids"] < counts["accepted"]:
+    counts = run_counts(plan)
+    if counts["accepted"] > plan.accepted:
         # A batch that was still being written when its process died (a Spark Connect server finishes
         # what a killed client started) can commit after --resume has answered its questions again.
+        staged = staged.dropDuplicates(["question_id"])
+        deduplicated = run_counts(plan, staged)
         log.warning(
             "%d questions were staged twice (a batch committed after its process stopped): each is kept once",
-            counts["accepted"] - counts["distinct_ids"],
+            counts["accepted"] - deduplicated["accepted"],
         )
-        staged = staged.dropDuplicates(["question_id"])
-        counts = run_counts(staged, plan)
+        counts = deduplicated
     check_invariant(counts, plan)
+    del counts["question_ids"]  # a fingerprint, not a count
     derived = _derived_tables(plan, staged)
     is_run = F.col("run_id") == F.lit(run_id)
     # Independent tables: their commits overlap. Each is one atomic replace of the run's rows (an
@@ -568,16 +620,17 @@ ROUTES = ("internal", "web", "mixed", "refused", "error")
 PARSE_STATUSES = ("repaired", "failed")
 
 
-def run_counts(staged, plan: RunPlan) -> dict[str, int]:
-    """The run's totals, in one Spark aggregate over its staged stage output."""
+def _count_aggregates() -> list:
+    """The run's totals over staged stage output, as Spark aggregates: over the whole staging table, or
+    observed while each batch is written and then summed (every one is a sum or a count)."""
     from pyspark.sql import functions as F
 
     def graded(status: str):
         return F.coalesce(F.sum(F.size(F.filter("grades", lambda g: g["parse_status"] == status))), F.lit(0))
 
-    aggregates = [
-        F.count("*").alias("accepted"),
-        F.countDistinct("question_id").alias("distinct_ids"),
+    return [
+        F.count(F.lit(1)).alias("accepted"),
+        F.coalesce(F.sum(_id_fingerprint()), F.lit(0)).alias("question_ids"),
         F.count_if(F.col("refused")).alias("refused"),
         F.count("error").alias("errors"),
         *[
@@ -589,9 +642,19 @@ def run_counts(staged, plan: RunPlan) -> dict[str, int]:
         *[F.count_if(F.col("route") == r).alias(f"route_{r}") for r in ROUTES],
         *[graded(s).alias(f"grade_parse_{s}") for s in PARSE_STATUSES],
     ]
-    row = staged.agg(*aggregates).collect()[0].asDict()
+
+
+def run_counts(plan: RunPlan, staged=None) -> dict[str, int]:
+    """The run's totals: summed from what was observed while this attempt wrote each batch, or (after
+    a resume, or given `staged`) one Spark aggregate over the staged stage output. Zero action, route
+    and parse counts are left out; `question_ids` is the staged ids' fingerprint (check_invariant)."""
+    if staged is None and plan.staged_counts is not None:
+        totals = dict(plan.staged_counts)
+    else:
+        staged = plan.warehouse.load(plan.staging) if staged is None else staged
+        totals = {k: int(v or 0) for k, v in staged.agg(*_count_aggregates()).collect()[0].asDict().items()}
     counts = {"input_rows": plan.input_rows, "rejected": plan.rejected}
-    counts.update({k: int(v) for k, v in row.items() if v or not k.startswith(("action_", "route_", "grade_parse_"))})
+    counts.update({k: v for k, v in totals.items() if v or not k.startswith(("action_", "route_", "grade_parse_"))})
     return counts
 
 
@@ -602,9 +665,10 @@ def check_invariant(counts: dict[str, int], plan: RunPlan) -> None:
             f"row accounting failed: {counts['accepted']} answers + {counts['rejected']} rejects != "
             f"{plan.input_rows} input rows ({plan.accepted} accepted)"
         )
-    if counts["distinct_ids"] != counts["accepted"]:
+    if counts["question_ids"] != plan.question_ids:
         raise CragError(
-            f"row accounting failed: {counts['accepted'] - counts['distinct_ids']} questions answered twice"
+            "row accounting failed: the answered question ids are not the accepted ones "
+            "(as many answers as questions, but some question answered twice and another not at all)"
         )
 
 

@@ -20,6 +20,7 @@ import random
 import re
 import shutil
 import time
+import uuid
 import weakref
 from pathlib import Path
 
@@ -182,6 +183,22 @@ class Warehouse:
         """Add rows (the table is created on first write)."""
         self._write(table, df, lambda writer: writer.append())
 
+    def append_observed(self, table: str, df, aggregates: list) -> dict:
+        """Add rows, and return `aggregates` (Columns) over them, computed by Spark while it writes
+        them: no second pass over the rows. The table is created empty first if need be, since a
+        creation reports no observed values."""
+        from pyspark.sql import Observation
+
+        self.ensure(table)
+        observations: list = []
+
+        def observed(frame):
+            observations.append(Observation(f"crag_{uuid.uuid4().hex}"))  # one per attempt
+            return frame.observe(observations[-1], *aggregates)
+
+        self._write(table, df, lambda writer: writer.append(), prepare=observed)
+        return observations[-1].get  # read once the write has succeeded: its values are there
+
     def replace(self, table: str, df, condition) -> None:
         """Atomically replace the rows matching `condition` (a Column) with `df`'s rows."""
         self._write(table, df, lambda writer: writer.overwrite(condition))
@@ -196,13 +213,13 @@ class Warehouse:
         if path is not None and path.is_dir():
             shutil.rmtree(path)  # an external table's files outlive DROP TABLE
 
-    def _write(self, table: str, df, action, attempts: int = 8) -> None:
+    def _write(self, table: str, df, action, attempts: int = 8, prepare=None) -> None:
         target = self._schema(table)
         df = df.select(*target.names)
         for attempt in range(attempts):
             try:
                 if self.exists(table):
-                    action(df.writeTo(self.name(table)))
+                    action((prepare(df) if prepare else df).writeTo(self.name(table)))
                 else:  # the first rows create the table: one commit, not an empty one and then the rows
                     self._create(table, self.empty(table).unionByName(df))
                 return
@@ -215,7 +232,18 @@ class Warehouse:
         """Create the table if it does not exist (`exists` registers one that another process has
         created in a local folder since this session first looked)."""
         if not self.exists(table):
-            self._create(table, self.empty(table))
+            self.create(table, self.empty(table))
+
+    def create(self, table: str, df) -> bool:
+        """Create the table with `df`'s rows, in one commit; False when it exists already (also when
+        another writer created it first: then none of `df` is written)."""
+        try:
+            self._create(table, self.empty(table).unionByName(df.select(*self._schema(table).names)))
+        except Exception as exc:
+            if is_conflict(exc):
+                return False
+            raise
+        return True
 
     def _create(self, table: str, rows) -> None:
         """A new Delta table of `rows`, whose columns are the table's own (`empty(table)` comes first in

@@ -1,14 +1,19 @@
 """The whole job on Spark over the bundled sample, checked through the Delta tables it writes."""
 
 import json
+from datetime import UTC, datetime
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from crag import job as crag_job
 from crag import schema
+from crag.config import CragConfig
 from crag.errors import CragError, UnusableIndexError
 from crag.job import run
+from crag.warehouse import Warehouse
 from tests.support import LOCAL_CONF, SAMPLE, staging_folder
 
 QUESTIONS = SAMPLE / "questions.jsonl"
@@ -137,6 +142,47 @@ def test_rerunning_a_run_id_replaces_its_rows(spark, index_overrides, tmp_path):
     assert len(table(tmp_path, "runs")) == 2
     grades = table(tmp_path, "grades")
     assert not grades.duplicated(["run_id", "question_id", "source", "rank"]).any()
+
+
+def test_counts_observed_while_each_batch_was_written_are_the_staged_rows_counted_again(
+    spark, index_overrides, tmp_path, monkeypatch
+):
+    """The run's totals are summed from what Spark observed while writing each batch; counted again
+    over the whole staging table they are the same."""
+    real, seen = crag_job.run_counts, []
+
+    def counted_both_ways(plan, staged=None):
+        counts = real(plan, staged)
+        if staged is None:
+            assert plan.staged_counts  # this attempt observed every batch
+            seen.append((dict(counts), real(plan, plan.warehouse.load(plan.staging))))
+        return counts
+
+    monkeypatch.setattr(crag_job, "run_counts", counted_both_ways)
+    sets = [*index_overrides, "spark.batch_questions=10"]
+    result = run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="observed", overrides=sets, spark=spark)
+    observed, recounted = seen[0]
+    assert observed == recounted
+    assert result.counts["accepted"] == 49 and observed["search_calls"] > 0
+
+
+def test_a_question_answered_twice_and_another_not_at_all_breaks_the_row_invariant(spark, tmp_path):
+    """As many staged rows as accepted questions is not enough: the ids must be the accepted ones."""
+    wh = Warehouse(spark, str(tmp_path))
+    plan = crag_job.RunPlan(CragConfig(), "r", "base", wh, {}, "attempt", datetime.now(UTC))
+    inputs = Warehouse.staging("run_inputs", "r")
+    rows = [{"run_id": "r", "question_id": q, "question": "?", "input_row": i} for i, q in enumerate("abc")]
+    totals = wh.frame(inputs, pa.Table.from_pylist(rows, schema.RUN_INPUTS)).agg(*crag_job._input_totals()).collect()[0]
+    plan.input_rows = plan.accepted = int(totals["accepted"])
+    plan.question_ids = int(totals["question_ids"])
+    staging = Warehouse.staging("run_staging", "r")
+
+    def staged(ids: str):
+        return wh.frame(staging, pa.Table.from_pylist([{"question_id": q} for q in ids], schema.RUN_STAGING))
+
+    crag_job.check_invariant(crag_job.run_counts(plan, staged("cab")), plan)
+    with pytest.raises(CragError, match="not the accepted ones"):
+        crag_job.check_invariant(crag_job.run_counts(plan, staged("aab")), plan)
 
 
 def test_missing_index_fails_before_spark_work(spark, tmp_path):
