@@ -220,7 +220,7 @@ class SemanticGraderConfig(Section):
     backend: Literal["semantic"]
     threshold: float = Field(0.5, ge=0, le=1)
     web_threshold: float | None = Field(None, ge=0, le=1)  # as the lexical grader's (None: `threshold`)
-    embedding: Literal["multilingual-e5-small"] = "multilingual-e5-small"
+    embedding: Literal["multilingual-e5-small", "use-multilingual-v3"] = "multilingual-e5-small"
     languages: SemanticLanguages = Field(default_factory=SemanticLanguages)
 
 
@@ -358,7 +358,7 @@ class IndexingConfig(Section):
     child_overlap: int = Field(50, ge=0)
     # dense vectors of the child chunks next to the BM25 index, for the hybrid retriever and the
     # semantic grader: a model shipped in a package (crag.backends.embedding), or none
-    embedding: Literal["none", "multilingual-e5-small"] = "none"
+    embedding: Literal["none", "multilingual-e5-small", "use-multilingual-v3"] = "none"
 
 
 _LOCAL_MASTER = re.compile(r"local\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\]")
