@@ -17,7 +17,7 @@ Python workers) during the dataset's index build and job; then whether each of t
 (TARGETS) is met.
 
 Run:  python -m bench.quality [--setup default|actions] [--datasets squad_v2,jsquad,jaquad] [--per-dataset N]
-                              [--answerable-only] [--variant semantic] [--set KEY=VALUE ...] [--calibrate]
+                              [--answerable-only] [--variant semantic|semantic_use] [--set KEY=VALUE ...] [--calibrate]
                               [--reuse-indexes]
 Writes the metrics to <out>/quality.json as well as printing them.
 """
@@ -196,7 +196,7 @@ def main() -> None:
         action="store_true",
         help="keep indexes built by an earlier run with the same tokenizer and embedding (the corpus split is fixed)",
     )
-    parser.add_argument("--variant", help="overlay conf/variants/NAME.yaml, e.g. semantic")
+    parser.add_argument("--variant", help="overlay conf/variants/NAME.yaml, e.g. semantic or semantic_use")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
     setup = SETUPS[args.setup]

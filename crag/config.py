@@ -200,16 +200,30 @@ class LanguageCalibration(Section):
     bias: float
 
 
+# The weights crag calibrate fitted for each embedding model on the development sample of
+# bench/quality.py (--setup actions --seed 1, the three sets together; en from SQuAD 2.0, ja from JSQuAD
+# and JaQuAD). Each model's cosines sit on a scale of their own (multilingual-e5-small's between 0.7
+# and 0.9, USE's between 0 and 0.7), so a language the config leaves out gets its own model's weights.
+FITTED_WEIGHTS: dict[str, dict[str, dict[str, float]]] = {
+    "multilingual-e5-small": {
+        "en": {"lexical": 5.545, "semantic": 41.093, "bias": -40.114},
+        "ja": {"lexical": 11.5, "semantic": 18.347, "bias": -23.594},
+    },
+    "use-multilingual-v3": {
+        "en": {"lexical": 7.312, "semantic": 6.028, "bias": -8.301},
+        "ja": {"lexical": 12.74, "semantic": 2.344, "bias": -9.222},
+    },
+}
+
+
 class SemanticLanguages(Section):
-    """One calibration per language. Defaults: fitted by crag calibrate on the development sample of
-    bench/quality.py (--setup actions --seed 1, the three sets together; en from SQuAD 2.0, ja from
-    JSQuAD and JaQuAD)."""
+    """One calibration per language. Defaults: multilingual-e5-small's (FITTED_WEIGHTS)."""
 
     en: LanguageCalibration = Field(
-        default_factory=lambda: LanguageCalibration(lexical=5.545, semantic=41.093, bias=-40.114)
+        default_factory=lambda: LanguageCalibration(**FITTED_WEIGHTS["multilingual-e5-small"]["en"])
     )
     ja: LanguageCalibration = Field(
-        default_factory=lambda: LanguageCalibration(lexical=11.5, semantic=18.347, bias=-23.594)
+        default_factory=lambda: LanguageCalibration(**FITTED_WEIGHTS["multilingual-e5-small"]["ja"])
     )
 
 
@@ -220,8 +234,18 @@ class SemanticGraderConfig(Section):
     backend: Literal["semantic"]
     threshold: float = Field(0.5, ge=0, le=1)
     web_threshold: float | None = Field(None, ge=0, le=1)  # as the lexical grader's (None: `threshold`)
-    embedding: Literal["multilingual-e5-small"] = "multilingual-e5-small"
+    embedding: Literal["multilingual-e5-small", "use-multilingual-v3"] = "multilingual-e5-small"
     languages: SemanticLanguages = Field(default_factory=SemanticLanguages)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _the_models_weights(cls, data: Any) -> Any:
+        """A language the config does not calibrate gets the weights fitted for the configured model."""
+        if isinstance(data, dict) and isinstance(data.get("languages", {}), dict):
+            fitted = FITTED_WEIGHTS.get(data.get("embedding", "multilingual-e5-small"))
+            if fitted is not None:  # an unknown model fails `embedding` with its own message
+                data = {**data, "languages": {**fitted, **data.get("languages", {})}}
+        return data
 
 
 class LLMGraderConfig(LLMConfig):
@@ -358,7 +382,7 @@ class IndexingConfig(Section):
     child_overlap: int = Field(50, ge=0)
     # dense vectors of the child chunks next to the BM25 index, for the hybrid retriever and the
     # semantic grader: a model shipped in a package (crag.backends.embedding), or none
-    embedding: Literal["none", "multilingual-e5-small"] = "none"
+    embedding: Literal["none", "multilingual-e5-small", "use-multilingual-v3"] = "none"
 
 
 _LOCAL_MASTER = re.compile(r"local\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\]")

