@@ -94,3 +94,14 @@ def test_quality_actions_setup_draws_answerable_questions_from_both_halves(tmp_p
     assert {t for t, r in routes.items() if r == "internal"} <= {"Alpha", "Delta"}
     with_unanswerable = quality.prepare("tiny", tmp_path / "all", per_dataset=8, seed=0)
     assert with_unanswerable["questions"] == 8
+
+
+def test_tree_rss_counts_a_helper_the_jvm_spawned_not_as_a_second_jvm():
+    from bench.scale import tree_rss
+
+    gb = 2**30
+    tree = [(1, 0, "python", 1 * gb), (2, 1, "java", 2 * gb), (3, 2, "python", gb // 2), (4, 3, "python", gb // 2)]
+    assert tree_rss(tree) == 4 * gb
+    # a chmod the JVM is spawning: before it execs, it reads as the JVM's whole RSS (named after the
+    # JVM's thread that spawned it)
+    assert tree_rss([*tree, (5, 2, "Executor task l", 2 * gb), (6, 2, "chmod", 0)]) == 4 * gb
