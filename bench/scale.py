@@ -6,7 +6,7 @@ build time, the job's wall time after Spark start-up and a Delta warm-up (bench/
 reported apart), and the peak memory of the whole process tree
 (driver, JVM, Python workers) and of the Python driver alone, sampled every 0.2 s.
 
-Run:  python -m bench.scale [--questions 10000] [--child-chars 100] [--child-overlap 50]
+Run:  python -m bench.scale [--questions 10000] [--child-chars 100] [--child-overlap 50] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -115,7 +115,10 @@ def run_scale(
     spark=None,
     copies: int = 3,
     reuse_index: bool = False,
+    overrides: list[str] | None = None,
 ) -> dict:
+    """`overrides`: --set KEY=VALUE items for the run (not the index), e.g. an older commit's settings
+    to time the same work on both."""
     from bench.datasets import REPO
     from crag.config import load_config
     from crag.indexing import build_index
@@ -143,6 +146,7 @@ def run_scale(
         f"web_search.index={workdir / 'web_index'}",
         "cache.enabled=false",
         "mlflow.enabled=false",
+        *(overrides or []),
     ]
     with PeakMemory() as memory:
         t0 = time.perf_counter()
@@ -183,12 +187,21 @@ def main() -> None:
     parser.add_argument("--child-chars", type=int, default=100)
     parser.add_argument("--child-overlap", type=int, default=50)
     parser.add_argument("--copies", type=int, default=3)
+    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     args = parser.parse_args()
     reports = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, n in enumerate(int(x) for x in args.questions.split(",")):
             reports.append(
-                run_scale(n, args.child_chars, args.child_overlap, Path(tmp), copies=args.copies, reuse_index=i > 0)
+                run_scale(
+                    n,
+                    args.child_chars,
+                    args.child_overlap,
+                    Path(tmp),
+                    copies=args.copies,
+                    reuse_index=i > 0,
+                    overrides=args.overrides,
+                )
             )
             print(json.dumps(reports[-1]), flush=True)
     if len(reports) > 1:
