@@ -360,8 +360,11 @@ def _merge_claim(plan: RunPlan, takeover: str | None, new_run: bool) -> bool:
     insert-only MERGE (one join, no file rewritten), an existing one by a MERGE that also updates."""
     wh = plan.warehouse
     row = plan.runs_row("running")
-    if not wh.exists("runs") and wh.create("runs", wh.frame("runs", row)):
-        return True
+    if not wh.exists("runs"):
+        if wh.create("runs", wh.frame("runs", row)):
+            return True
+        if not wh.exists("runs"):  # another process is creating it: claim_run looks again shortly
+            return False
     view = f"crag_claim_{plan.attempt}"
     wh.spark.createDataFrame(row.append_column("takeover", pa.array([takeover], pa.string()))).createOrReplaceTempView(
         view

@@ -62,6 +62,8 @@ def is_conflict(exc: Exception) -> bool:
             "DELTA_CONCURRENT",
             "already exists",
             "TABLE_OR_VIEW_ALREADY_EXISTS",
+            # another process is creating the table there: its files are in, its first commit not yet
+            "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION",
         )
     )
 
