@@ -19,9 +19,18 @@ from bench.datasets import REPO, read_jsonl, run_rows
 SERVICES = ("serving", "vector_search", "tavily")
 
 
-def run_scenario(rate: float, questions: str, workdir: Path, spark=None, hang_s: float = 2.0, seed: int = 0) -> dict:
+def run_scenario(
+    rate: float,
+    questions: str,
+    workdir: Path,
+    spark=None,
+    hang_s: float = 2.0,
+    seed: int = 0,
+    max_attempts: int | None = None,
+) -> dict:
     """Build the sample indexes, start the emulators with `rate` of faults on every endpoint (spread
-    evenly over 429, 500, hang and malformed), run conf/databricks.yaml, and account for every row."""
+    evenly over 429, 500, hang and malformed), run conf/databricks.yaml, and account for every row.
+    `max_attempts`: attempts per call for every role (None: the config's)."""
     import pandas as pd
 
     from crag.config import load_config
@@ -43,7 +52,12 @@ def run_scenario(rate: float, questions: str, workdir: Path, spark=None, hang_s:
         fast = [
             f"{role}.policy.{key}"
             for role in ("retriever", "grader", "rewriter", "generator", "web_search")
-            for key in ("timeout_s=1", "backoff_initial_s=0.05", "backoff_max_s=1")
+            for key in (
+                "timeout_s=1",
+                "backoff_initial_s=0.05",
+                "backoff_max_s=1",
+                *([f"max_attempts={max_attempts}"] if max_attempts else []),
+            )
         ]
         result = run(
             str(REPO / "conf" / "databricks.yaml"),

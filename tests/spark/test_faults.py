@@ -10,13 +10,16 @@ from tests.support import REPO, SAMPLE, run_rows
 
 
 def test_twenty_percent_faults_on_every_endpoint(spark, tmp_path, restore_env):
-    report = run_scenario(0.2, str(SAMPLE / "questions.jsonl"), tmp_path, spark=spark, hang_s=1.5)
+    # A call fails for good only when all its attempts fail: 0.2**5 = 3.2e-4 with the config's five, so
+    # over the run's ~230 calls (275 requests with retries) about 7% of runs left a question in error
+    # (seen once in a fresh clone); with eight, 2.6e-6 per call.
+    report = run_scenario(0.2, str(SAMPLE / "questions.jsonl"), tmp_path, spark=spark, hang_s=1.5, max_attempts=8)
     assert sum(report["faults_injected"].values()) > 0.1 * report["requests"]
     assert {"429", "500", "hang"} <= set(report["faults_injected"])
     assert report["rows_lost"] == 0 and report["duplicates"] == 0 and report["unanswered_without_error"] == 0
     assert report["accepted"] + report["rejected"] == report["questions"] == 51
     assert report["retries"] > 0
-    # Five attempts per call absorb a 20% fault rate: no question ends in an error.
+    # Eight attempts per call absorb a 20% fault rate: no question ends in an error.
     assert report["errors"] == 0 and "error" not in report["routes"]
     # The summary's figures are the tables' counts (report: read from the answers and rejects tables).
     summary = report["summary"]
