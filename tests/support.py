@@ -1,5 +1,6 @@
 """Paths and constants the tests share (fixtures are in conftest.py)."""
 
+import json
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,3 +59,36 @@ def staged_questions(warehouse, run_id: str) -> set[str]:
     if not any((folder / "_delta_log").glob("*.json")):
         return set()
     return set(DeltaTable(str(folder)).to_pandas()["question_id"])
+
+
+# Three short passages, two English and one Japanese, each answering other questions: what the
+# embedding models' tests embed and index.
+EMBEDDING_DOCS = [
+    {"doc_id": "cat", "title": "Pets", "text": "The cat sleeps on the sofa all afternoon."},
+    {
+        "doc_id": "market",
+        "title": "Finance",
+        "text": "Stock prices fell sharply after the central bank raised interest rates.",
+    },
+    {"doc_id": "volcano", "title": "Geology", "text": "富士山は日本で最も高い山で、標高は3776メートルです。"},
+]
+
+
+def write_embedding_docs(path: Path) -> Path:
+    """EMBEDDING_DOCS as a JSONL file for crag index."""
+    path.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in EMBEDDING_DOCS), encoding="utf-8")
+    return path
+
+
+def assert_nearest_passages(model: str, questions: list[tuple[str, int]]) -> None:
+    """The model embeds EMBEDDING_DOCS as unit vectors, and each question's nearest passage is the one
+    given (its index in EMBEDDING_DOCS)."""
+    import numpy as np
+
+    from crag.backends.embedding import load_embedder
+
+    embedder = load_embedder(model)
+    passages = embedder.passages([d["text"] for d in EMBEDDING_DOCS])
+    assert passages.shape == (3, embedder.dim) and np.allclose(np.linalg.norm(passages, axis=1), 1, atol=1e-3)
+    for question, best in questions:
+        assert int(np.argmax(passages @ embedder.query(question))) == best, question

