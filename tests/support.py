@@ -1,6 +1,7 @@
 """Paths and constants the tests share (fixtures are in conftest.py)."""
 
 import json
+from html.parser import HTMLParser
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,3 +93,21 @@ def assert_nearest_passages(model: str, questions: list[tuple[str, int]]) -> Non
     assert passages.shape == (3, embedder.dim) and np.allclose(np.linalg.norm(passages, axis=1), 1, atol=1e-3)
     for question, best in questions:
         assert int(np.argmax(passages @ embedder.query(question))) == best, question
+
+
+class ReportMarkup(HTMLParser):
+    """What the tests check in `crag compare`'s HTML report: every tag, the sections' ids, anything
+    loaded from elsewhere (src, a linked file) and inline event handlers."""
+
+    def __init__(self):
+        super().__init__()
+        self.sections, self.tags, self.external, self.inline_events = [], [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.tags.append(tag)
+        if tag == "section":
+            self.sections.append(attrs.get("id"))
+        if attrs.get("src") or (tag == "link" and attrs.get("href")):
+            self.external.append((tag, attrs))
+        self.inline_events += [name for name in attrs if name.startswith("on")]

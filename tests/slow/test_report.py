@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pandas as pd
@@ -22,7 +21,7 @@ import pytest
 
 from crag.compare import compare_runs, gold_verdict, metric_deltas, render_report, summary_lines
 from crag.evaluation import METRIC_DIRECTIONS, QUESTION_METRICS, evaluate, is_cjk, question_scores
-from tests.support import REPO
+from tests.support import REPO, ReportMarkup
 
 CHROMIUM = os.environ.get("CRAG_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = [
@@ -177,24 +176,9 @@ def _changed() -> list[str]:
 # ------------------------------------------------------------------ markup
 
 
-class Markup(HTMLParser):
-    def __init__(self):
-        super().__init__()
-        self.sections, self.tags, self.external, self.inline_events = [], [], [], []
-
-    def handle_starttag(self, tag, attrs):
-        attrs = dict(attrs)
-        self.tags.append(tag)
-        if tag == "section":
-            self.sections.append(attrs.get("id"))
-        if attrs.get("src") or (tag == "link" and attrs.get("href")):
-            self.external.append((tag, attrs))
-        self.inline_events += [name for name in attrs if name.startswith("on")]
-
-
 def test_the_report_is_one_script_free_page_in_its_sections(report):
     page = report.read_text(encoding="utf-8")
-    markup = Markup()
+    markup = ReportMarkup()
     markup.feed(page)
     assert markup.sections == ["summary", "metrics", "routes", "relevance", "changed", "flips"]
     assert "script" not in markup.tags and markup.external == [] and markup.inline_events == []
@@ -212,7 +196,7 @@ def test_untrusted_text_is_escaped(tmp_path):
     candidate["answers"].loc[candidate["answers"]["question_id"] == "q1", "answer"] = hostile
     rows = compare_runs(base, candidate, 'base"><b>', "cand", None)
     page = render_report(rows, metric_deltas(base["metrics"], candidate["metrics"]), base, candidate)
-    markup = Markup()
+    markup = ReportMarkup()
     markup.feed(page)
     assert "script" not in markup.tags and "img" not in markup.tags and "b" not in markup.tags
     assert "&lt;script&gt;alert(2)&lt;/script&gt;" in page

@@ -1,14 +1,12 @@
 """Variants: comparison rows against the two runs' tables, the HTML report, the stage cache by call
 counts on the emulators, and the MLflow record."""
 
-from html.parser import HTMLParser
-
 import pytest
 from deltalake import DeltaTable
 
 from crag.cli import main
 from crag.job import run
-from tests.support import LOCAL_CONF, REPO, SAMPLE, crag_run_args
+from tests.support import LOCAL_CONF, REPO, SAMPLE, ReportMarkup, crag_run_args
 
 QUESTIONS = str(SAMPLE / "questions.jsonl")
 
@@ -34,20 +32,6 @@ def two_runs(spark, index_overrides, tmp_path_factory):
         spark=spark,
     )
     return wh
-
-
-class Sections(HTMLParser):
-    def __init__(self):
-        super().__init__()
-        self.ids, self.tags, self.external = [], [], []
-
-    def handle_starttag(self, tag, attrs):
-        attrs = dict(attrs)
-        self.tags.append(tag)
-        if tag == "section":
-            self.ids.append(attrs.get("id"))
-        if attrs.get("src") or (tag == "link" and attrs.get("href")):
-            self.external.append((tag, attrs))
 
 
 def test_comparison_rows_match_the_run_tables(two_runs, capsys):
@@ -95,9 +79,9 @@ def test_the_report_renders_its_sections(two_runs):
         == 0
     )
     page = report.read_text()
-    parser = Sections()
+    parser = ReportMarkup()
     parser.feed(page)
-    assert parser.ids == ["summary", "metrics", "routes", "relevance", "changed", "flips"]
+    assert parser.sections == ["summary", "metrics", "routes", "relevance", "changed", "flips"]
     assert parser.tags.count("svg") == 6 and "script" not in parser.tags and parser.external == []
     assert "<del>" in page and "<ins>" in page  # word-level diff of a changed answer
     assert "routing_accuracy" in page
