@@ -205,7 +205,6 @@ def prepare(
         plan.started = previous["started_at"]
         stored = wh.load(plan.inputs)
         _check_same_input(checked, stored, run_id)
-        plan.input_hash = previous["input_hash"]
     claim_run(plan, previous)
     if resume:
         wh.ensure(plan.staging)  # before two batches in flight race to create it
