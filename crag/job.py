@@ -207,16 +207,13 @@ def prepare(
         _check_same_input(checked, stored, run_id)
     claim_run(plan, previous)
     if resume:
-        wh.ensure(plan.staging)  # before two batches in flight race to create it
         totals = wh.load(plan.inputs).agg(*_input_totals()).collect()[0].asDict()
     else:
         from pyspark.sql import functions as F
 
         for table in (plan.inputs, plan.staging):  # what an earlier attempt of this run id left
             wh.drop(table)
-        # Both work tables exist before their first rows: an append, unlike a creation, reports what
-        # Spark observed while writing (so the input is not read again to count it), and two batches
-        # in flight cannot race to create the staging table (the loser would compute its batch again).
+        # Both work tables are created at once, side by side, before their first rows are written.
         plan.fresh_staging = True
         with ThreadPoolExecutor(2, "crag-create") as pool:
             for created in [pool.submit(wh.ensure, t) for t in (plan.inputs, plan.staging)]:
@@ -354,16 +351,13 @@ def _writer_gone(row, stale_after_s: float) -> bool:
 
 
 def _merge_claim(plan: RunPlan, takeover: str | None, new_run: bool) -> bool:
-    """True when this attempt now holds the run. The first run of a warehouse creates `runs` with its
-    row (one commit; of two creators only one succeeds). A run id not seen before is claimed by an
-    insert-only MERGE (one join, no file rewritten), an existing one by a MERGE that also updates."""
+    """True when this attempt now holds the run. A run id not seen before is claimed by an insert-only
+    MERGE (one join, no file rewritten), an existing one by a MERGE that also updates."""
     wh = plan.warehouse
     row = plan.runs_row("running")
-    if not wh.exists("runs"):
-        if wh.create("runs", wh.frame("runs", row)):
-            return True
-        if not wh.exists("runs"):  # another process is creating it: claim_run looks again shortly
-            return False
+    wh.ensure("runs")
+    if not wh.exists("runs"):  # another process is creating it: claim_run looks again shortly
+        return False
     view = f"crag_claim_{plan.attempt}"
     wh.spark.createDataFrame(row.append_column("takeover", pa.array([takeover], pa.string()))).createOrReplaceTempView(
         view

@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from crag import schema
 from crag.config import TablesConfig
-from crag.errors import InputError
+from crag.errors import CragError, InputError
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _CATALOG_SCHEMA = re.compile(r"`?[A-Za-z_][A-Za-z0-9_-]*`?\.`?[A-Za-z_][A-Za-z0-9_-]*`?")
@@ -182,16 +182,15 @@ class Warehouse:
     # ------------------------------------------------------------------ writing
 
     def append(self, table: str, df) -> None:
-        """Add rows (the table is created on first write)."""
+        """Add rows (the table is created first if need be)."""
         self._write(table, df, lambda writer: writer.append())
 
     def append_observed(self, table: str, df, aggregates: list) -> dict:
         """Add rows, and return `aggregates` (Columns) over them, computed by Spark while it writes
-        them: no second pass over the rows. The table is created empty first if need be, since a
-        creation reports no observed values."""
+        them: no second pass over the rows. (A creation would report no observed values; tables are
+        created empty before their first rows, see `ensure`.)"""
         from pyspark.sql import Observation
 
-        self.ensure(table)
         observations: list = []
 
         def observed(frame):
@@ -220,32 +219,31 @@ class Warehouse:
         df = df.select(*target.names)
         for attempt in range(attempts):
             try:
+                self.ensure(table)
                 if self.exists(table):
                     action((prepare(df) if prepare else df).writeTo(self.name(table)))
-                else:  # the first rows create the table: one commit, not an empty one and then the rows
-                    self._create(table, self.empty(table).unionByName(df))
-                return
+                    return
+                # another writer is creating it: its first commit is not in yet
             except Exception as exc:
                 if not is_conflict(exc) or attempt == attempts - 1:
                     raise
-                time.sleep(0.05 * 2**attempt * (1 + random.random()))  # jitter: colliding writers drift apart
+            time.sleep(0.05 * 2**attempt * (1 + random.random()))  # jitter: colliding writers drift apart
+        raise CragError(f"table {self.name(table)} was being created by another writer and did not appear")
 
     def ensure(self, table: str) -> None:
-        """Create the table if it does not exist (`exists` registers one that another process has
-        created in a local folder since this session first looked)."""
-        if not self.exists(table):
-            self.create(table, self.empty(table))
-
-    def create(self, table: str, df) -> bool:
-        """Create the table with `df`'s rows, in one commit; False when it exists already (also when
-        another writer created it first: then none of `df` is written)."""
+        """Create the table, empty, if it does not exist (`exists` registers one that another process
+        has created in a local folder since this session first looked). Rows are never written by the
+        creation itself: a creation that loses a race to another writer can fail after Delta has
+        committed its rows, and writing them again would store them twice (seen: three Spark Connect
+        clients finalising at once). Of writers creating a table at once, one succeeds; the others'
+        conflict is ignored (the table may then still be on its way: `exists` says so)."""
+        if self.exists(table):
+            return
         try:
-            self._create(table, self.empty(table).unionByName(df.select(*self._schema(table).names)))
+            self._create(table, self.empty(table))
         except Exception as exc:
-            if is_conflict(exc):
-                return False
-            raise
-        return True
+            if not is_conflict(exc):
+                raise
 
     def _create(self, table: str, rows) -> None:
         """A new Delta table of `rows`, whose columns are the table's own (`empty(table)` comes first in
