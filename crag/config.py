@@ -423,10 +423,11 @@ class TrackingConfig(Section):
 
 class TablesConfig(Section):
     """Where a local warehouse folder's tables are registered in the session's catalog (a warehouse
-    given as catalog.schema, as on Databricks, names its own)."""
+    given as catalog.schema, as on Databricks, names its own): in `local_catalog`, in the folder's own
+    schema `<local_schema_prefix>_<folder name>_<hash of its path>`."""
 
     local_catalog: str = "spark_catalog"
-    local_schema: str = "crag"
+    local_schema_prefix: str = "crag"
     # a run id held by a process that stopped sending heartbeats this long ago may be taken over
     stale_run_after_s: float = Field(default=900, gt=0)
 

@@ -141,6 +141,7 @@ class RunResult:
     seconds: float
     counts: dict[str, int]
     metrics: pd.DataFrame | None = None  # when the questions carry gold columns
+    tables: str = ""  # the catalog schema the tables are registered in
 
     def summary(self) -> str:
         c = self.counts
@@ -149,7 +150,8 @@ class RunResult:
             return ", ".join(f"{k[len(prefix) :]} {v}" for k, v in sorted(c.items()) if k.startswith(prefix)) or "-"
 
         lines = [
-            f"run {self.run_id} (variant {self.variant}) -> {self.warehouse}",
+            f"run {self.run_id} (variant {self.variant}) -> {self.warehouse}"
+            + (f" (tables {self.tables}.<name>)" if self.tables and self.tables != self.warehouse else ""),
             f"  questions   {c['input_rows']}: {c['accepted']} accepted, {c['rejected']} rejected",
             f"  actions     {group('action_')}",
             f"  routes      {group('route_')}",
@@ -593,7 +595,7 @@ def finalise(plan: RunPlan) -> RunResult:
     )
     if mlflow_run:
         log.info("logged to MLflow run %s", mlflow_run)
-    return RunResult(run_id, plan.variant, wh.location, seconds, counts, metrics)
+    return RunResult(run_id, plan.variant, wh.location, seconds, counts, metrics, f"{wh.catalog}.{wh.schema}")
 
 
 def _store_cache_rows(plan: RunPlan) -> None:

@@ -5,9 +5,12 @@ Every table is written by Spark's own Delta writer, through the catalog, on clas
 Spark Connect alike:
 - a Unity Catalog (or any catalog) schema, given as `catalog.schema`: tables are
   `catalog.schema.<name>`, managed by the catalog;
-- a local folder: tables are registered as `<tables.local_catalog>.<tables.local_schema>.<name>`
-  (default `spark_catalog.crag`) with their data at `<folder>/<name>`, the same code path as three-part
-  Unity Catalog names. The folder layout is plain Delta, so `crag sql` reads it without a JVM.
+- a local folder: tables are registered as `<tables.local_catalog>.<schema>.<name>` with their data at
+  `<folder>/<name>`, the same code path as three-part Unity Catalog names. The schema is the folder's
+  own (`crag_<folder name>_<hash of its path>`, see `folder_schema`): a session, or a Spark Connect
+  server serving several clients, shares one catalog, and a name that two folders took turns to
+  register could send one folder's rows into the other's files. The folder layout is plain Delta, so
+  `crag sql` reads it without a JVM.
 
 Values never enter SQL text: writes and deletes take Column conditions (DataFrameWriterV2
 `overwrite(condition)`), and identifiers are validated and quoted.
@@ -42,6 +45,13 @@ def quote(identifier: str) -> str:
 def is_catalog_schema(location: str) -> bool:
     """`catalog.schema` (Unity Catalog), as opposed to a local folder."""
     return bool(_CATALOG_SCHEMA.fullmatch(location)) and not Path(location).exists()
+
+
+def folder_schema(folder: Path, prefix: str) -> str:
+    """The catalog schema a local warehouse folder's tables are registered in: readable (the folder's
+    name) and the folder's alone (a hash of its absolute path)."""
+    readable = re.sub(r"[^a-z0-9_]", "_", folder.name.lower())[:40]
+    return f"{prefix}_{readable}_{hashlib.sha256(str(folder).encode()).hexdigest()[:8]}"
 
 
 def is_conflict(exc: Exception) -> bool:
@@ -88,10 +98,12 @@ class Warehouse:
             if path.exists() and not path.is_dir():
                 raise InputError(f"warehouse {location} is a file, not a folder")
             self.folder = path.resolve()
-            self.catalog, self.schema = tables.local_catalog, tables.local_schema
+            self.catalog, self.schema = tables.local_catalog, folder_schema(self.folder, tables.local_schema_prefix)
             for name in (self.catalog, self.schema):
                 if not _IDENTIFIER.fullmatch(name):
-                    raise InputError(f"tables.local_catalog / local_schema must be plain identifiers, got {name!r}")
+                    raise InputError(
+                        f"tables.local_catalog / local_schema_prefix must be plain identifiers, got {name!r}"
+                    )
             self._attach_folder()
 
     def __repr__(self) -> str:
@@ -111,23 +123,15 @@ class Warehouse:
         self.spark.sql(f"CREATE SCHEMA IF NOT EXISTS {quote(self.catalog)}.{quote(self.schema)}")
 
     def _attach(self, table: str) -> None:
-        """A local catalog lives only as long as its session, and one session may open several
-        folders: (re-)register the table's name for this folder's files when the session's name points
-        elsewhere or nowhere. What the session's names point to is remembered per session, so a run
-        asks the catalog only about names it has not registered itself."""
+        """A local catalog lives only as long as its session: register the table's name for the
+        folder's files when they exist and the session does not know the name yet. What the session's
+        names point to is remembered per session, so a run asks the catalog only about names it has not
+        registered itself. (The schema is the folder's own: the name can point nowhere else.)"""
         name, path = self.name(table), self.path(table)
         assert path is not None  # only a local folder's tables are attached
         registered = _REGISTERED.setdefault(self.spark, {})
         if registered.get(name) == path:
             return
-        if self.spark.catalog.tableExists(name):
-            rows = self.spark.sql(f"DESCRIBE TABLE EXTENDED {name}").where("col_name = 'Location'").collect()
-            location = rows[0]["data_type"] if rows else ""
-            # Spark spells a location file:/a/b; compare paths, not spellings
-            if Path(location.removeprefix("file:")) != path:
-                self.spark.sql(
-                    f"DROP TABLE IF EXISTS {name}"
-                )  # external: its files stay; another thread may have dropped it
         if not self.spark.catalog.tableExists(name) and any((path / "_delta_log").glob("*.json")):
             try:
                 self.spark.catalog.createTable(name, path=str(path), source="delta")

@@ -206,10 +206,10 @@ def test_a_finished_run_leaves_no_staging_rows_and_the_catalog_names_its_tables(
     _, warehouse = sample_run
     for kind in ("run_staging", "run_inputs"):
         assert not staging_folder(warehouse, "sample-1", kind).exists(), kind
-    from crag.warehouse import Warehouse
+    from crag.warehouse import Warehouse, folder_schema
 
     wh = Warehouse(spark, str(warehouse))
-    assert wh.name("answers") == "`spark_catalog`.`crag`.`answers`"
+    assert wh.name("answers") == f"`spark_catalog`.`{folder_schema(warehouse.resolve(), 'crag')}`.`answers`"
     assert wh.load_run("answers", "sample-1").count() == 49  # Spark reads what delta-rs reads
     # Each table was created by its first rows: it has the declared columns, types and nullability
     # (crag.schema), not whatever the first writer's frame happened to have.
