@@ -53,4 +53,3 @@ def test_folders_written_at_once_by_one_session_keep_their_own_rows(spark, tmp_p
         assert sorted(rows.column("question_id").to_pylist()) == sorted(f"{tag}{i}" for i in range(12)), tag
     names = {Warehouse(spark, str(tmp_path / tag)).name("rejects") for tag in tags}
     assert len(names) == 3, names
-
