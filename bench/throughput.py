@@ -276,7 +276,7 @@ def run_benchmark(
         "search_latency_s": SEARCH_LATENCY_S,
     }
     token = "bench-token"
-    with Emulator(str(workdir / "kb"), str(workdir / "web"), token=token, retry_after_s=0.05) as emulator:
+    with Emulator(str(workdir / "kb"), str(workdir / "web"), token=token, retry_after_s=1) as emulator:
         emulator.behaviour["serving"].latency_s = LLM_LATENCY_S
         emulator.behaviour["vector_search"].latency_s = SEARCH_LATENCY_S
         emulator.behaviour["tavily"].latency_s = SEARCH_LATENCY_S

@@ -53,7 +53,7 @@ class Emulator:
         token: str | None = None,
         seed: int = 0,
         hang_s: float = 5.0,
-        retry_after_s: float = 0.05,
+        retry_after_s: int = 0,  # whole seconds: HTTP's delay-seconds (a client refuses 0.05: urllib3 did)
         host: str = "127.0.0.1",
         port: int = 0,
     ):
@@ -239,7 +239,7 @@ def _handler(emulator: Emulator):
                 return self._reply(
                     429,
                     {"error_code": "REQUEST_LIMIT_EXCEEDED", "message": "capacity"},
-                    {"Retry-After": f"{emulator.retry_after_s:g}"},
+                    {"Retry-After": str(int(emulator.retry_after_s))},
                 )
             # The slot is released before the reply is written: once the client has its answer it may
             # send the next request at once, and that one must find the slot free.
@@ -253,7 +253,7 @@ def _handler(emulator: Emulator):
                     reply = (
                         429,
                         {"error_code": "REQUEST_LIMIT_EXCEEDED", "message": "slow down"},
-                        {"Retry-After": f"{emulator.retry_after_s:g}"},
+                        {"Retry-After": str(int(emulator.retry_after_s))},
                     )
                 elif fault == "500":
                     reply = (500, {"error_code": "INTERNAL_ERROR", "message": "injected failure"}, None)

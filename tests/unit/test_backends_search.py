@@ -48,6 +48,17 @@ def test_vector_search_faults_are_retried(emulator, fault):
     assert docs and usage.retries == 1
 
 
+@pytest.mark.parametrize("fault", ["429", "500"])
+def test_a_fault_while_the_index_is_opened_is_retried(emulator, fault):
+    """The index's describe request (in every Spark worker, when its backends are built) meets the
+    same faults as queries; a 429's Retry-After must be one the client accepts (whole seconds: a
+    fractional one made urllib3 refuse the header and the run fail)."""
+    emulator.behaviour["vector_search"].scripted = [fault]
+    retriever = VectorSearchRetriever(vs_cfg())
+    assert [r.method for r in emulator.of("vector_search")] == ["GET", "GET"]
+    assert retriever.search([QUESTION], 5, [Usage()])[0]
+
+
 def test_vector_search_missing_token(monkeypatch):
     from crag.errors import ConfigError
 
