@@ -244,20 +244,23 @@ class Warehouse:
         if self.exists(table):
             return
         try:
-            self._create(table, self.empty(table))
+            self._create(table)
         except Exception as exc:
             if not is_conflict(exc):
                 raise
 
-    def _create(self, table: str, rows) -> None:
-        """A new Delta table of `rows`, whose columns are the table's own (`empty(table)` comes first in
-        a union, so its types and nullability are the ones the table gets)."""
+    def _create(self, table: str) -> None:
+        """A new, empty Delta table with the table's own columns (crag.schema: types and nullability).
+        A catalog operation: one commit of the table's metadata, no Spark job, so no task slot is
+        taken from stages that hold them all."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+
         path = self.path(table)
-        writer = rows.writeTo(self.name(table)).using("delta")
-        if path is not None:
-            writer = writer.tableProperty("location", str(path))
+        options = {"path": str(path)} if path is not None else {}
         if "__" in table:  # a run's work table is read whole, never filtered: no column statistics to collect
-            writer = writer.tableProperty("delta.dataSkippingNumIndexedCols", "0")
-        writer.create()
+            options["delta.dataSkippingNumIndexedCols"] = "0"
+        self.spark.catalog.createTable(
+            self.name(table), source="delta", schema=from_arrow_schema(self._schema(table)), **options
+        )
         if path is not None:
             _REGISTERED.setdefault(self.spark, {})[self.name(table)] = path
