@@ -34,6 +34,9 @@ def test_throughput_benchmark_at_a_tiny_size(spark, tmp_path, restore_env):
     assert sum(report["busiest_in_flight_per_second"]) == pytest.approx(
         report["busiest_endpoint_utilisation"] * 4 * ours["wall_s"], rel=0.02, abs=0.05
     )
+    again = report["ours_next_run"]  # the same questions into the same warehouse: the same calls
+    assert again["errors"] == 0 and again["calls"] == ours["calls"]
+    assert again["ours_over_bound"] == pytest.approx(again["wall_s"] / seconds, rel=0.01)
     graph = report["graph"]["calls_per_question"]
     assert graph["vector_search:main.crag.chunks_index"] == 1.0 and graph["serving:crag-batch-grader"] == 1.0
     assert report["graph_over_ours"] > 0
