@@ -87,7 +87,6 @@ class RunPlan:
     t0: float = field(default_factory=time.perf_counter)
     fresh: bool = True  # no earlier rows of this run id in the run tables: appends need not replace
     fresh_staging: bool = False  # this attempt created the staging table: no batch was committed before
-    final_tables: list[Future] = field(default_factory=list)  # their creation, beside the answering
 
     @property
     def inputs(self) -> str:
@@ -228,33 +227,10 @@ def prepare(
         int(totals["gold_rows"]),
     )
     plan.rejected = plan.input_rows - plan.accepted
-    # After the work tables, not beside them: creations at once slow each other (7 took 0.9 s each,
-    # one takes 0.3 s), and the work tables stand between the claim and the first question.
-    plan.final_tables = _create_final_tables(plan)
     plan.input_hash = str(totals["input_hash"])
     plan.question_ids = int(totals["question_ids"] or 0)
     log.info("run %s: %d input rows, %d accepted, %d rejected", run_id, plan.input_rows, plan.accepted, plan.rejected)
     return plan
-
-
-FINAL_TABLES = (
-    "answers",
-    "grades",
-    "decisions",
-    "rejects",
-    "gold",
-)  # _derived_tables' (a table missing here is created when first written)
-
-
-def _create_final_tables(plan: RunPlan) -> list[Future]:
-    """The run tables that do not exist yet (a new warehouse), created empty on threads of their own
-    while the run answers: catalog operations that take no task slot, and that finalise would
-    otherwise wait for."""
-    tables = [*FINAL_TABLES, *(["stage_cache"] if plan.cfg.cache.enabled else [])]
-    pool = ThreadPoolExecutor(len(tables), "crag-create-final")
-    created = [pool.submit(plan.warehouse.ensure, table) for table in tables]
-    pool.shutdown(wait=False)  # the threads end with their creation; finalise waits for each
-    return created
 
 
 def _check_resumable_folder(warehouse: Path, run_id: str) -> None:
@@ -588,8 +564,6 @@ def finalise(plan: RunPlan) -> RunResult:
     check_invariant(counts, plan)
     del counts["question_ids"]  # a fingerprint, not a count
     derived = _derived_tables(plan, staged)
-    for created in plan.final_tables:
-        created.result()
     is_run = F.col("run_id") == F.lit(run_id)
     # Independent tables: their commits overlap. Each is one atomic replace of the run's rows (an
     # append when the run id is new, which need not look for rows to replace).

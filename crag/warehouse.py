@@ -244,23 +244,23 @@ class Warehouse:
         if self.exists(table):
             return
         try:
-            self._create(table)
+            self._create(table, self.empty(table))
         except Exception as exc:
             if not is_conflict(exc):
                 raise
 
-    def _create(self, table: str) -> None:
-        """A new, empty Delta table with the table's own columns (crag.schema: types and nullability).
-        A catalog operation: one commit of the table's metadata, no Spark job, so no task slot is
-        taken from stages that hold them all."""
-        from pyspark.sql.pandas.types import from_arrow_schema
-
+    def _create(self, table: str, rows) -> None:
+        """A new Delta table of `rows`, whose columns are the table's own (`empty(table)` comes first in
+        a union, so its types and nullability are the ones the table gets). Not `catalog.createTable`
+        with a schema, although that commits without a Spark job in half the time: through Spark
+        Connect it records string columns as `string collate UTF8_BINARY`, which delta-rs (`crag sql`)
+        cannot read."""
         path = self.path(table)
-        options = {"path": str(path)} if path is not None else {}
+        writer = rows.writeTo(self.name(table)).using("delta")
+        if path is not None:
+            writer = writer.tableProperty("location", str(path))
         if "__" in table:  # a run's work table is read whole, never filtered: no column statistics to collect
-            options["delta.dataSkippingNumIndexedCols"] = "0"
-        self.spark.catalog.createTable(
-            self.name(table), source="delta", schema=from_arrow_schema(self._schema(table)), **options
-        )
+            writer = writer.tableProperty("delta.dataSkippingNumIndexedCols", "0")
+        writer.create()
         if path is not None:
             _REGISTERED.setdefault(self.spark, {})[self.name(table)] = path

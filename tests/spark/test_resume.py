@@ -51,8 +51,7 @@ def test_resume_after_a_failure_mid_run(spark, tmp_path, index_overrides, monkey
         DeltaTable(str(staging_folder(tmp_path, "r1"))).to_pandas()["question_id"]
     )  # committed batches, not yet final
     assert answered == set(sent[0] + sent[1])
-    # nothing half-done reaches the final tables (created empty while the run answered)
-    assert DeltaTable(str(tmp_path / "answers")).to_pyarrow_table().num_rows == 0
+    assert not (tmp_path / "answers").exists()  # nothing half-done reaches the final tables
 
     sent.clear()
     result = run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r1", overrides=sets, spark=spark, resume=True)
