@@ -357,8 +357,7 @@ def _merge_claim(plan: RunPlan, takeover: str | None, new_run: bool) -> bool:
     MERGE (one join, no file rewritten), an existing one by a MERGE that also updates."""
     wh = plan.warehouse
     row = plan.runs_row("running")
-    wh.ensure("runs")
-    if not wh.exists("runs"):  # another process is creating it: claim_run looks again shortly
+    if not wh.ensure("runs"):  # another process is creating it: claim_run looks again shortly
         return False
     view = f"crag_claim_{plan.attempt}"
     wh.spark.createDataFrame(row.append_column("takeover", pa.array([takeover], pa.string()))).createOrReplaceTempView(

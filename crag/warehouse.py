@@ -78,8 +78,8 @@ def is_conflict(exc: Exception) -> bool:
     )
 
 
-# Per Spark session: the folder each local table name was registered for by crag (the session's
-# catalog is the truth; this spares asking it on every use).
+# Per Spark session: the local table names crag has registered (the session's catalog is the truth;
+# this spares asking it on every use). A name is one folder's alone (folder_schema).
 _REGISTERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -124,13 +124,13 @@ class Warehouse:
 
     def _attach(self, table: str) -> None:
         """A local catalog lives only as long as its session: register the table's name for the
-        folder's files when they exist and the session does not know the name yet. What the session's
-        names point to is remembered per session, so a run asks the catalog only about names it has not
-        registered itself. (The schema is the folder's own: the name can point nowhere else.)"""
+        folder's files when they exist and the session does not know the name yet. The names registered
+        are remembered per session, so a run asks the catalog only about names it has not registered
+        itself. (The schema is the folder's own: the name can point nowhere else.)"""
         name, path = self.name(table), self.path(table)
         assert path is not None  # only a local folder's tables are attached
-        registered = _REGISTERED.setdefault(self.spark, {})
-        if registered.get(name) == path:
+        registered = _REGISTERED.setdefault(self.spark, set())
+        if name in registered:
             return
         if not self.spark.catalog.tableExists(name) and any((path / "_delta_log").glob("*.json")):
             try:
@@ -139,7 +139,7 @@ class Warehouse:
                 if not is_conflict(exc):
                     raise
         if self.spark.catalog.tableExists(name):
-            registered[name] = path
+            registered.add(name)
 
     @staticmethod
     def staging(kind: str, run_id: str) -> str:
@@ -213,7 +213,7 @@ class Warehouse:
         if self.exists(table):
             self.spark.sql(f"DROP TABLE IF EXISTS {self.name(table)}")
         if self.folder is not None:
-            _REGISTERED.get(self.spark, {}).pop(self.name(table), None)
+            _REGISTERED.get(self.spark, set()).discard(self.name(table))
         path = self.path(table)
         if path is not None and path.is_dir():
             shutil.rmtree(path)  # an external table's files outlive DROP TABLE
@@ -223,8 +223,7 @@ class Warehouse:
         df = df.select(*target.names)
         for attempt in range(attempts):
             try:
-                self.ensure(table)
-                if self.exists(table):
+                if self.ensure(table):
                     action((prepare(df) if prepare else df).writeTo(self.name(table)))
                     return
                 # another writer is creating it: its first commit is not in yet
@@ -234,20 +233,23 @@ class Warehouse:
             time.sleep(0.05 * 2**attempt * (1 + random.random()))  # jitter: colliding writers drift apart
         raise CragError(f"table {self.name(table)} was being created by another writer and did not appear")
 
-    def ensure(self, table: str) -> None:
+    def ensure(self, table: str) -> bool:
         """Create the table, empty, if it does not exist (`exists` registers one that another process
         has created in a local folder since this session first looked). Rows are never written by the
         creation itself: a creation that loses a race to another writer can fail after Delta has
         committed its rows, and writing them again would store them twice (seen: three Spark Connect
         clients finalising at once). Of writers creating a table at once, one succeeds; the others'
-        conflict is ignored (the table may then still be on its way: `exists` says so)."""
+        conflict is ignored. True when the table is there now; False when another writer's creation
+        is still on its way."""
         if self.exists(table):
-            return
+            return True
         try:
             self._create(table, self.empty(table))
         except Exception as exc:
             if not is_conflict(exc):
                 raise
+            return self.exists(table)
+        return True
 
     def _create(self, table: str, rows) -> None:
         """A new Delta table of `rows`, whose columns are the table's own (`empty(table)` comes first in
@@ -263,4 +265,4 @@ class Warehouse:
             writer = writer.tableProperty("delta.dataSkippingNumIndexedCols", "0")
         writer.create()
         if path is not None:
-            _REGISTERED.setdefault(self.spark, {})[self.name(table)] = path
+            _REGISTERED.setdefault(self.spark, set()).add(self.name(table))

@@ -211,8 +211,8 @@ def test_a_finished_run_leaves_no_staging_rows_and_the_catalog_names_its_tables(
     wh = Warehouse(spark, str(warehouse))
     assert wh.name("answers") == f"`spark_catalog`.`{folder_schema(warehouse.resolve(), 'crag')}`.`answers`"
     assert wh.load_run("answers", "sample-1").count() == 49  # Spark reads what delta-rs reads
-    # Each table was created by its first rows: it has the declared columns, types and nullability
-    # (crag.schema), not whatever the first writer's frame happened to have.
+    # Each table was created empty from crag.schema before its first rows: it has the declared
+    # columns, types and nullability, not whatever the first writer's frame happened to have.
     for name in ("answers", "grades", "decisions", "rejects", "gold", "runs", "metrics", "stage_cache"):
         assert wh.load(name).schema == wh.empty(name).schema, name
 
