@@ -11,9 +11,9 @@ grades table, against the run's gold labels, give the thresholds that would have
   "the document is gold" on its lexical relevance and cosine (both kept in each grade's rationale).
   The routing and yes/no thresholds are then proposed on the relevance the fitted weights give, so
   one `crag calibrate` yields a complete, consistent configuration.
-- the lexical grader's exponents, per language: when the run was graded by it (coverage and language
+- the lexical grader's exponents, per language: when the run was graded by it (score and language
   kept in each grade's rationale), each language's best single cut c between knowledge-base and web
-  questions on coverage, and the exponent that moves c onto the grader's threshold t
+  questions on the score, and the exponent that moves c onto the grader's threshold t
   (c ** exponent = t). The thresholds are then proposed on the relevance those exponents give.
 """
 
@@ -192,17 +192,15 @@ def refit_lexical(
     """Per-language exponents that put each language's best cut on `threshold`, and the grades with
     `relevance` recomputed from them. None when the run was not graded by the lexical grader."""
     parsed = grades["rationale"].fillna("").str.extract(LEXICAL_RATIONALE)
-    if parsed["coverage"].isna().all() or not 0 < threshold < 1:
+    if parsed["score"].isna().all() or not 0 < threshold < 1:
         return None
-    keep = parsed["coverage"].notna()
-    features = grades[keep].assign(
-        coverage=parsed.loc[keep, "coverage"].astype(float), language=parsed.loc[keep, "language"]
-    )
+    keep = parsed["score"].notna()
+    features = grades[keep].assign(score=parsed.loc[keep, "score"].astype(float), language=parsed.loc[keep, "language"])
     exponents: dict[str, dict] = {}
     refitted = grades.copy()
     for lang, part in features.groupby("language"):
         internal_docs = part[part["source"] == "internal"]
-        table = question_best_relevance(internal_docs.assign(relevance=internal_docs["coverage"]), gold)
+        table = question_best_relevance(internal_docs.assign(relevance=internal_docs["score"]), gold)
         table = table[
             table["question_id"].isin(part["question_id"]) & table["expected_route"].isin(["internal", "web"])
         ]
@@ -214,7 +212,7 @@ def refit_lexical(
             continue  # every question on one side: no exponent moves that cut
         exponent = float(np.log(threshold) / np.log(cut))
         exponents[lang] = {"exponent": round(exponent, 3), "cut": round(cut, 4), "accuracy": accuracy, "n": len(table)}
-        refitted.loc[part.index, "relevance"] = (part["coverage"] ** round(exponent, 3)).round(4)
+        refitted.loc[part.index, "relevance"] = (part["score"] ** round(exponent, 3)).round(4)
     return exponents, refitted
 
 
@@ -294,7 +292,7 @@ def report(result: dict) -> str:
             )
     if result.get("lexical"):
         lines.append(
-            "lexical grader exponents per language (each language's best cut on coverage moved onto the "
+            "lexical grader exponents per language (each language's best cut on the score moved onto the "
             "grader threshold); the thresholds below assume them:"
         )
         for lang, e in sorted(result["lexical"].items()):

@@ -70,7 +70,7 @@ STAGES = {
         Stage(
             "decide",
             ("graded", "error"),
-            ("action", "needs_web", "use_internal", "relevant", "ms_decide"),
+            ("action", "needs_web", "use_internal", "relevant", "last_resort", "ms_decide"),
             updates=("decisions",),
         ),
         Stage("rewrite", ("question", "needs_web"), ("web_query", "ms_rewrite")),
@@ -82,7 +82,9 @@ STAGES = {
             ("web_results", "n_web", "ms_web_search"),
             updates=(*BOOKKEEPING, "web_query"),
         ),
-        Stage("refine", ("question", "relevant", "use_internal", "web_results"), ("context", "ms_refine")),
+        Stage(
+            "refine", ("question", "relevant", "use_internal", "last_resort", "web_results"), ("context", "ms_refine")
+        ),
         Stage("generate", ("question", "context"), ("answer", "refused", "sources", "route", "ms_generate")),
     )
 }
@@ -333,10 +335,25 @@ class Route(NamedTuple):
     use_internal: bool  # whether the relevant internal documents join the context
     relevant: list[Document]  # the relevant internal documents, in rank order
     reason: str | None  # for the decision log
+    # the context when neither the relevant internal documents nor the web leave any (routing.last_resort)
+    last_resort: list[Document] = []
 
 
 def route_question(graded: list[Document], routing: RoutingConfig) -> Route:
-    """The action for one question from the grades of its documents, under routing.policy."""
+    """The action for one question from the grades of its documents, under routing.policy, and its last
+    resort: the best internal document at or above `routing.last_resort` when the route reads no
+    relevant internal document. The action stays what the policy says; the last resort is read only if
+    the web brings nothing usable either (the refine stage)."""
+    route = _route_by_policy(graded, routing)
+    if routing.last_resort is None or (route.use_internal and route.relevant):
+        return route
+    best = max(graded, key=lambda d: d.get("relevance", 0.0), default=None)
+    if best is None or best.get("relevance", 0.0) < routing.last_resort:
+        return route
+    return route._replace(last_resort=[best])
+
+
+def _route_by_policy(graded: list[Document], routing: RoutingConfig) -> Route:
     relevant = [d for d in graded if d.get("grade") == "yes"][: routing.max_relevant_docs]
     n, n_rel = len(graded), sum(d.get("grade") == "yes" for d in graded)
     counted = f"{n_rel} of {n} documents relevant"
@@ -403,6 +420,7 @@ def decide(df: pd.DataFrame, backends: Backends, routing: RoutingConfig) -> dict
         needs_web=[r.needs_web for r in routed],
         use_internal=[r.use_internal for r in routed],
         relevant=[r.relevant for r in routed],
+        last_resort=[r.last_resort for r in routed],
         ms_decide=(time.perf_counter() - t0) * 1000 / max(len(df), 1),
         decisions=_log(df, [("route", r.action, r.reason) if r.action else None for r in routed]),
     )
@@ -554,27 +572,36 @@ def refine_context(
 @runs(STAGES["refine"])
 def refine(df: pd.DataFrame, backends: Backends, cfg: RefinementConfig) -> dict:
     """The context the generator will read: relevant internal documents (unless the action says web
-    only) plus usable web results; refined into strips when refinement is on."""
+    only) plus usable web results, or else the question's last resort (`route_question`); refined into
+    strips when refinement is on."""
 
-    def compose(row, tally: Usage) -> list[Document]:
+    def compose(row, tally: Usage) -> tuple[list[Document], list]:
+        log: list = []
         context = (row.relevant if row.use_internal else []) + _usable_web(row.web_results)
+        if not context and row.last_resort:
+            context = list(row.last_resort)
+            best = context[0]
+            log.append(
+                (
+                    "last_resort",
+                    best["doc_id"],
+                    f"no relevant context survived: the knowledge base's best document, relevance {best.get('relevance', 0.0):.2f}",
+                )
+            )
         if cfg.enabled and context:
             context = refine_context(row.question, context, backends.grader, cfg, tally)
-        return context
+            log.append(("refine", f"{len(context)} documents", "knowledge refinement: best strips kept"))
+        return context, log
 
-    contexts, millis, errors, usage = _per_row(
+    composed, millis, errors, usage = _per_row(
         df, "refine", compose, workers=backends.grader.concurrency if cfg.enabled else 1
     )
-    logged = [
-        ("refine", f"{len(c)} documents", "knowledge refinement: best strips kept") if c is not None else None
-        for c in contexts
-    ]
     return dict(
-        context=[c or [] for c in contexts],
+        context=[c[0] if c else [] for c in composed],
         error=errors,
         usage=usage,
         ms_refine=millis,
-        decisions=_log(df, logged if cfg.enabled else [None] * len(df)),
+        decisions=_log(df, [c[1] if c else None for c in composed]),
     )
 
 

@@ -209,7 +209,9 @@ def _no_web_search(b: _Building, cfg: NoWebSearchConfig) -> None:
 
 
 def _lexical_grader(b: _Building, cfg: LexicalGraderConfig):
-    return LexicalGrader(b.scorer, cfg.threshold, cfg.web_threshold, cfg.exponents.model_dump())
+    return LexicalGrader(
+        b.scorer, cfg.threshold, cfg.web_threshold, cfg.exponents.model_dump(), cfg.signals.model_dump()
+    )
 
 
 def _semantic_grader(b: _Building, cfg: SemanticGraderConfig):

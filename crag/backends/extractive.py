@@ -12,10 +12,15 @@ import re
 
 from crag.backends.base import Answer, Document, Usage
 from crag.backends.lexical import LexicalScorer
-from crag.text import split_sentences
+from crag.text import normalize, split_sentences
 
 _HEADING = re.compile(r"^(#{1,6}\s|\|?\s*-{3})")  # Markdown headings and table rules
 _BULLET = re.compile(r"^([-*+]|\d+[.)])\s+")
+
+
+def _plain(text: str) -> str:
+    """Text as a title line shows it: "Harvard_University" (a Wikipedia page name) is "harvard university"."""
+    return " ".join(normalize(text).replace("_", " ").lower().split())
 
 
 class ExtractiveGenerator:
@@ -41,9 +46,10 @@ class ExtractiveGenerator:
         candidates: list[tuple[float, int, int, str]] = []  # (score, doc position, sentence position, sentence)
         below: list[tuple[float, int, int, str]] = []  # the same for sentences under min_sentence_score
         for d, doc in enumerate(context):
+            title = _plain(doc.get("title") or "")
             for s, sentence in enumerate(split_sentences(doc["text"])):
-                if _HEADING.match(sentence):
-                    continue  # a heading repeats the question's words but answers nothing
+                if _HEADING.match(sentence) or _plain(sentence) == title:
+                    continue  # a heading or the title line repeats the question's words but answers nothing
                 sentence = _BULLET.sub("", sentence)
                 score, _ = self.scorer.score(terms, sentence)
                 # A sentence is as good as its own coverage and its document's: a partial match

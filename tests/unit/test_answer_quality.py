@@ -8,7 +8,7 @@ import pytest
 
 from crag.backends.base import Usage
 from crag.backends.extractive import ExtractiveGenerator
-from crag.backends.lexical import RATIONALE, LexicalGrader, LexicalScorer
+from crag.backends.lexical import RATIONALE, LexicalGrader, LexicalScorer, combined_score
 from crag.calibration import calibrate, report
 from crag.config import load_config
 from crag.text import TermWeights, tokenize
@@ -54,6 +54,60 @@ def test_the_shipped_config_sets_the_web_cut_and_the_semantic_variant_its_own():
     assert semantic.web_threshold is not None and semantic.web_threshold < semantic.threshold
 
 
+def test_a_name_counts_as_a_phrase_only_where_it_is_written_whole():
+    """With character n-grams, 東京 and 大学 on one page cover most of 東京大学's terms; the phrase
+    signal tells the page that names 東京大学 from it."""
+    scorer = _scorer()
+    asked = scorer.question_terms("東京大学が創立されたのは何年？")
+    whole = scorer.evidence(asked, None, "東京大学は1877年に創立された。")
+    scattered = scorer.evidence(asked, None, "東京には多くの大学があり、1877年に創立された学校もある。")
+    assert whole.phrases == 1.0 > scattered.phrases
+    assert whole.terms - scattered.terms < whole.phrases - scattered.phrases
+
+
+def test_a_question_that_names_the_title_scores_the_title_signal():
+    scorer = _scorer()
+    asked = scorer.question_terms("In which year did Sapporo host the Winter Olympics?")
+    named = scorer.evidence(asked, "Sapporo", CORPUS[0])
+    other = scorer.evidence(asked, "Hokkaido", CORPUS[0])
+    untitled = scorer.evidence(asked, None, CORPUS[0])
+    assert named.title == 1.0 and other.title == 0.0 and untitled.title is None
+    weights = {"terms": 1.0, "phrases": 1.0, "title": 0.5}
+    assert combined_score(named, weights) > combined_score(untitled, weights) > combined_score(other, weights)
+    # a signal that does not apply is left out of the mean, not counted as 0
+    assert combined_score(untitled, weights) == pytest.approx((untitled.terms + untitled.phrases) / 2)
+    # terms alone is the term coverage the semantic grader and the answerer use
+    assert (
+        combined_score(named, {"terms": 1.0, "phrases": 0.0, "title": 0.0})
+        == scorer.score(asked.terms, f"Sapporo\n{CORPUS[0]}")[0]
+    )
+
+
+def test_the_grader_separates_a_page_on_the_subject_from_a_page_sharing_its_words():
+    """The three signals against term coverage alone: the page about the question's subject gains on
+    the page that merely shares words with it."""
+    scorer = _scorer()
+    question = "When did Sapporo host the Winter Olympics?"
+    subject = {"source": "internal", "title": "Sapporo", "text": CORPUS[0]}
+    shared = {"source": "internal", "title": "Nagano", "text": "Nagano hosted the Winter Olympics in 1998."}
+    terms_only = LexicalGrader(scorer, 0.5, signal_weights={"terms": 1.0, "phrases": 0.0, "title": 0.0})
+    combined = LexicalGrader(scorer, 0.5, signal_weights={"terms": 1.0, "phrases": 1.0, "title": 0.5})
+    before = [g.relevance for g in terms_only.grade(question, [subject, shared], Usage())]
+    after = [g.relevance for g in combined.grade(question, [subject, shared], Usage())]
+    assert after[0] - after[1] > before[0] - before[1]
+    assert "phrases" in combined.grade(question, [subject], Usage())[0].rationale
+
+
+def test_the_title_line_is_not_an_answer_sentence():
+    """A page's text often starts with its title; the line repeats the question's words and answers nothing."""
+    scorer = _scorer()
+    context = [{"source": "web", "relevance": 0.9, "title": "Winter_Olympics", "text": f"Winter Olympics\n{CORPUS[0]}"}]
+    answer = ExtractiveGenerator(scorer, 1, 0.0, 0.7).generate(
+        "Which Winter Olympics did Sapporo host?", context, Usage()
+    )
+    assert answer.text == CORPUS[0]
+
+
 def test_the_short_sentence_after_the_match_can_be_the_answer():
     """A Japanese definition often names the thing in a short sentence of its own after the sentence
     that matches the question ("...を感じる。これをテンポという。"). With a minimum coverage per sentence
@@ -78,19 +132,19 @@ def test_the_short_sentence_after_the_match_can_be_the_answer():
     assert "これをテンポという。" in answer.text and answer.cited == [0]
 
 
-def test_the_exponent_of_the_question_language_maps_coverage_to_relevance():
+def test_the_exponent_of_the_question_language_maps_the_score_to_relevance():
     scorer = _scorer()
     grader = LexicalGrader(scorer, 0.5, exponents={"en": 1.0, "ja": 0.5})
     ja = grader.grade(
         "札幌の冬季オリンピックは何年？", [{"source": "internal", "text": "札幌は北海道の都市です。"}], Usage()
     )[0]
-    coverage = float(RATIONALE.search(ja.rationale)["coverage"])
-    assert 0 < coverage < 1 and RATIONALE.search(ja.rationale)["language"] == "ja"
-    assert ja.relevance == round(coverage**0.5, 4) > coverage
+    score = float(RATIONALE.search(ja.rationale)["score"])
+    assert 0 < score < 1 and RATIONALE.search(ja.rationale)["language"] == "ja"
+    assert ja.relevance == round(score**0.5, 4) > score
     en = grader.grade("Which Winter Olympics did Sapporo host?", [{"source": "internal", "text": CORPUS[0]}], Usage())[
         0
     ]
-    assert en.relevance == float(RATIONALE.search(en.rationale)["coverage"])
+    assert en.relevance == float(RATIONALE.search(en.rationale)["score"])
     assert RATIONALE.search(en.rationale)["language"] == "en"
 
 
@@ -112,7 +166,7 @@ def _lexical_run(cuts: dict[str, float]):
                         "source": "internal",
                         "doc_id": f"{qid}-{d}",
                         "relevance": round(coverage, 4),
-                        "rationale": f"2 of 5 question terms present, coverage {coverage:.4f}, language {lang}",
+                        "rationale": f"2 of 5 question terms present; terms {coverage:.4f}; score {coverage:.4f}, language {lang}",
                     }
                 )
     return pd.DataFrame(grades), pd.DataFrame(gold)

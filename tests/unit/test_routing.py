@@ -69,3 +69,16 @@ def test_nothing_retrieved_goes_to_the_web():
 def test_reason_is_readable():
     reason = route_question(SOME, RoutingConfig()).reason
     assert reason == "1 of 3 documents relevant; policy any_irrelevant: 2 irrelevant -> web search"
+
+
+def test_the_last_resort_is_the_best_internal_document_of_a_route_without_one():
+    graded = docs(("no", 0.35), ("no", 0.42))
+    cfg = RoutingConfig(policy="thresholds", upper=0.5, lower=0.5, last_resort=0.4)
+    route = route_question(graded, cfg)
+    assert route.action == "incorrect" and [d["parent_id"] for d in route.last_resort] == ["p1"]
+    assert route_question(graded, cfg.model_copy(update={"last_resort": 0.43})).last_resort == []
+    assert route_question(graded, cfg.model_copy(update={"last_resort": None})).last_resort == []
+    # a route that reads relevant internal documents needs none
+    assert route_question(SOME, RoutingConfig(policy="thresholds", last_resort=0.0)).last_resort == []
+    # any_irrelevant keeps use_internal with nothing relevant: the last resort is still set
+    assert [d["parent_id"] for d in route_question(NONE, RoutingConfig(last_resort=0.15)).last_resort] == ["p1"]

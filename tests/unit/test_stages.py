@@ -240,6 +240,24 @@ def test_no_context_means_refusal_without_a_generator_call():
     assert out.loc[0, "decisions"][-1]["reason"] == "no relevant context survived; generator not called"
 
 
+def test_the_last_resort_answers_when_nothing_else_survives_and_only_then():
+    """Fake grades: 0.1 for every document without "yes". At routing.last_resort 0.1 the best internal
+    document becomes the context when the web brings nothing usable; above 0.1, or null, it is a refusal;
+    a usable web result is preferred to it."""
+    cfg = load_config(None, ["routing.policy=thresholds", "routing.last_resort=0.1"])
+    out, b = run(["none relevant?"], cfg=cfg, web=("web no",))
+    assert out.loc[0, "action"] == "incorrect"  # the policy's action stands
+    assert [d["doc_id"] for d in out.loc[0, "context"]] == ["internal-0"] and out.loc[0, "route"] == "internal"
+    assert b.generator.calls == [("none relevant?", ["internal-0"])]
+    step = [d for d in out.loc[0, "decisions"] if d["step"] == "last_resort"]
+    assert step and step[0]["decision"] == "internal-0" and "relevance 0.10" in step[0]["reason"]
+    out, _ = run(["none relevant?"], cfg=cfg)  # a usable web result: the last resort is not read
+    assert [d["doc_id"] for d in out.loc[0, "context"]] == ["web-0"]
+    for setting in ("routing.last_resort=0.2", "routing.last_resort=null"):
+        out, b = run(["none relevant?"], cfg=load_config(None, ["routing.policy=thresholds", setting]), web=("web no",))
+        assert out.loc[0, "refused"] and b.generator.calls == []
+
+
 def test_generator_declining_is_a_refusal_too():
     out, b = run(["all relevant?"], decline=True)
     assert out.loc[0, "refused"] and len(b.generator.calls) == 1
@@ -322,7 +340,9 @@ def test_embedded_backends_on_the_sample(sample_backends, sample_config):
         sample_backends,
         sample_config,
     )
-    assert list(out["route"]) == ["internal", "web", "refused"]
+    # the first question also reads the web page titled "HEPA filter", which it names (the title signal);
+    # its answer still comes from the knowledge base
+    assert list(out["route"]) == ["mixed", "web", "refused"]
     assert "every 12 months" in out.loc[0, "answer"]
     assert "3,776 metres" in out.loc[1, "answer"]
     assert out.loc[0, "sources"][0]["doc_id"] == "aq7-filters"
