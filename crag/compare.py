@@ -30,7 +30,7 @@ def answer_similarity(a: str | None, b: str | None) -> float:
     """Word-level similarity of two answers, 0..1 (difflib's ratio on their normalised words;
     characters for CJK text, which has no spaces)."""
     cjk = is_cjk(a or "") or is_cjk(b or "")
-    wa, wb = ((list(normalize_answer(x or "")) if cjk else normalize_answer(x or "").split()) for x in (a, b))
+    wa, wb = ((list(normalize_answer(x or "", cjk)) if cjk else normalize_answer(x or "", cjk).split()) for x in (a, b))
     if not wa and not wb:
         return 1.0
     return difflib.SequenceMatcher(a=wa, b=wb, autojunk=False).ratio()

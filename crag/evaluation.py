@@ -49,11 +49,13 @@ def is_cjk(text: str) -> bool:
     return bool(_CJK.search(text or ""))
 
 
-def normalize_answer(text: str) -> str:
+def normalize_answer(text: str, cjk: bool | None = None) -> str:
     """SQuAD's normalisation (lower case, no punctuation, no English articles, single spaces); for
-    CJK text also NFKC and no spaces at all, since words are not space-separated."""
+    CJK text also NFKC and no spaces at all, since words are not space-separated. `cjk`: which of the
+    two (default: CJK when the text has a CJK character). A prediction is normalised as its gold answer
+    is: an English answer quoting one Chinese title must keep its spaces to contain "eternal heaven"."""
     text = unicodedata.normalize("NFKC", text or "").lower()
-    if is_cjk(text):
+    if is_cjk(text) if cjk is None else cjk:
         return "".join(
             ch for ch in text if not unicodedata.category(ch).startswith(("P", "Z", "S")) and not ch.isspace()
         )
@@ -61,21 +63,16 @@ def normalize_answer(text: str) -> str:
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
-def _units(text: str) -> list[str]:
-    normalized = normalize_answer(text)
-    return list(normalized) if is_cjk(text) else normalized.split()
-
-
 def exact_match(prediction: str, gold: str) -> float:
-    return float(normalize_answer(prediction) == normalize_answer(gold))
+    cjk = is_cjk(gold)
+    return float(normalize_answer(prediction, cjk) == normalize_answer(gold, cjk))
 
 
 def f1(prediction: str, gold: str) -> float:
     """Token F1 (characters for CJK gold answers)."""
-    if is_cjk(gold):
-        pred, ref = list(normalize_answer(prediction)), list(normalize_answer(gold))
-    else:
-        pred, ref = _units(prediction), _units(gold)
+    cjk = is_cjk(gold)
+    pred, ref = normalize_answer(prediction, cjk), normalize_answer(gold, cjk)
+    pred, ref = (list(pred), list(ref)) if cjk else (pred.split(), ref.split())
     common = sum((Counter(pred) & Counter(ref)).values())
     if not pred or not ref or common == 0:
         return float(pred == ref)
@@ -84,8 +81,9 @@ def f1(prediction: str, gold: str) -> float:
 
 
 def contained(prediction: str, gold: str) -> float:
-    g = normalize_answer(gold)
-    return float(bool(g) and g in normalize_answer(prediction))
+    cjk = is_cjk(gold)
+    g = normalize_answer(gold, cjk)
+    return float(bool(g) and g in normalize_answer(prediction, cjk))
 
 
 def best(metric, prediction: str | None, golds: Iterable[str]) -> float:

@@ -36,6 +36,16 @@ def test_japanese_is_compared_by_character():
     assert contained("交換は12か月ごとです。", "12か月") == 1.0
 
 
+def test_a_prediction_is_normalised_as_its_gold_answer_is():
+    """An English answer quoting a Chinese title (a Yuan dynasty paragraph) keeps its spaces, so it still
+    contains the English gold answer; a Japanese answer holding an English gold answer contains it too."""
+    answer = "Mongols worship the Eternal Heaven. The Proclamation of the Dynastic Name (《建國號詔》) followed."
+    assert contained(answer, "the Eternal Heaven") == 1.0
+    assert exact_match("Eternal  Heaven (《天》)", "Eternal Heaven (天)") == 1.0
+    assert f1(answer, "Eternal Heaven") > 0.2
+    assert contained("AQ-7は2.4GHzのWi-Fiに接続できます。", "2.4GHz") == 1.0
+
+
 def test_contained_needs_a_nonempty_gold():
     assert contained("anything", "") == 0.0 and contained("It is 3,776 metres.", "3,776 metres") == 1.0
 
