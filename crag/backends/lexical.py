@@ -16,6 +16,7 @@ class QuestionTerms(NamedTuple):
     """What the lexical grader looks for in a document, taken from the question once."""
 
     terms: list[str]  # distinct content terms (search tokens, question words removed)
+    idf: list[float]  # their IDF weights, in the same order
     phrases: list[str]  # keywords as written (normalised, lower-cased): names, kanji and katakana runs
     tokens: frozenset[str]  # every search token of the question, for the title signal
 
@@ -43,6 +44,11 @@ class LexicalScorer:
         # Documents recur across questions (the same parents rank for many of them): tokenize each once.
         self._tokens = functools.lru_cache(maxsize=100_000)(self._token_set)
         self._folded = functools.lru_cache(maxsize=100_000)(_folded)
+        self._title_terms = functools.lru_cache(maxsize=100_000)(self._weighted_terms)
+
+    def _weighted_terms(self, title: str) -> tuple[tuple[tuple[str, float], ...], float]:
+        weighted = tuple((t, self.weights.idf(t)) for t in self._tokens(title))
+        return weighted, sum(w for _, w in weighted)
 
     def _token_set(self, text: str) -> frozenset[str]:
         return frozenset(tokenize(text, self.tokenizer))
@@ -51,26 +57,33 @@ class LexicalScorer:
         return content_terms(question, self.tokenizer)
 
     def question_terms(self, question: str) -> QuestionTerms:
+        terms = self.terms(question)
         return QuestionTerms(
-            self.terms(question),
+            terms,
+            [self.weights.idf(t) for t in terms],
             [normalize(k).lower() for k in keywords(question)],
             self._tokens(question),
         )
 
     def evidence(self, question: QuestionTerms, title: str | None, text: str) -> Evidence:
-        """The three signals for a document of this `title` and `text` (see LexicalGrader)."""
-        terms, matched = self.score(question.terms, f"{title or ''}\n{text}")
+        """The three signals for a document of this `title` and `text` (see LexicalGrader). The same
+        as `score` for the terms, with the question's weights looked up once rather than per document."""
+        document = f"{title or ''}\n{text}"
+        present = self._tokens(document)
+        total = sum(question.idf)
+        found = [(t, w) for t, w in zip(question.terms, question.idf) if t in present]
+        terms = sum(w for _, w in found) / total if total > 0 else 0.0
         phrases = None
         if question.phrases:
-            folded = self._folded(f"{title or ''}\n{text}")
-            found = sum(len(p) for p in question.phrases if p in folded)
-            phrases = found / sum(len(p) for p in question.phrases)
-        title_terms = self._tokens(title) if title else frozenset()
+            folded = self._folded(document)
+            phrases = sum(len(p) for p in question.phrases if p in folded) / sum(len(p) for p in question.phrases)
         named = None
-        if title_terms:
-            total = sum(self.weights.idf(t) for t in title_terms)
-            named = sum(self.weights.idf(t) for t in title_terms if t in question.tokens) / total if total > 0 else 0.0
-        return Evidence(terms, matched, phrases, named)
+        if title:
+            weighted, title_total = self._title_terms(title)
+            if weighted:
+                hit = sum(w for t, w in weighted if t in question.tokens)
+                named = hit / title_total if title_total > 0 else 0.0
+        return Evidence(terms, [t for t, _ in found], phrases, named)
 
     def score(self, terms: list[str], text: str) -> tuple[float, list[str]]:
         present = self._tokens(text)
