@@ -71,8 +71,8 @@ def exact_match(prediction: str, gold: str) -> float:
 def f1(prediction: str, gold: str) -> float:
     """Token F1 (characters for CJK gold answers)."""
     cjk = is_cjk(gold)
-    pred, ref = normalize_answer(prediction, cjk), normalize_answer(gold, cjk)
-    pred, ref = (list(pred), list(ref)) if cjk else (pred.split(), ref.split())
+    units = list if cjk else str.split  # characters for CJK, words otherwise
+    pred, ref = units(normalize_answer(prediction, cjk)), units(normalize_answer(gold, cjk))
     common = sum((Counter(pred) & Counter(ref)).values())
     if not pred or not ref or common == 0:
         return float(pred == ref)
