@@ -197,18 +197,26 @@ class LexicalIndex:
         return TermWeights(vocab, int(self._bm25.scores["num_docs"]))
 
     def _top_chunks(self, queries: list[str], k: int) -> list[list[tuple[int, float]]]:
-        """(chunk position, BM25 score) of the top-k child chunks of each query, best first; chunks that
-        share no token with the query are left out."""
-        token_lists = [[t for t in tokenize(q, self.tokenizer) if t in self._vocab] for q in queries]
-        results: list[list[tuple[int, float]]] = [[] for _ in queries]
-        answerable = [i for i, tokens in enumerate(token_lists) if tokens]  # bm25s cannot score an empty query
-        if not answerable:
-            return results
-        ids, scores = self._bm25.retrieve(
-            [token_lists[i] for i in answerable], k=min(k, len(self._chunk_parent)), show_progress=False, n_threads=1
-        )
-        for row, i in enumerate(answerable):
-            results[i] = [(int(c), float(s)) for c, s in zip(ids[row], scores[row]) if s > 0]
+        """(chunk position, BM25 score) of the top-k child chunks of each query, best first (ties: the
+        earlier chunk); chunks that share no token with the query are left out.
+
+        bm25s scores each query; the top k are chosen here, among the chunks that score above 0, rather
+        than by bm25s.retrieve: its np.argpartition over every chunk's score is slow when most of them
+        are equal (0: they share no token with the query). Over the scale benchmark's 69,222 chunks it
+        took 9.1 ms per query, this 0.35 ms, for the same chunks and scores."""
+        results: list[list[tuple[int, float]]] = []
+        k = min(k, len(self._chunk_parent))
+        for query in queries:
+            tokens = [t for t in tokenize(query, self.tokenizer) if t in self._vocab]
+            if not tokens or k <= 0:  # bm25s cannot score an empty query
+                results.append([])
+                continue
+            scores = self._bm25.get_scores(tokens)
+            hits = np.flatnonzero(scores > 0)
+            if len(hits) > k:
+                hits = hits[np.argpartition(-scores[hits], k - 1)[:k]]
+            best = hits[np.lexsort((hits, -scores[hits]))]
+            results.append([(int(c), float(scores[c])) for c in best])
         return results
 
     def dense_top_chunks(self, query_vectors: np.ndarray, k: int) -> list[list[tuple[int, float]]]:

@@ -8,6 +8,7 @@ from crag.config import IndexingConfig
 from crag.errors import InputError, UnusableIndexError
 from crag.indexing import build_index, chunk_documents
 from crag.tables import read_whole_table
+from crag.text import tokenize
 
 
 def _write_docs(tmp_path):
@@ -142,6 +143,33 @@ def test_retriever_returns_parents_deduplicated_best_first(sample_indexes):
     assert scores == sorted(scores, reverse=True)
     assert docs[0]["doc_id"] == "aq7-filters" and "every 12 months" in docs[0]["text"]
     assert all(d["source"] == "internal" for d in docs)
+
+
+def test_the_top_chunks_are_bm25s_own_scores_best_first_ties_by_position(tmp_path):
+    """The top k are chosen by crag, not by bm25s.retrieve (README "Performance"): the same scores as
+    bm25s's, over a corpus of repeated passages (every score tied three times), the earlier chunk
+    first among equals, and k larger than the chunks that match."""
+    passages = ["The Rhine flows to the North Sea.", "Sapporo hosted the 1972 Winter Olympics.", "Rivers flow to seas."]
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text(
+        "".join(
+            json.dumps({"doc_id": f"d{i}-{copy}", "text": text}) + "\n"
+            for copy in range(3)
+            for i, text in enumerate(passages)
+        )
+    )
+    build_index(docs, tmp_path / "idx", IndexingConfig())
+    index = LexicalIndex(tmp_path / "idx")
+    queries = ["Where does the Rhine flow?", "Winter Olympics in Sapporo", "flow to the sea"]
+    for query, top in zip(queries, index._top_chunks(queries, 4)):
+        tokens = [t for t in tokenize(query) if t in index._vocab]
+        ids, scores = index._bm25.retrieve([tokens], k=9, show_progress=False)
+        expected = sorted(
+            ((int(c), float(s)) for c, s in zip(ids[0], scores[0]) if s > 0), key=lambda cs: (-cs[1], cs[0])
+        )
+        assert top == expected[:4] and top
+    [few] = index._top_chunks(["Sapporo"], 8)
+    assert [c for c, _ in few] == [1, 4, 7]  # the three copies that match, in corpus order
 
 
 def test_japanese_question_finds_the_japanese_document(sample_indexes):
