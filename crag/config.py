@@ -190,6 +190,12 @@ class LexicalSignals(Section):
     phrases: float = Field(1.0, ge=0)
     title: float = Field(0.5, ge=0)
 
+    @model_validator(mode="after")
+    def _some_weight(self) -> LexicalSignals:
+        if self.terms + self.phrases + self.title <= 0:
+            raise ValueError("at least one of terms, phrases and title must weigh more than 0")
+        return self
+
 
 class LexicalGraderConfig(Section):
     backend: Literal["lexical"] = "lexical"

@@ -53,6 +53,14 @@ def test_wrong_type():
         load_config(LOCAL_CONF, ["retriever.k=many"])
 
 
+def test_the_lexical_signals_need_a_weight_and_the_last_resort_a_relevance():
+    with pytest.raises(ConfigError, match="grader.signals.*at least one of terms, phrases and title"):
+        load_config(LOCAL_CONF, ["grader.signals.terms=0", "grader.signals.phrases=0", "grader.signals.title=0"])
+    with pytest.raises(ConfigError, match="routing.last_resort"):
+        load_config(LOCAL_CONF, ["routing.last_resort=1.5"])
+    assert load_config(LOCAL_CONF, ["routing.last_resort=null"]).routing.last_resort is None
+
+
 def test_thresholds_must_be_ordered():
     with pytest.raises(ConfigError, match="must not exceed"):
         load_config(LOCAL_CONF, ["routing.lower=0.9", "routing.upper=0.2"])
