@@ -183,7 +183,7 @@ class LexicalExponents(Section):
 class LexicalSignals(Section):
     """The weight of each lexical signal in the grader's score (crag.backends.lexical.LexicalGrader).
     Defaults: the weights that told knowledge-base from web questions apart best on the development
-    sample of bench/quality.py, where the three scored 0.926 / 0.980 / 0.933 (SQuAD 2.0 / JSQuAD /
+    sample of bench/quality.py, where the three scored 0.926 / 0.977 / 0.937 (SQuAD 2.0 / JSQuAD /
     JaQuAD, each language's best cut) against 0.875 / 0.950 / 0.913 for `terms` alone; within
     0.75-1.25 (phrases) and 0.3-0.7 (title) they scored alike (README "Quality")."""
 
