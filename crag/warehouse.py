@@ -244,21 +244,20 @@ class Warehouse:
         if self.exists(table):
             return True
         try:
-            self._create(table, self.empty(table))
+            self._create(table)
         except Exception as exc:
             if not is_conflict(exc):
                 raise
             return self.exists(table)
         return True
 
-    def _create(self, table: str, rows) -> None:
-        """A new Delta table of `rows`, whose columns are the table's own (`empty(table)` comes first in
-        a union, so its types and nullability are the ones the table gets). Not `catalog.createTable`
-        with a schema, although that commits without a Spark job in half the time: through Spark
-        Connect it records string columns as `string collate UTF8_BINARY`, which delta-rs (`crag sql`)
-        cannot read."""
+    def _create(self, table: str) -> None:
+        """A new, empty Delta table with the table's own columns (`empty`: crag.schema's types and
+        nullability), by an empty CTAS. Not `catalog.createTable` with a schema, although that commits
+        without a Spark job in half the time: through Spark Connect it records string columns as
+        `string collate UTF8_BINARY`, which delta-rs (`crag sql`) cannot read."""
         path = self.path(table)
-        writer = rows.writeTo(self.name(table)).using("delta")
+        writer = self.empty(table).writeTo(self.name(table)).using("delta")
         if path is not None:
             writer = writer.tableProperty("location", str(path))
         if "__" in table:  # a run's work table is read whole, never filtered: no column statistics to collect
