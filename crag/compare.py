@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 
 from crag import schema
 from crag.errors import InputError
-from crag.evaluation import METRIC_DIRECTIONS, is_cjk, normalize_answer, question_scores, read_run
+from crag.evaluation import METRIC_DIRECTIONS, answer_units, is_cjk, normalize_answer, question_scores, read_run
 from crag.ids import check_run_id
 from crag.tracking import log_report
 
@@ -30,7 +30,7 @@ def answer_similarity(a: str | None, b: str | None) -> float:
     """Word-level similarity of two answers, 0..1 (difflib's ratio on their normalised words;
     characters for CJK text, which has no spaces)."""
     cjk = is_cjk(a or "") or is_cjk(b or "")
-    wa, wb = ((list(normalize_answer(x or "", cjk)) if cjk else normalize_answer(x or "", cjk).split()) for x in (a, b))
+    wa, wb = answer_units(a or "", cjk), answer_units(b or "", cjk)
     if not wa and not wb:
         return 1.0
     return difflib.SequenceMatcher(a=wa, b=wb, autojunk=False).ratio()

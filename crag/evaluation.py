@@ -63,6 +63,12 @@ def normalize_answer(text: str, cjk: bool | None = None) -> str:
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
+def answer_units(text: str, cjk: bool) -> list[str]:
+    """What answers are compared by: the normalised text's characters (CJK) or words."""
+    normalized = normalize_answer(text, cjk)
+    return list(normalized) if cjk else normalized.split()
+
+
 def exact_match(prediction: str, gold: str) -> float:
     cjk = is_cjk(gold)
     return float(normalize_answer(prediction, cjk) == normalize_answer(gold, cjk))
@@ -71,8 +77,7 @@ def exact_match(prediction: str, gold: str) -> float:
 def f1(prediction: str, gold: str) -> float:
     """Token F1 (characters for CJK gold answers)."""
     cjk = is_cjk(gold)
-    units = list if cjk else str.split  # characters for CJK, words otherwise
-    pred, ref = units(normalize_answer(prediction, cjk)), units(normalize_answer(gold, cjk))
+    pred, ref = answer_units(prediction, cjk), answer_units(gold, cjk)
     common = sum((Counter(pred) & Counter(ref)).values())
     if not pred or not ref or common == 0:
         return float(pred == ref)
