@@ -15,7 +15,7 @@ import re
 import threading
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import Stemmer
 
@@ -202,13 +202,3 @@ class TermWeights:
         for tokens in corpus_tokens:
             df.update(set(tokens))
         return cls(dict(df), len(corpus_tokens))
-
-
-def coverage(terms: Sequence[str], document_tokens: Iterable[str], weights: TermWeights) -> float:
-    """IDF-weighted share of `terms` present in the document: 0 (none) .. 1 (all)."""
-    if not terms:
-        return 0.0
-    present = set(document_tokens)
-    total = sum(weights.idf(t) for t in terms)
-    hit = sum(weights.idf(t) for t in terms if t in present)
-    return hit / total if total > 0 else 0.0

@@ -61,18 +61,15 @@ class LexicalScorer:
         return QuestionTerms(
             terms,
             [self.weights.idf(t) for t in terms],
-            [normalize(k).lower() for k in keywords(question)],
+            [_folded(k) for k in keywords(question)],
             self._tokens(question),
         )
 
     def evidence(self, question: QuestionTerms, title: str | None, text: str) -> Evidence:
-        """The three signals for a document of this `title` and `text` (see LexicalGrader). The same
-        as `score` for the terms, with the question's weights looked up once rather than per document."""
+        """The three signals for a document of this `title` and `text` (see LexicalGrader); the terms'
+        coverage as `score` measures it, with the question's weights looked up once, not per document."""
         document = f"{title or ''}\n{text}"
-        present = self._tokens(document)
-        total = sum(question.idf)
-        found = [(t, w) for t, w in zip(question.terms, question.idf) if t in present]
-        terms = sum(w for _, w in found) / total if total > 0 else 0.0
+        terms, matched = self._coverage(question.terms, question.idf, document)
         phrases = None
         if question.phrases:
             folded = self._folded(document)
@@ -83,15 +80,17 @@ class LexicalScorer:
             if weighted:
                 hit = sum(w for t, w in weighted if t in question.tokens)
                 named = hit / title_total if title_total > 0 else 0.0
-        return Evidence(terms, [t for t, _ in found], phrases, named)
+        return Evidence(terms, matched, phrases, named)
 
     def score(self, terms: list[str], text: str) -> tuple[float, list[str]]:
+        """IDF-weighted coverage of `terms` by `text`, and the terms it contains."""
+        return self._coverage(terms, [self.weights.idf(t) for t in terms], text)
+
+    def _coverage(self, terms: list[str], idf: list[float], text: str) -> tuple[float, list[str]]:
         present = self._tokens(text)
-        matched = [t for t in terms if t in present]
-        total = sum(self.weights.idf(t) for t in terms)
-        if total <= 0:
-            return 0.0, matched
-        return sum(self.weights.idf(t) for t in matched) / total, matched
+        found = [(t, w) for t, w in zip(terms, idf) if t in present]
+        total = sum(idf)
+        return (sum(w for _, w in found) / total if total > 0 else 0.0), [t for t, _ in found]
 
 
 # The rationale is also the record `crag calibrate` refits the exponents from.

@@ -1,4 +1,5 @@
-from crag.text import TermWeights, content_terms, coverage, keywords, split_sentences, stem, tokenize, word_windows
+from crag.backends.lexical import LexicalScorer
+from crag.text import TermWeights, content_terms, keywords, split_sentences, stem, tokenize, word_windows
 
 
 def test_english_tokens_are_lowercased_stemmed_without_stop_words():
@@ -59,9 +60,10 @@ def test_word_windows():
 def test_coverage_weighs_rare_terms_more():
     weights = TermWeights.from_tokens([["common", "rare"], ["common"], ["common"], ["common"]])
     assert weights.idf("rare") > weights.idf("common")
-    assert coverage(["common", "rare"], ["rare"], weights) > 0.5 > coverage(["common", "rare"], ["common"], weights)
-    assert coverage([], ["x"], weights) == 0.0
-    assert coverage(["a", "b"], ["a", "b"], weights) == 1.0
+    scorer = LexicalScorer(weights, "cjk_ngram")
+    assert scorer.score(["common", "rare"], "rare")[0] > 0.5 > scorer.score(["common", "rare"], "common")[0]
+    assert scorer.score([], "x")[0] == 0.0
+    assert scorer.score(["x", "y"], "x y") == (1.0, ["x", "y"])  # text is tokenized: no stop words here
 
 
 def test_merged_weights_add_counts():
