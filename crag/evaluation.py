@@ -53,7 +53,7 @@ def normalize_answer(text: str, cjk: bool | None = None) -> str:
     """SQuAD's normalisation (lower case, no punctuation, no English articles, single spaces); for
     CJK text also NFKC and no spaces at all, since words are not space-separated. `cjk`: which of the
     two (default: CJK when the text has a CJK character). A prediction is normalised as its gold answer
-    is: an English answer quoting one Chinese title must keep its spaces to contain "eternal heaven"."""
+    is: an English answer quoting one Chinese title must keep its spaces to contain an English gold answer."""
     text = unicodedata.normalize("NFKC", text or "").lower()
     if is_cjk(text) if cjk is None else cjk:
         return "".join(

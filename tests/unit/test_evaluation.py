@@ -37,12 +37,12 @@ def test_japanese_is_compared_by_character():
 
 
 def test_a_prediction_is_normalised_as_its_gold_answer_is():
-    """An English answer quoting a Chinese title (a Yuan dynasty paragraph) keeps its spaces, so it still
-    contains the English gold answer; a Japanese answer holding an English gold answer contains it too."""
-    answer = "Mongols worship the Eternal Heaven. The Proclamation of the Dynastic Name (《建國號詔》) followed."
-    assert contained(answer, "the Eternal Heaven") == 1.0
-    assert exact_match("Eternal  Heaven (《天》)", "Eternal Heaven (天)") == 1.0
-    assert f1(answer, "Eternal Heaven") > 0.2
+    """An English answer quoting a Chinese title keeps its spaces, so it still contains the English gold
+    answer; a Japanese answer holding an English gold answer contains it too."""
+    answer = "The museum keeps the Golden Lantern. Its scroll (《春江図》) came later."
+    assert contained(answer, "the Golden Lantern") == 1.0
+    assert exact_match("Golden  Lantern (《灯》)", "Golden Lantern (灯)") == 1.0
+    assert f1(answer, "Golden Lantern") > 0.2
     assert contained("AQ-7は2.4GHzのWi-Fiに接続できます。", "2.4GHz") == 1.0
 
 
