@@ -26,11 +26,10 @@ def warm_up_delta(spark, folder: Path) -> float:
     t0 = time.perf_counter()
     wh = Warehouse(spark, str(folder))
     plan = RunPlan(CragConfig(), "warm-up", "base", wh, {}, uuid.uuid4().hex, datetime.now(UTC))
-    claim_run(plan, None)  # creates `runs`, then an insert-only MERGE
-    claim_run(
-        RunPlan(CragConfig(), "warm-up-2", "base", wh, {}, uuid.uuid4().hex, datetime.now(UTC)), None
-    )  # MERGE into a table with rows
-    plan.record("running")  # conditional replace
+    claim_run(plan)  # creates `runs`, then an insert-only MERGE
+    plan.record("succeeded")  # conditional replace
+    again = RunPlan(CragConfig(), "warm-up", "base", wh, {}, uuid.uuid4().hex, datetime.now(UTC))
+    claim_run(again)  # an insert-only MERGE that inserts nothing, then one that updates
     row = {name: None for name in schema.REJECTS.names} | {"run_id": "warm-up", "question_id": "q", "reason": "-"}
     rejects = wh.frame("rejects", pa.Table.from_pylist([row], schema=schema.REJECTS))
     wh.append("rejects", rejects)  # creation, then an append

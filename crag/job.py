@@ -3,10 +3,13 @@
 prepare   config, credentials and backends checked; the run id claimed (one writer at a time); the
           questions read, validated and de-duplicated by Spark into the run's `run_inputs__<run>` table
 answer    the accepted questions not yet answered go through the stages in batches; each batch's
-          stage output is committed once to `run_staging__<run>` (a killed run resumes after the last one)
-finalise  answers, grades, decisions, rejects, gold and cache rows derived from the staged output,
-          each table's rows of the run replaced in one commit; the row invariant and the counts
-          checked with Spark aggregates; metrics, MLflow; the run's two work tables dropped
+          stage output is committed once to `run_staging__<run>` (a killed run resumes after the last one).
+          Beside the batches: the run tables created if the warehouse is new, and a new run's rejects and
+          gold rows (known from the input) appended
+finalise  answers, grades, decisions and cache rows derived from the staged output (rejects and gold
+          too when the run id was seen before), each table's rows of the run replaced in one commit; the
+          row invariant and the counts checked with Spark aggregates; metrics, MLflow; the run's two
+          work tables dropped
 
 The driver plans, commits and prints aggregates: it never holds the questions, answers or grades.
 """
@@ -22,7 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -87,6 +90,10 @@ class RunPlan:
     t0: float = field(default_factory=time.perf_counter)
     fresh: bool = True  # no earlier rows of this run id in the run tables: appends need not replace
     fresh_staging: bool = False  # this attempt created the staging table: no batch was committed before
+    # Writes that need not wait for the answers (table creation, rows known from the input) run on
+    # these threads beside the batches; finalise waits for them.
+    background: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(4, "crag-background"))
+    pending: list[Future] = field(default_factory=list)
 
     @property
     def inputs(self) -> str:
@@ -118,6 +125,15 @@ class RunPlan:
             ],
             schema=schema.RUNS,
         )
+
+    def in_background(self, fn: Callable, *args) -> None:
+        self.pending.append(self.background.submit(fn, *args))
+
+    def settle(self) -> None:
+        """Wait for the background writes; the first failure among them is raised."""
+        self.background.shutdown(wait=True)
+        for write in self.pending:
+            write.result()
 
     def record(self, status: str, counts: dict[str, int] | None = None, finished: datetime | None = None) -> None:
         from pyspark.sql import functions as F
@@ -190,7 +206,7 @@ def prepare(
         _check_resumable_folder(Path(warehouse), run_id)
     # Credentials, indexes and clients first: a missing one fails with one clear line before anything
     # is written, and before a JVM starts when there is no session yet. With a session, the indexes
-    # load while Spark reads the run's record.
+    # load while the warehouse is attached (and, to resume a run, its record read).
     secrets = resolve_credentials(cfg)
     with ThreadPoolExecutor(1, "crag-backends") as pool:
         backends_built = pool.submit(build_backends, cfg, secrets)
@@ -198,29 +214,27 @@ def prepare(
             backends_built.result()
         wh = Warehouse(spark or get_spark(cfg.spark), warehouse, cfg.tables)
         plan = RunPlan(cfg, run_id, variant or "base", wh, secrets, uuid.uuid4().hex, datetime.now(UTC))
-        previous = _previous_run(plan, resume)
+        previous = _run_to_resume(plan) if resume else None
         backends_built.result()
-    plan.fresh = previous is None
     raw = read_questions(wh.spark, questions)
     checked = validate(wh.spark, raw, cfg.input.max_question_chars)
-    if previous is not None and resume:
+    if previous is not None:  # resumed
         plan.started = previous["started_at"]
-        stored = wh.load(plan.inputs)
-        _check_same_input(checked, stored, run_id)
-    claim_run(plan, previous)
-    if resume:
+        _check_same_input(checked, wh.load(plan.inputs), run_id)
+        claim_run(plan, previous)
+        plan.fresh = False
         totals = wh.load(plan.inputs).agg(*_input_totals()).collect()[0].asDict()
     else:
         from pyspark.sql import functions as F
 
-        for table in (plan.inputs, plan.staging):  # what an earlier attempt of this run id left
-            wh.drop(table)
-        # Both work tables are created at once, side by side, before their first rows are written.
-        plan.fresh_staging = True
-        with ThreadPoolExecutor(2, "crag-create") as pool:
-            for created in [pool.submit(wh.ensure, t) for t in (plan.inputs, plan.staging)]:
-                created.result()
+        _claim_with_work_tables(plan)
         totals = wh.append_observed(plan.inputs, checked.withColumn("run_id", F.lit(run_id)), _input_totals())
+        if plan.fresh:  # the run's rejects and gold are known now: stored beside the batches
+            for name, rows in _input_tables(plan).items():
+                plan.in_background(wh.append, name, rows)
+    # The tables finalise writes, created beside the batches when a warehouse is new
+    for name in _run_tables(cfg, bool(totals["gold_rows"])):
+        plan.in_background(wh.ensure, name)
     plan.input_rows, plan.accepted, plan.gold_rows = (
         int(totals["rows"]),
         int(totals["accepted"]),
@@ -273,12 +287,10 @@ def _id_fingerprint():
     return F.xxhash64("question_id").cast("decimal(38,0)")
 
 
-def _previous_run(plan: RunPlan, resume: bool):
-    """The run's row in `runs`, if any; with --resume it must exist, match the config and be unfinished."""
+def _run_to_resume(plan: RunPlan):
+    """The run's row in `runs`: it must exist, match the config and be unfinished."""
     rows = plan.warehouse.load_run("runs", plan.run_id).collect()
     previous = rows[0] if rows else None
-    if not resume:
-        return previous
     if previous is None:
         raise CragError(f"no run {plan.run_id!r} to resume in {plan.warehouse.location}")
     if previous["config_hash"] != plan.cfg.hash() or previous["variant"] != plan.variant:
@@ -309,11 +321,14 @@ def _check_same_input(checked, stored, run_id: str) -> None:
         )
 
 
-def claim_run(plan: RunPlan, previous) -> None:
+def claim_run(plan: RunPlan, previous=None) -> bool:
     """Make this process the run's only writer: a MERGE into `runs` that inserts the run, or takes over
     one that is not running (or whose writer is gone). Delta lets only one of two concurrent MERGEs
     commit, so two processes cannot both hold a run id. The MERGE says how many rows it changed: one
-    means the run is this attempt's; none, that another process holds it or got there first."""
+    means the run is this attempt's; none, that the run id is not new, or another process got there
+    first, and only then is the run's row read. `previous`: the run's row, if read already (None: the
+    id is taken to be new, which a new run's id nearly always is). True when the MERGE inserted the
+    run (its id was new)."""
     wh = plan.warehouse
     for _ in range(10):
         takeover = None
@@ -326,17 +341,43 @@ def claim_run(plan: RunPlan, previous) -> None:
                 )
             takeover = previous["attempt"]
         try:
-            if _merge_claim(plan, takeover, new_run=previous is None):
-                return
+            inserted = _merge_claim(plan, takeover, new_run=previous is None)
+            if inserted is not None:
+                return inserted
         except Exception as exc:
             if not is_conflict(exc):
                 raise
         rows = wh.load_run("runs", plan.run_id).collect()
         previous = rows[0] if rows else None
         if previous is not None and previous["attempt"] == plan.attempt:  # committed, though no reply said so
-            return
+            return False  # new or not, unknown: the run's rows are replaced, which is right either way
         time.sleep(0.2)
     raise CragError(f"could not claim run {plan.run_id!r}: the runs table kept changing under this process")
+
+
+def _claim_with_work_tables(plan: RunPlan) -> None:
+    """Claim the run (plan.fresh: its id was new) and give it two empty work tables. When none is left
+    by an earlier attempt, they are created beside the claim (empty tables of a fixed schema: a
+    process that then fails to claim the run harms no one by having created them); otherwise the
+    earlier attempt's are dropped once the run is this process's."""
+    wh = plan.warehouse
+    work = (plan.inputs, plan.staging)
+    left_over = any(wh.exists(t) for t in work)
+    with ThreadPoolExecutor(2, "crag-create") as pool:
+        created = [] if left_over else [pool.submit(wh.ensure, t) for t in work]
+        try:
+            plan.fresh = claim_run(plan)
+        except BaseException:
+            wait(created)  # the claim's failure is the one to report
+            raise
+        for creation in created:
+            creation.result()
+        if left_over:
+            for table in work:
+                wh.drop(table)
+            for creation in [pool.submit(wh.ensure, t) for t in work]:
+                creation.result()
+    plan.fresh_staging = True
 
 
 def _writer_gone(row, stale_after_s: float) -> bool:
@@ -352,13 +393,15 @@ def _writer_gone(row, stale_after_s: float) -> bool:
     return beat is None or (datetime.now(UTC) - beat.replace(tzinfo=UTC)).total_seconds() > stale_after_s
 
 
-def _merge_claim(plan: RunPlan, takeover: str | None, new_run: bool) -> bool:
-    """True when this attempt now holds the run. A run id not seen before is claimed by an insert-only
-    MERGE (one join, no file rewritten), an existing one by a MERGE that also updates."""
+def _merge_claim(plan: RunPlan, takeover: str | None, new_run: bool) -> bool | None:
+    """Whether the run id was new (the MERGE inserted it) when this attempt now holds the run; None
+    when it does not. A run id taken to be new is claimed by an insert-only MERGE (one join, no file
+    rewritten: half the time of one that may also update); otherwise the MERGE also updates a run that
+    is not running (or is `takeover`'s)."""
     wh = plan.warehouse
     row = plan.runs_row("running")
     if not wh.ensure("runs"):  # another process is creating it: claim_run looks again shortly
-        return False
+        return None
     view = f"crag_claim_{plan.attempt}"
     wh.spark.createDataFrame(row.append_column("takeover", pa.array([takeover], pa.string()))).createOrReplaceTempView(
         view
@@ -375,7 +418,9 @@ def _merge_claim(plan: RunPlan, takeover: str | None, new_run: bool) -> bool:
         f"{update}WHEN NOT MATCHED THEN INSERT ({names}) VALUES ({values})"
     ).collect()
     # Delta's MERGE returns its row counts; without them, claim_run reads the run's row back
-    return bool(result) and result[0]["num_affected_rows"] == 1
+    if not result or result[0]["num_affected_rows"] != 1:
+        return None
+    return bool(result[0]["num_inserted_rows"])
 
 
 # ------------------------------------------------------------------ answer
@@ -518,12 +563,18 @@ def _with_stored_results(wh: Warehouse, batch):
 # ------------------------------------------------------------------ finalise
 
 
-def _derived_tables(plan: RunPlan, staged) -> dict:
-    """Each run table's rows, derived from the staged stage output (one row per question)."""
+def _run_columns(plan: RunPlan) -> list:
     from pyspark.sql import functions as F
 
-    wh = plan.warehouse
-    run_cols = [F.lit(plan.run_id).alias("run_id"), F.lit(plan.variant).alias("variant")]
+    return [F.lit(plan.run_id).alias("run_id"), F.lit(plan.variant).alias("variant")]
+
+
+def _output_tables(plan: RunPlan, staged) -> dict:
+    """The answers, grades and decisions of the run, derived from its staged stage output (one row per
+    question)."""
+    from pyspark.sql import functions as F
+
+    run_cols = _run_columns(plan)
     created = F.col("created_at")
 
     def exploded(column: str, target: pa.Schema):
@@ -531,12 +582,21 @@ def _derived_tables(plan: RunPlan, staged) -> dict:
         fields = [f for f in target.names if f not in ("run_id", "variant", "question_id", "created_at")]
         return items.select(*run_cols, "question_id", *[F.col(f"item.{f}").alias(f) for f in fields])
 
-    inputs = wh.load(plan.inputs)
-    gold_fields = [f for f in schema.GOLD.names if f not in ("run_id", "variant")]
     return {
         "answers": staged.select(*run_cols, *[c for c in schema.ANSWERS.names if c not in ("run_id", "variant")]),
         "grades": exploded("grades", schema.GRADES),
         "decisions": exploded("decisions", schema.DECISIONS),
+    }
+
+
+def _input_tables(plan: RunPlan) -> dict:
+    """The rejects and gold rows of the run, from its input (known before any question is answered)."""
+    from pyspark.sql import functions as F
+
+    run_cols = _run_columns(plan)
+    inputs = plan.warehouse.load(plan.inputs)
+    gold_fields = [f for f in schema.GOLD.names if f not in ("run_id", "variant")]
+    return {
         "rejects": inputs.where(F.col("reason").isNotNull()).select(
             *run_cols, "question_id", "question", "input_row", "reason", F.current_timestamp().alias("created_at")
         ),
@@ -544,10 +604,24 @@ def _derived_tables(plan: RunPlan, staged) -> dict:
     }
 
 
+def _run_tables(cfg: CragConfig, has_gold: bool) -> list[str]:
+    """The tables a run writes its rows to."""
+    return [
+        "answers",
+        "grades",
+        "decisions",
+        "rejects",
+        "gold",
+        *(["stage_cache"] if cfg.cache.enabled else []),
+        *(["metrics"] if has_gold else []),
+    ]
+
+
 def finalise(plan: RunPlan) -> RunResult:
     from pyspark.sql import functions as F
 
     wh, run_id = plan.warehouse, plan.run_id
+    plan.settle()
     staged = wh.load(plan.staging)
     counts = run_counts(plan)
     if counts["accepted"] > plan.accepted:
@@ -562,13 +636,15 @@ def finalise(plan: RunPlan) -> RunResult:
         counts = deduplicated
     check_invariant(counts, plan)
     del counts["question_ids"]  # a fingerprint, not a count
-    derived = _derived_tables(plan, staged)
+    outputs = _output_tables(plan, staged)
+    derived = {**outputs, **_input_tables(plan)}
     is_run = F.col("run_id") == F.lit(run_id)
-    # Independent tables: their commits overlap. Each is one atomic replace of the run's rows (an
-    # append when the run id is new, which need not look for rows to replace).
+    # Independent tables: their commits overlap. Each is one atomic replace of the run's rows, or an
+    # append when the run id is new, which need not look for rows to replace (a new run's rejects and
+    # gold were appended while its questions were answered).
     with ThreadPoolExecutor(max_workers=len(derived) + 1, thread_name_prefix="crag-commit") as pool:
         if plan.fresh:
-            writes = [pool.submit(wh.append, name, frame) for name, frame in derived.items()]
+            writes = [pool.submit(wh.append, name, frame) for name, frame in outputs.items()]
         else:
             writes = [pool.submit(wh.replace, name, frame, is_run) for name, frame in derived.items()]
         writes.append(pool.submit(_store_cache_rows, plan))
@@ -697,6 +773,7 @@ def run(
         answer_batches(plan, progress)
         return finalise(plan)
     except BaseException:
+        plan.background.shutdown(wait=True)  # nothing of the run is written after its failure is
         try:
             plan.record("failed", finished=datetime.now(UTC))
         except Exception:  # the original failure is the one to report
