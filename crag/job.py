@@ -3,13 +3,10 @@
 prepare   config, credentials and backends checked; the run id claimed (one writer at a time); the
           questions read, validated and de-duplicated by Spark into the run's `run_inputs__<run>` table
 answer    the accepted questions not yet answered go through the stages in batches; each batch's
-          stage output is committed once to `run_staging__<run>` (a killed run resumes after the last one).
-          Beside the batches: the run tables created if the warehouse is new, and a new run's rejects and
-          gold rows (known from the input) appended
-finalise  answers, grades, decisions and cache rows derived from the staged output (rejects and gold
-          too when the run id was seen before), each table's rows of the run replaced in one commit; the
-          row invariant and the counts checked with Spark aggregates; metrics, MLflow; the run's two
-          work tables dropped
+          stage output is committed once to `run_staging__<run>` (a killed run resumes after the last one)
+finalise  answers, grades, decisions, rejects, gold and cache rows derived from the staged output,
+          each table's rows of the run replaced in one commit; the row invariant and the counts
+          checked with Spark aggregates; metrics, MLflow; the run's two work tables dropped
 
 The driver plans, commits and prints aggregates: it never holds the questions, answers or grades.
 """
@@ -90,10 +87,6 @@ class RunPlan:
     t0: float = field(default_factory=time.perf_counter)
     fresh: bool = True  # no earlier rows of this run id in the run tables: appends need not replace
     fresh_staging: bool = False  # this attempt created the staging table: no batch was committed before
-    # Writes that need not wait for the answers (table creation, rows known from the input) run on
-    # these threads beside the batches; finalise waits for them.
-    background: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(4, "crag-background"))
-    pending: list[Future] = field(default_factory=list)
 
     @property
     def inputs(self) -> str:
@@ -125,15 +118,6 @@ class RunPlan:
             ],
             schema=schema.RUNS,
         )
-
-    def in_background(self, fn: Callable, *args) -> None:
-        self.pending.append(self.background.submit(fn, *args))
-
-    def settle(self) -> None:
-        """Wait for the background writes; the first failure among them is raised."""
-        self.background.shutdown(wait=True)
-        for write in self.pending:
-            write.result()
 
     def record(self, status: str, counts: dict[str, int] | None = None, finished: datetime | None = None) -> None:
         from pyspark.sql import functions as F
@@ -229,12 +213,6 @@ def prepare(
 
         _claim_with_work_tables(plan)
         totals = wh.append_observed(plan.inputs, checked.withColumn("run_id", F.lit(run_id)), _input_totals())
-        if plan.fresh:  # the run's rejects and gold are known now: stored beside the batches
-            for name, rows in _input_tables(plan).items():
-                plan.in_background(wh.append, name, rows)
-    # The tables finalise writes, created beside the batches when a warehouse is new
-    for name in _run_tables(cfg, bool(totals["gold_rows"])):
-        plan.in_background(wh.ensure, name)
     plan.input_rows, plan.accepted, plan.gold_rows = (
         int(totals["rows"]),
         int(totals["accepted"]),
@@ -396,8 +374,7 @@ def _writer_gone(row, stale_after_s: float) -> bool:
 def _merge_claim(plan: RunPlan, takeover: str | None, new_run: bool) -> bool | None:
     """Whether the run id was new (the MERGE inserted it) when this attempt now holds the run; None
     when it does not. A run id taken to be new is claimed by an insert-only MERGE (one join, no file
-    rewritten: half the time of one that may also update); otherwise the MERGE also updates a run that
-    is not running (or is `takeover`'s)."""
+    rewritten); otherwise the MERGE also updates a run that is not running (or is `takeover`'s)."""
     wh = plan.warehouse
     row = plan.runs_row("running")
     if not wh.ensure("runs"):  # another process is creating it: claim_run looks again shortly
@@ -563,18 +540,12 @@ def _with_stored_results(wh: Warehouse, batch):
 # ------------------------------------------------------------------ finalise
 
 
-def _run_columns(plan: RunPlan) -> list:
+def _derived_tables(plan: RunPlan, staged) -> dict:
+    """Each run table's rows, derived from the staged stage output (one row per question)."""
     from pyspark.sql import functions as F
 
-    return [F.lit(plan.run_id).alias("run_id"), F.lit(plan.variant).alias("variant")]
-
-
-def _output_tables(plan: RunPlan, staged) -> dict:
-    """The answers, grades and decisions of the run, derived from its staged stage output (one row per
-    question)."""
-    from pyspark.sql import functions as F
-
-    run_cols = _run_columns(plan)
+    wh = plan.warehouse
+    run_cols = [F.lit(plan.run_id).alias("run_id"), F.lit(plan.variant).alias("variant")]
     created = F.col("created_at")
 
     def exploded(column: str, target: pa.Schema):
@@ -582,21 +553,12 @@ def _output_tables(plan: RunPlan, staged) -> dict:
         fields = [f for f in target.names if f not in ("run_id", "variant", "question_id", "created_at")]
         return items.select(*run_cols, "question_id", *[F.col(f"item.{f}").alias(f) for f in fields])
 
+    inputs = wh.load(plan.inputs)
+    gold_fields = [f for f in schema.GOLD.names if f not in ("run_id", "variant")]
     return {
         "answers": staged.select(*run_cols, *[c for c in schema.ANSWERS.names if c not in ("run_id", "variant")]),
         "grades": exploded("grades", schema.GRADES),
         "decisions": exploded("decisions", schema.DECISIONS),
-    }
-
-
-def _input_tables(plan: RunPlan) -> dict:
-    """The rejects and gold rows of the run, from its input (known before any question is answered)."""
-    from pyspark.sql import functions as F
-
-    run_cols = _run_columns(plan)
-    inputs = plan.warehouse.load(plan.inputs)
-    gold_fields = [f for f in schema.GOLD.names if f not in ("run_id", "variant")]
-    return {
         "rejects": inputs.where(F.col("reason").isNotNull()).select(
             *run_cols, "question_id", "question", "input_row", "reason", F.current_timestamp().alias("created_at")
         ),
@@ -604,24 +566,10 @@ def _input_tables(plan: RunPlan) -> dict:
     }
 
 
-def _run_tables(cfg: CragConfig, has_gold: bool) -> list[str]:
-    """The tables a run writes its rows to."""
-    return [
-        "answers",
-        "grades",
-        "decisions",
-        "rejects",
-        "gold",
-        *(["stage_cache"] if cfg.cache.enabled else []),
-        *(["metrics"] if has_gold else []),
-    ]
-
-
 def finalise(plan: RunPlan) -> RunResult:
     from pyspark.sql import functions as F
 
     wh, run_id = plan.warehouse, plan.run_id
-    plan.settle()
     staged = wh.load(plan.staging)
     counts = run_counts(plan)
     if counts["accepted"] > plan.accepted:
@@ -636,15 +584,13 @@ def finalise(plan: RunPlan) -> RunResult:
         counts = deduplicated
     check_invariant(counts, plan)
     del counts["question_ids"]  # a fingerprint, not a count
-    outputs = _output_tables(plan, staged)
-    derived = {**outputs, **_input_tables(plan)}
+    derived = _derived_tables(plan, staged)
     is_run = F.col("run_id") == F.lit(run_id)
-    # Independent tables: their commits overlap. Each is one atomic replace of the run's rows, or an
-    # append when the run id is new, which need not look for rows to replace (a new run's rejects and
-    # gold were appended while its questions were answered).
+    # Independent tables: their commits overlap. Each is one atomic replace of the run's rows (an
+    # append when the run id is new, which need not look for rows to replace).
     with ThreadPoolExecutor(max_workers=len(derived) + 1, thread_name_prefix="crag-commit") as pool:
         if plan.fresh:
-            writes = [pool.submit(wh.append, name, frame) for name, frame in outputs.items()]
+            writes = [pool.submit(wh.append, name, frame) for name, frame in derived.items()]
         else:
             writes = [pool.submit(wh.replace, name, frame, is_run) for name, frame in derived.items()]
         writes.append(pool.submit(_store_cache_rows, plan))
@@ -773,7 +719,6 @@ def run(
         answer_batches(plan, progress)
         return finalise(plan)
     except BaseException:
-        plan.background.shutdown(wait=True)  # nothing of the run is written after its failure is
         try:
             plan.record("failed", finished=datetime.now(UTC))
         except Exception:  # the original failure is the one to report

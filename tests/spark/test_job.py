@@ -1,6 +1,7 @@
 """The whole job on Spark over the bundled sample, checked through the Delta tables it writes."""
 
 import json
+import uuid
 from datetime import UTC, datetime
 
 import pandas as pd
@@ -243,3 +244,21 @@ def test_a_rerun_keeps_the_old_rows_until_it_has_committed(spark, index_override
         .equals(before.sort_values("question_id").reset_index(drop=True))
     )
     assert table(tmp_path, "runs", "kept").loc[0, "status"] == "failed"
+
+
+def test_a_claim_says_whether_the_run_id_was_new_and_refuses_a_live_holder(spark, tmp_path):
+    """The first MERGE only inserts; a run id already in `runs` is read and, when not running, taken over."""
+    wh = Warehouse(spark, str(tmp_path))
+
+    def attempt():
+        return crag_job.RunPlan(CragConfig(), "claimed", "base", wh, {}, uuid.uuid4().hex, datetime.now(UTC))
+
+    first = attempt()
+    assert crag_job.claim_run(first) is True
+    with pytest.raises(CragError, match="is being written by another crag process"):
+        crag_job.claim_run(attempt())  # this process is alive: its run is not stale
+    first.record("failed")
+    second = attempt()
+    assert crag_job.claim_run(second) is False
+    rows = table(tmp_path, "runs")
+    assert rows["attempt"].tolist() == [second.attempt] and rows["status"].tolist() == ["running"]
