@@ -587,10 +587,16 @@ def finalise(plan: RunPlan) -> RunResult:
     derived = _derived_tables(plan, staged)
     is_run = F.col("run_id") == F.lit(run_id)
     # Independent tables: their commits overlap. Each is one atomic replace of the run's rows (an
-    # append when the run id is new, which need not look for rows to replace).
+    # append when the run id is new, which need not look for rows to replace, and which a table the
+    # run has no rows for, known from the input's counts, needs only to exist for: an empty commit
+    # costs as much as a full one).
     with ThreadPoolExecutor(max_workers=len(derived) + 1, thread_name_prefix="crag-commit") as pool:
         if plan.fresh:
-            writes = [pool.submit(wh.append, name, frame) for name, frame in derived.items()]
+            none = {name for name, rows in (("rejects", plan.rejected), ("gold", plan.gold_rows)) if not rows}
+            writes = [
+                pool.submit(wh.ensure, name) if name in none else pool.submit(wh.append, name, frame)
+                for name, frame in derived.items()
+            ]
         else:
             writes = [pool.submit(wh.replace, name, frame, is_run) for name, frame in derived.items()]
         writes.append(pool.submit(_store_cache_rows, plan))

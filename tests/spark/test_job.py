@@ -262,3 +262,21 @@ def test_a_claim_says_whether_the_run_id_was_new_and_refuses_a_live_holder(spark
     assert crag_job.claim_run(second) is False
     rows = table(tmp_path, "runs")
     assert rows["attempt"].tolist() == [second.attempt] and rows["status"].tolist() == ["running"]
+
+
+def test_a_new_run_with_no_rejects_or_gold_still_leaves_those_tables(spark, index_overrides, tmp_path):
+    """A new run commits nothing to a table it has no rows for, yet every table is there to query."""
+    questions = tmp_path / "clean.jsonl"
+    questions.write_text(
+        "\n".join(
+            json.dumps({"question_id": f"c{i}", "question": q}) for i, q in enumerate(["How high is Mount Fuji?"] * 3)
+        )
+    )
+    warehouse = tmp_path / "wh"
+    result = run(
+        str(LOCAL_CONF), str(questions), str(warehouse), run_id="clean", overrides=index_overrides, spark=spark
+    )
+    assert result.counts["rejected"] == 0 and len(table(warehouse, "answers")) == 3
+    for name in ("rejects", "gold"):
+        assert table(warehouse, name).empty
+        assert list(table(warehouse, name).columns) == schema.ALL_TABLES[name].names
