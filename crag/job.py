@@ -587,9 +587,8 @@ def finalise(plan: RunPlan) -> RunResult:
     derived = _derived_tables(plan, staged)
     is_run = F.col("run_id") == F.lit(run_id)
     # Independent tables: their commits overlap. Each is one atomic replace of the run's rows (an
-    # append when the run id is new, which need not look for rows to replace, and which a table the
-    # run has no rows for, known from the input's counts, needs only to exist for: an empty commit
-    # costs as much as a full one).
+    # append when the run id is new, which need not look for rows to replace; a table the new run has
+    # no rows for, known from the input's counts, only has to exist: no empty version in its log).
     with ThreadPoolExecutor(max_workers=len(derived) + 1, thread_name_prefix="crag-commit") as pool:
         if plan.fresh:
             none = {name for name, rows in (("rejects", plan.rejected), ("gold", plan.gold_rows)) if not rows}
