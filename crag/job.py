@@ -591,9 +591,9 @@ def finalise(plan: RunPlan) -> RunResult:
     # no rows for, known from the input's counts, only has to exist: no empty version in its log).
     with ThreadPoolExecutor(max_workers=len(derived) + 1, thread_name_prefix="crag-commit") as pool:
         if plan.fresh:
-            none = {name for name, rows in (("rejects", plan.rejected), ("gold", plan.gold_rows)) if not rows}
+            without_rows = {name for name, rows in (("rejects", plan.rejected), ("gold", plan.gold_rows)) if not rows}
             writes = [
-                pool.submit(wh.ensure, name) if name in none else pool.submit(wh.append, name, frame)
+                pool.submit(wh.ensure, name) if name in without_rows else pool.submit(wh.append, name, frame)
                 for name, frame in derived.items()
             ]
         else:
