@@ -1,5 +1,5 @@
 # Two entry points, each bootstrapping its own environment on a fresh machine:
-#   make sample   build the sample indexes and run the whole job on the bundled sample
+#   make sample   build the sample indexes and run the main job (jobs/crag_batch.py) on the bundled sample
 #   make test     run the test suite
 # Set-up (`make install`, run by both): uv, then .venv from uv.lock, then the Delta Lake jars for
 # local Spark from Maven Central into .crag/jars.
@@ -30,21 +30,21 @@ $(JARS)/.fetched: conf/spark/pom.xml
 	@touch $@
 
 .crag/indexes/sample_kb/manifest.json: $(STAMP) $(JARS)/.fetched $(wildcard data/sample/kb/* data/sample/kb/*/*)
-	$(BIN)/crag index --conf $(CONF) --docs data/sample/kb --out .crag/indexes/sample_kb
+	$(BIN)/python jobs/build_index.py --conf $(CONF) --docs data/sample/kb --out .crag/indexes/sample_kb
 
 .crag/indexes/sample_web/manifest.json: $(STAMP) $(JARS)/.fetched data/sample/web.jsonl
-	$(BIN)/crag index --conf $(CONF) --docs data/sample/web.jsonl --out .crag/indexes/sample_web
+	$(BIN)/python jobs/build_index.py --conf $(CONF) --docs data/sample/web.jsonl --out .crag/indexes/sample_web
 
 .PHONY: sample test install lint
 install: $(STAMP) $(JARS)/.fetched
 
 lint: $(STAMP)
-	$(BIN)/ruff format --check crag bench tests
-	$(BIN)/ruff check crag bench tests
+	$(BIN)/ruff format --check crag jobs bench tests
+	$(BIN)/ruff check crag jobs bench tests
 	$(BIN)/mypy
 
 sample: .crag/indexes/sample_kb/manifest.json .crag/indexes/sample_web/manifest.json
-	$(BIN)/crag run --conf $(CONF) --questions data/sample/questions.jsonl --warehouse .crag/warehouse
+	$(BIN)/python jobs/crag_batch.py --conf $(CONF) --questions data/sample/questions.jsonl --warehouse .crag/warehouse
 
 test: install
 	$(BIN)/python -m pytest -q

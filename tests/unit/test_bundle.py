@@ -37,7 +37,19 @@ def test_each_job_is_a_valid_job_definition(name):
     from databricks.bundles.jobs import Job
 
     job = Job.from_dict(JOBS[name])  # raises on unknown fields
-    assert job.tasks and job.tasks[0].python_wheel_task.entry_point == "crag"
+    assert job.tasks and job.tasks[0].spark_python_task.python_file == f"../jobs/{name}.py"
+    assert (REPO / "resources" / job.tasks[0].spark_python_task.python_file).resolve().is_file()
+
+
+def test_a_failing_job_script_fails_its_task():
+    """A Python script task's result is the script's exit code: crag's one-line error must end the
+    process with a non-zero code, not a clean return."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "jobs" / "crag_batch.py"), *crag_run_args("w", conf="no-such-config.yaml")[1:]],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and done.stderr.startswith("crag: error: ") and "no-such-config.yaml" in done.stderr
 
 
 def test_every_variable_and_resource_used_is_declared():
@@ -132,7 +144,7 @@ def test_development_deploys_write_to_the_users_own_schema(user):
         "retriever.index_name"
     ].startswith(schema + ".")
     assert overrides["mlflow.experiment"].startswith(f"/Users/{user}/")
-    tasks = [" ".join(job["tasks"][0]["python_wheel_task"]["parameters"]) for job in jobs.values()]
+    tasks = [" ".join(job["tasks"][0]["spark_python_task"]["parameters"]) for job in jobs.values()]
     assert sum(f"--warehouse {schema} " in t for t in tasks) == 2
     assert spec["mode"] == "development" and "permissions" not in spec
 
@@ -202,13 +214,14 @@ def test_the_schedule_is_paused_in_development():
     assert JOBS["crag_batch"]["schedule"]["quartz_cron_expression"] == "${var.schedule_cron}"
 
 
-def _local_parameters(job: str, values: dict[str, str], variables: dict[str, str]) -> list[str]:
-    """The task's parameter list with the bundle's substitutions made for a laptop."""
-    params = JOBS[job]["tasks"][0]["python_wheel_task"]["parameters"]
+def local_task(job: str, values: dict[str, str], variables: dict[str, str]) -> tuple[Path, list[str]]:
+    """The task's script and its parameter list, with the bundle's substitutions made for a laptop."""
+    task = JOBS[job]["tasks"][0]["spark_python_task"]
+    script = (REPO / "resources" / task["python_file"]).resolve()
     out = []
-    for p in params:
+    for p in task["parameters"]:
         p = p.replace("/Workspace${workspace.file_path}", str(REPO))
         p = re.sub(r"\$\{var\.(\w+)\}", lambda m: variables[m.group(1)], p)
         p = re.sub(r"\{\{job\.parameters\.(\w+)\}\}", lambda m: values[m.group(1)], p)
         out.append(p.replace("{{job.run_id}}", "local1"))
-    return out
+    return script, out
