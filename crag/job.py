@@ -286,11 +286,18 @@ def _run_to_resume(plan: RunPlan):
 
 
 def _check_same_input(checked, stored, run_id: str) -> None:
-    """Refuse to resume over questions that differ from the ones the run started with."""
+    """Refuse to resume over questions that differ from the ones the run started with: the rows here
+    and not in the run's input, and the other way round, counted as multisets (each is what
+    `exceptAll` would leave) in one pass over both."""
+    from pyspark.sql import functions as F
+
     key = ["question_id", "question", "input_row"]
-    now, before = checked.select(*key), stored.select(*key)
-    added = now.exceptAll(before).count()
-    removed = before.exceptAll(now).count()
+    sides = checked.select(*key, F.lit(1).alias("side")).unionByName(stored.select(*key, F.lit(-1).alias("side")))
+    surplus = sides.groupBy(*key).agg(F.sum("side").alias("n"))  # copies here minus copies in the input
+    totals = surplus.agg(
+        F.sum(F.greatest("n", F.lit(0))).alias("added"), F.sum(F.greatest(-F.col("n"), F.lit(0))).alias("removed")
+    ).collect()[0]
+    added, removed = int(totals["added"] or 0), int(totals["removed"] or 0)
     if added or removed:
         raise CragError(
             f"run {run_id!r} was started on other questions: {added} row(s) here are not in its input and "
