@@ -12,14 +12,14 @@ from tests.support import REPO, SAMPLE
 from tests.unit.test_bundle import local_task
 
 
-def _run_task(monkeypatch, job: str, values: dict[str, str], variables: dict[str, str]) -> None:
+def _run_task(monkeypatch, job: str, values: dict[str, str], variables: dict[str, str], code: int = 0) -> None:
     """Runs the job's script as a Python script task does (as __main__, the parameters in sys.argv) in
-    this process, so it shares the test session's Spark, and checks that it exits with code 0."""
+    this process, so it shares the test session's Spark, and checks the code it exits with."""
     script, params = local_task(job, values, variables)
     monkeypatch.setattr(sys, "argv", [str(script), *params])
     with pytest.raises(SystemExit) as exit_:
         runpy.run_path(str(script), run_name="__main__")
-    assert exit_.value.code == 0, f"{job} exited with {exit_.value.code}"
+    assert exit_.value.code == code, f"{job} exited with {exit_.value.code}"
 
 
 def test_every_job_runs_locally_with_the_bundle_parameters(spark, tmp_path, capsys, monkeypatch):
@@ -46,3 +46,5 @@ def test_every_job_runs_locally_with_the_bundle_parameters(spark, tmp_path, caps
     _run_task(monkeypatch, "compare_variants", values, variables)
     assert report.exists()
     assert "questions in both" in capsys.readouterr().out
+    _run_task(monkeypatch, "compare_variants", {**values, "base": "no-such-run"}, variables, code=2)
+    assert "no run 'no-such-run'" in capsys.readouterr().err

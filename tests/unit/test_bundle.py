@@ -41,15 +41,23 @@ def test_each_job_is_a_valid_job_definition(name):
     assert (REPO / "resources" / job.tasks[0].spark_python_task.python_file).resolve().is_file()
 
 
-def test_a_failing_job_script_fails_its_task():
+@pytest.mark.parametrize("name", sorted(n for n in JOBS if "config" in {p["name"] for p in JOBS[n]["parameters"]}))
+def test_a_failing_job_script_fails_its_task(name):
     """A Python script task's result is the script's exit code: crag's one-line error must end the
-    process with a non-zero code, not a clean return."""
-    done = subprocess.run(
-        [sys.executable, str(REPO / "jobs" / "crag_batch.py"), *crag_run_args("w", conf="no-such-config.yaml")[1:]],
-        capture_output=True,
-        text=True,
-    )
+    process with a non-zero code, not a clean return. (A config that is not there fails before Spark
+    starts; compare_variants, which takes no config, fails on an unknown run in tests/spark.)"""
+    values = {p["name"]: "x" for p in JOBS[name]["parameters"]} | {"config": "no-such-config.yaml"}
+    script, params = local_task(name, values, {"warehouse": "w"})
+    done = subprocess.run([sys.executable, str(script), *params], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 2 and done.stderr.startswith("crag: error: ") and "no-such-config.yaml" in done.stderr
+
+
+def test_the_job_scripts_are_uploaded_with_the_bundle():
+    """The bundle syncs every file git does not ignore, less its `sync.exclude`: jobs/ must be among them."""
+    scripts = [str(REPO / "resources" / job["tasks"][0]["spark_python_task"]["python_file"]) for job in JOBS.values()]
+    ignored = subprocess.run(["git", "check-ignore", *scripts], cwd=REPO, capture_output=True, text=True)
+    assert ignored.returncode == 1, f"git ignores {ignored.stdout}"  # 1: none of them is ignored
+    assert not any("jobs" in pattern for pattern in BUNDLE.get("sync", {}).get("exclude", []))
 
 
 def test_every_variable_and_resource_used_is_declared():
