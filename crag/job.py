@@ -594,8 +594,9 @@ def finalise(plan: RunPlan) -> RunResult:
     derived = _derived_tables(plan, staged)
     is_run = F.col("run_id") == F.lit(run_id)
     # Independent tables: their commits overlap. Each is one atomic replace of the run's rows (an
-    # append when the run id is new, which need not look for rows to replace; a table the new run has
-    # no rows for, known from the input's counts, only has to exist: no empty version in its log).
+    # append when the run id is new, or the table is, which need not look for rows to replace; a table
+    # the new run has no rows for, known from the input's counts, only has to exist: no empty version
+    # in its log).
     with ThreadPoolExecutor(max_workers=len(derived) + 1, thread_name_prefix="crag-commit") as pool:
         if plan.fresh:
             without_rows = {name for name, rows in (("rejects", plan.rejected), ("gold", plan.gold_rows)) if not rows}
@@ -604,7 +605,7 @@ def finalise(plan: RunPlan) -> RunResult:
                 for name, frame in derived.items()
             ]
         else:
-            writes = [pool.submit(wh.replace, name, frame, is_run) for name, frame in derived.items()]
+            writes = [pool.submit(_replace_run_rows, wh, name, frame, is_run) for name, frame in derived.items()]
         writes.append(pool.submit(_store_cache_rows, plan))
         evaluated = None
         if plan.gold_rows:  # from the same derived rows, beside their commits
@@ -629,6 +630,16 @@ def finalise(plan: RunPlan) -> RunResult:
     if mlflow_run:
         log.info("logged to MLflow run %s", mlflow_run)
     return RunResult(run_id, plan.variant, wh.location, seconds, counts, metrics, f"{wh.catalog}.{wh.schema}")
+
+
+def _replace_run_rows(wh: Warehouse, table: str, rows, is_run) -> None:
+    """The run's rows in `table` replaced by `rows`. Only the run's claimant writes them, so a table
+    that is not there yet holds none of them: appending (which creates it) is then the replace,
+    without a search for rows to remove (a resumed run into a new warehouse)."""
+    if wh.exists(table):
+        wh.replace(table, rows, is_run)
+    else:
+        wh.append(table, rows)
 
 
 def _store_cache_rows(plan: RunPlan) -> None:

@@ -65,6 +65,37 @@ def test_resume_after_a_failure_mid_run(spark, tmp_path, index_overrides, monkey
     assert table(tmp_path, "runs").loc[0, "status"] == "succeeded" and result.counts["accepted"] == 49
 
 
+def test_resume_after_a_failure_while_finalising(spark, tmp_path, index_overrides, monkeypatch):
+    """A run that fails while its final tables are written (answers and decisions committed, grades
+    not) is resumed: each final table then holds the run's rows once, whether it had them already
+    (they are replaced) or did not exist yet (appended)."""
+    from crag.warehouse import Warehouse
+
+    real_append = Warehouse.append
+
+    def append(self, table, df):
+        if table == "grades":
+            raise RuntimeError("driver lost")
+        real_append(self, table, df)
+
+    monkeypatch.setattr(Warehouse, "append", append)
+    with pytest.raises(RuntimeError, match="driver lost"):
+        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r5", overrides=index_overrides, spark=spark)
+    monkeypatch.undo()
+    assert len(table(tmp_path, "answers")) == 49 and not (tmp_path / "grades").exists()
+    decided = len(table(tmp_path, "decisions"))
+
+    run(
+        str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r5", overrides=index_overrides, spark=spark, resume=True
+    )
+    answers, grades, decisions = (table(tmp_path, name) for name in ("answers", "grades", "decisions"))
+    assert len(answers) == 49 and answers["question_id"].is_unique
+    assert len(grades) and not grades.duplicated(["question_id", "source", "rank"]).any()
+    assert len(decisions) == decided > 0
+    assert len(table(tmp_path, "rejects")) == 2
+    assert table(tmp_path, "runs").loc[0, "status"] == "succeeded"
+
+
 def test_a_batch_committed_after_its_process_stopped_is_kept_once(
     spark, tmp_path, index_overrides, monkeypatch, caplog
 ):
