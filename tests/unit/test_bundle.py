@@ -38,7 +38,7 @@ def test_each_job_is_a_valid_job_definition(name):
 
     job = Job.from_dict(JOBS[name])  # raises on unknown fields
     assert job.tasks and job.tasks[0].spark_python_task.python_file == f"../jobs/{name}.py"
-    assert (REPO / "resources" / job.tasks[0].spark_python_task.python_file).resolve().is_file()
+    assert job_script(name).is_file()
 
 
 @pytest.mark.parametrize("name", sorted(n for n in JOBS if "config" in {p["name"] for p in JOBS[n]["parameters"]}))
@@ -54,7 +54,7 @@ def test_a_failing_job_script_fails_its_task(name):
 
 def test_the_job_scripts_are_uploaded_with_the_bundle():
     """The bundle syncs every file git does not ignore, less its `sync.exclude`: jobs/ must be among them."""
-    scripts = [str(REPO / "resources" / job["tasks"][0]["spark_python_task"]["python_file"]) for job in JOBS.values()]
+    scripts = [str(job_script(name)) for name in JOBS]
     ignored = subprocess.run(["git", "check-ignore", *scripts], cwd=REPO, capture_output=True, text=True)
     assert ignored.returncode == 1, f"git ignores {ignored.stdout}"  # 1: none of them is ignored
     assert not any("jobs" in pattern for pattern in BUNDLE.get("sync", {}).get("exclude", []))
@@ -222,14 +222,17 @@ def test_the_schedule_is_paused_in_development():
     assert JOBS["crag_batch"]["schedule"]["quartz_cron_expression"] == "${var.schedule_cron}"
 
 
+def job_script(job: str) -> Path:
+    """The script the job's task runs (its python_file is relative to resources/, where it is declared)."""
+    return (REPO / "resources" / JOBS[job]["tasks"][0]["spark_python_task"]["python_file"]).resolve()
+
+
 def local_task(job: str, values: dict[str, str], variables: dict[str, str]) -> tuple[Path, list[str]]:
     """The task's script and its parameter list, with the bundle's substitutions made for a laptop."""
-    task = JOBS[job]["tasks"][0]["spark_python_task"]
-    script = (REPO / "resources" / task["python_file"]).resolve()
     out = []
-    for p in task["parameters"]:
+    for p in JOBS[job]["tasks"][0]["spark_python_task"]["parameters"]:
         p = p.replace("/Workspace${workspace.file_path}", str(REPO))
         p = re.sub(r"\$\{var\.(\w+)\}", lambda m: variables[m.group(1)], p)
         p = re.sub(r"\{\{job\.parameters\.(\w+)\}\}", lambda m: values[m.group(1)], p)
         out.append(p.replace("{{job.run_id}}", "local1"))
-    return script, out
+    return job_script(job), out
