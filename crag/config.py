@@ -415,7 +415,7 @@ class SparkConfig(Section):
     # as Databricks serverless runs every job
     remote: str | None = None
     jars_dir: str | None = None  # Delta Lake jars for local Spark (None: .crag/jars, fetched by make)
-    partitions: int | None = Field(None, gt=0)  # None: spark.default.parallelism (local[N]: N)
+    partitions: int | None = Field(None, gt=0)  # None: every task slot but one (crag.spark.parallelism; local[N]: N)
     batch_questions: int = Field(2000, gt=0)  # questions per committed batch: what a killed run can lose
     # Pipelines per task, on threads, each taking `questions_per_pipeline` questions at a time through
     # all the stages: out of phase with each other, they keep every remote endpoint busy at once

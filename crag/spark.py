@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 import tempfile
 import warnings
@@ -61,6 +62,23 @@ def _jars(cfg: SparkConfig) -> list[str]:
     return jars
 
 
+_LOCAL = re.compile(r"local(?:\[(\*|-?[0-9]+)(,[0-9]+)?\])?")
+
+
+def local_master(master: str) -> tuple[str, int] | None:
+    """A local master as Spark is started with it, and its task slots: one slot more than the
+    configured threads (local[N] -> local[N+1]). A batch's tasks hold their slots until the batch ends
+    (minutes on real endpoints), and crag's own Spark jobs beside it (the heartbeat's commit) would
+    otherwise wait for all of them; `parallelism` leaves that one slot out of a batch. None: not a
+    local master."""
+    match = _LOCAL.fullmatch(master)
+    if match is None:
+        return None
+    threads = (os.cpu_count() or 1) if match[1] == "*" else int(match[1] or 1)
+    slots = max(threads, 0) + 1
+    return f"local[{slots}{match[2] or ''}]", slots
+
+
 def is_connect(spark) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
@@ -83,13 +101,13 @@ def get_spark(cfg: SparkConfig):
         settings = {"spark.sql.session.timeZone": "UTC"}
     else:
         master = remote or cfg.master
-        if master.startswith("local"):
+        local = local_master(master)
+        if local is not None:
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode needs no other interface
-            slots = master[master.find("[") + 1 : -1] if "[" in master else "1"
-            if slots.isdigit():
-                if int(slots) < 1:
-                    raise ConfigError(f"config key 'spark.{'remote' if remote else 'master'}': {master!r} has no cores")
-                builder = builder.config("spark.default.parallelism", slots)
+            if local[1] < 2:  # local[0]: not one thread of its own
+                raise ConfigError(f"config key 'spark.{'remote' if remote else 'master'}': {master!r} has no cores")
+            master = local[0]
+            builder = builder.config("spark.default.parallelism", str(local[1]))
         builder = builder.remote(master) if remote else builder.master(master)
         settings = {**LOCAL_SETTINGS, "spark.jars": ",".join(_jars(cfg))}
     for key, value in settings.items():
@@ -120,14 +138,16 @@ def _stderr_to(path: Path | None):
 
 
 def parallelism(spark, cfg: SparkConfig) -> int:
-    """Tasks that run at once: spark.partitions, else spark.default.parallelism, else 8."""
+    """A batch's tasks that run at once: spark.partitions, else every task slot of the session
+    (spark.default.parallelism) but one, else 8 (a Spark Connect server that does not say). The slot
+    left over runs the run's own commits while a batch's tasks hold the others (see local_master)."""
     if cfg.partitions:
         return cfg.partitions
     try:
         value = spark.conf.get("spark.default.parallelism", None)
     except Exception:  # Spark Connect may refuse to read a static setting
         value = None
-    return int(value) if value and str(value).isdigit() else 8
+    return max(1, int(value) - 1) if value and str(value).isdigit() else 8
 
 
 def _partition_task(config_json: str, secrets: dict[str, str], concurrent_tasks: int):

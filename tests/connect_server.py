@@ -12,19 +12,20 @@ from pathlib import Path
 import pyspark
 
 from crag.config import SparkConfig
-from crag.spark import LOCAL_SETTINGS, _jars
+from crag.spark import LOCAL_SETTINGS, _jars, local_master
 
 
 def command(port: int) -> list[str]:
+    master, slots = local_master("local[2]")  # as get_spark starts a local session: a slot for commits
     settings = {
         **LOCAL_SETTINGS,
         "spark.jars": ",".join(_jars(SparkConfig())),
         "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.connect.grpc.binding.port": str(port),
-        "spark.default.parallelism": "2",
+        "spark.default.parallelism": str(slots),
     }
     submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
-    args = [str(submit), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", "local[2]"]
+    args = [str(submit), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", master]
     for key, value in settings.items():
         args += ["--conf", f"{key}={value}"]
     return args + ["spark-internal"]

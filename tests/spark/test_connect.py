@@ -18,7 +18,15 @@ import pytest
 from deltalake import DeltaTable
 
 from tests import connect_server
-from tests.support import LOCAL_CONF, REPO, SAMPLE, crag_run_args, staged_questions, staging_folder
+from tests.support import (
+    LOCAL_CONF,
+    REPO,
+    SAMPLE,
+    crag_run_args,
+    staged_questions,
+    staging_folder,
+    uniform_questions,
+)
 
 QUESTIONS = SAMPLE / "questions.jsonl"
 
@@ -211,3 +219,24 @@ def test_a_question_id_built_to_inject_sql_touches_no_other_run(connect_url, spa
     bystander = after[after["run_id"] == "bystander"].sort_values("question_id").reset_index(drop=True)
     assert bystander.equals(before[before["run_id"] == "bystander"].sort_values("question_id").reset_index(drop=True))
     assert sorted(after[after["run_id"] == "hostile"]["question_id"]) == sorted(hostile)
+
+
+def test_the_heartbeat_commits_while_a_batch_holds_its_tasks_on_connect(connect_url, emulator, tmp_path):
+    """As on classic Spark (test_production_job): the server keeps a task slot beside the batch's, so
+    the heartbeat's commits land while the batch runs. Each one is a conditional write in `runs`'
+    log; the claim is a MERGE."""
+    emulator.behaviour["serving"].latency_s = 0.1  # questions one after another in each task: seconds
+    overrides = ["tables.stale_run_after_s=1.2", "spark.pipelines_per_task=1", "cache.enabled=false"]
+    questions = uniform_questions(tmp_path / "questions.jsonl", 16)
+    conf = REPO / "conf" / "databricks.yaml"
+    crag(
+        *crag_run_args(tmp_path, "--run-id", "beats", questions=questions, conf=conf, overrides=overrides),
+        url=connect_url,
+    )
+    now_ms, now = time.time() * 1000, time.perf_counter()
+    first_request = now_ms - (now - min(admitted for _, admitted, _ in emulator.spans)) * 1000
+    last_reply = now_ms - (now - max(released for _, _, released in emulator.spans)) * 1000
+    assert last_reply - first_request > 4000  # the batch took long enough for several beats
+    writes = [c["timestamp"] for c in DeltaTable(str(tmp_path / "runs")).history() if c["operation"] == "WRITE"]
+    # a beat committed while every task of the batch ran (a first one may slip in before they start)
+    assert [t for t in writes if first_request + 2000 < t < last_reply - 1000], (writes, first_request, last_reply)

@@ -1,13 +1,15 @@
 """The whole job on Spark with the production backends (Vector Search, model serving, Tavily; and an
 OpenAI-compatible server), every real client pointed at the emulator."""
 
+import time
+
 import pandas as pd
 import pytest
 from deltalake import DeltaTable
 
 from crag.cli import main
-from crag.job import run
-from tests.support import REPO, SAMPLE, TOKEN, crag_run_args
+from crag.job import RunPlan, run
+from tests.support import REPO, SAMPLE, TOKEN, crag_run_args, uniform_questions
 
 QUESTIONS = SAMPLE / "questions.jsonl"
 
@@ -49,6 +51,30 @@ def test_no_credential_reaches_a_table(databricks_run):
     _, warehouse, _ = databricks_run
     for name in ("answers", "grades", "decisions", "runs", "rejects"):
         assert TOKEN not in table(warehouse, name).to_csv(), name
+
+
+def test_the_heartbeat_commits_while_a_batch_holds_its_tasks(spark, emulator, tmp_path, monkeypatch):
+    """A batch's tasks keep their task slots until the batch ends (minutes, on real endpoints). The
+    heartbeat's commit is a Spark job too: it must find a slot meanwhile, or a live run falls silent
+    and, after tables.stale_run_after_s, another process may take it over."""
+    emulator.behaviour["serving"].latency_s = 0.1  # questions one after another in each task: seconds
+    beats: list[float] = []
+    record = RunPlan.record
+
+    def recorded(self, status, *args, **kwargs):
+        record(self, status, *args, **kwargs)
+        if status == "running":  # only the heartbeat records "running" (the claim is a MERGE)
+            beats.append(time.perf_counter())
+
+    monkeypatch.setattr(RunPlan, "record", recorded)
+    overrides = ["tables.stale_run_after_s=1.2", "spark.pipelines_per_task=1", "cache.enabled=false"]
+    questions = uniform_questions(tmp_path / "questions.jsonl", 16)
+    run(str(REPO / "conf" / "databricks.yaml"), str(questions), str(tmp_path), "base", "beats", overrides, spark)
+    first_request = min(admitted for _, admitted, _ in emulator.spans)
+    last_reply = max(released for _, _, released in emulator.spans)
+    assert last_reply - first_request > 4  # the batch took long enough for several beats
+    # a beat committed while every task of the batch ran (a first one may slip in before they start)
+    assert [beat for beat in beats if first_request + 2 < beat < last_reply - 1], (beats, first_request, last_reply)
 
 
 def test_openai_config_from_the_cli(spark, emulator, tmp_path, sample_indexes, capsys):

@@ -3,6 +3,7 @@ master, and the policy of an endpoint that several roles share."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import typing
 from types import SimpleNamespace
@@ -10,8 +11,9 @@ from types import SimpleNamespace
 import pytest
 
 from crag.cli import main
-from crag.config import MAX_YAML_VALUES, CragConfig, EndpointPolicy, load_config, safe_yaml
+from crag.config import MAX_YAML_VALUES, CragConfig, EndpointPolicy, SparkConfig, load_config, safe_yaml
 from crag.errors import ConfigError
+from crag.spark import local_master, parallelism
 from tests.support import LOCAL_CONF, REPO
 
 DBX = REPO / "conf" / "databricks.yaml"
@@ -148,6 +150,33 @@ def test_a_local_master_without_threads_is_one_line(index_overrides, master):
 )
 def test_valid_masters_pass(index_overrides, master):
     assert load_config(LOCAL_CONF, [*index_overrides, f"spark.master={master}"]).spark.master == master
+
+
+@pytest.mark.parametrize(
+    ("master", "started", "batch_tasks"),
+    [
+        ("local", "local[2]", 1),
+        ("local[1]", "local[2]", 1),
+        ("local[2]", "local[3]", 2),
+        ("local[4,3]", "local[5,3]", 4),
+    ],
+)
+def test_a_local_session_gets_a_slot_beyond_the_batch(master, started, batch_tasks):
+    """local[N]: the batch's tasks take N slots, and the run's own commits get one more."""
+
+    class Session:
+        def __init__(self, slots):
+            self.conf = {"spark.default.parallelism": str(slots)}
+
+    spark_master, slots = local_master(master)
+    assert spark_master == started
+    assert parallelism(Session(slots), SparkConfig()) == batch_tasks
+    assert parallelism(Session(slots), SparkConfig(partitions=7)) == 7  # spark.partitions, when set, decides
+
+
+def test_only_local_masters_get_a_slot_more():
+    assert local_master("spark://h:7077") is None and local_master("yarn") is None
+    assert local_master("local[*]") == (f"local[{os.cpu_count() + 1}]", os.cpu_count() + 1)
 
 
 @pytest.mark.parametrize(
