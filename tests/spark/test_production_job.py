@@ -9,6 +9,7 @@ from deltalake import DeltaTable
 
 from crag.cli import main
 from crag.job import RunPlan, run
+from crag.spark import task_slots
 from tests.support import REPO, SAMPLE, TOKEN, crag_run_args, uniform_questions
 
 QUESTIONS = SAMPLE / "questions.jsonl"
@@ -75,6 +76,17 @@ def test_the_heartbeat_commits_while_a_batch_holds_its_tasks(spark, emulator, tm
     assert last_reply - first_request > 4  # the batch took long enough for several beats
     # a beat committed while every task of the batch ran (a first one may slip in before they start)
     assert [beat for beat in beats if first_request + 2 < beat < last_reply - 1], (beats, first_request, last_reply)
+
+
+def test_task_slots_without_a_default_parallelism_setting(spark):
+    """Databricks sets no spark.default.parallelism: the slots then come from how Spark splits a range,
+    which must agree with the setting where there is one."""
+
+    class WithoutTheSetting:
+        conf: dict = {}
+        range = spark.range
+
+    assert task_slots(WithoutTheSetting()) == int(spark.conf.get("spark.default.parallelism")) == 3
 
 
 def test_openai_config_from_the_cli(spark, emulator, tmp_path, sample_indexes, capsys):
