@@ -140,25 +140,27 @@ def _stderr_to(path: Path | None):
 def parallelism(spark, cfg: SparkConfig) -> int:
     """A batch's tasks that run at once: spark.partitions, else every task slot of the session but one.
     The slot left over runs the run's own commits while a batch's tasks hold the others (see
-    local_master)."""
+    local_master). A cluster need not set spark.default.parallelism; its slots are then the partitions
+    Spark splits a range into, and at most 8 tasks run (the number crag took before it looked): every
+    task keeps at least one request in flight to each endpoint, so many more tasks than an endpoint's
+    max_concurrency would exceed it."""
     if cfg.partitions:
         return cfg.partitions
-    return max(1, task_slots(spark) - 1)
-
-
-def task_slots(spark) -> int:
-    """The session's task slots: spark.default.parallelism when it is set (a local session), else the
-    partitions Spark splits a range into when not told: its default parallelism, the cluster's cores
-    (a cluster need not set spark.default.parallelism, and neither Spark Connect nor the DataFrame API
-    has SparkContext.defaultParallelism). One small Spark job."""
-    from pyspark.sql import functions as F  # noqa: PLC0415  # as get_spark's
-
     try:
         value = spark.conf.get("spark.default.parallelism", None)
     except Exception:  # Spark Connect may refuse to read a static setting
         value = None
     if value and str(value).isdigit():
-        return int(value)
+        return max(1, int(value) - 1)
+    return max(1, min(range_splits(spark) - 1, 8))
+
+
+def range_splits(spark) -> int:
+    """The partitions Spark splits a range into when not told: its default parallelism, the cluster's
+    task slots (neither Spark Connect nor the DataFrame API has SparkContext.defaultParallelism). One
+    small Spark job."""
+    from pyspark.sql import functions as F  # noqa: PLC0415  # as get_spark's
+
     split = spark.range(1 << 16).select(F.spark_partition_id().alias("partition"))
     return int(split.agg(F.max("partition")).collect()[0][0]) + 1
 

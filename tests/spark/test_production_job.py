@@ -8,8 +8,9 @@ import pytest
 from deltalake import DeltaTable
 
 from crag.cli import main
+from crag.config import SparkConfig
 from crag.job import RunPlan, run
-from crag.spark import task_slots
+from crag.spark import parallelism, range_splits
 from tests.support import REPO, SAMPLE, TOKEN, crag_run_args, uniform_questions
 
 QUESTIONS = SAMPLE / "questions.jsonl"
@@ -79,14 +80,16 @@ def test_the_heartbeat_commits_while_a_batch_holds_its_tasks(spark, emulator, tm
 
 
 def test_task_slots_without_a_default_parallelism_setting(spark):
-    """Databricks sets no spark.default.parallelism: the slots then come from how Spark splits a range,
-    which must agree with the setting where there is one."""
+    """A cluster need not set spark.default.parallelism: its slots then come from how Spark splits a
+    range, which must agree with the setting where there is one; a batch leaves one of them free."""
 
     class WithoutTheSetting:
         conf: dict = {}
         range = spark.range
 
-    assert task_slots(WithoutTheSetting()) == int(spark.conf.get("spark.default.parallelism")) == 3
+    slots = int(spark.conf.get("spark.default.parallelism"))
+    assert range_splits(spark) == slots == 3
+    assert parallelism(WithoutTheSetting(), SparkConfig()) == parallelism(spark, SparkConfig()) == slots - 1
 
 
 def test_openai_config_from_the_cli(spark, emulator, tmp_path, sample_indexes, capsys):
