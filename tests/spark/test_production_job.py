@@ -91,6 +91,14 @@ def test_task_slots_without_a_default_parallelism_setting(spark):
     assert range_splits(spark) == slots == 3
     assert parallelism(WithoutTheSetting(), SparkConfig()) == parallelism(spark, SparkConfig()) == slots - 1
 
+    class LargeClusterWithoutTheSetting:  # 20 slots: at most 8 tasks, as many as crag took before
+        conf: dict = {}
+
+        def range(self, n):
+            return spark.range(0, n, 1, 20)
+
+    assert parallelism(LargeClusterWithoutTheSetting(), SparkConfig()) == 8
+
 
 def test_openai_config_from_the_cli(spark, emulator, tmp_path, sample_indexes, capsys):
     code = main(
