@@ -65,17 +65,19 @@ def _jars(cfg: SparkConfig) -> list[str]:
 _LOCAL = re.compile(r"local(?:\[(\*|-?[0-9]+)(,[0-9]+)?\])?")
 
 
-def local_master(master: str) -> tuple[str, int] | None:
+def local_master(master: str) -> tuple[str, int | None] | None:
     """A local master as Spark is started with it, and its task slots: one slot more than the
     configured threads (local[N] -> local[N+1]). A batch's tasks hold their slots until the batch ends
     (minutes on real endpoints), and crag's own Spark jobs beside it (the heartbeat's commit) would
-    otherwise wait for all of them; `parallelism` leaves that one slot out of a batch. None: not a
-    local master."""
+    otherwise wait for all of them; `parallelism` leaves that one slot out of a batch. local[*] is
+    left to Spark, which counts the cores as the JVM sees them (slots None: a batch then takes all
+    but one of them). None: not a local master."""
     match = _LOCAL.fullmatch(master)
     if match is None:
         return None
-    threads = (os.cpu_count() or 1) if match[1] == "*" else int(match[1] or 1)
-    slots = max(threads, 0) + 1
+    if match[1] == "*":
+        return master, None
+    slots = int(match[1] or 1) + 1
     return f"local[{slots}{match[2] or ''}]", slots
 
 
@@ -104,10 +106,13 @@ def get_spark(cfg: SparkConfig):
         local = local_master(master)
         if local is not None:
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode needs no other interface
-            if local[1] < 2:  # local[0]: not one thread of its own
-                raise ConfigError(f"config key 'spark.{'remote' if remote else 'master'}': {master!r} has no cores")
-            master = local[0]
-            builder = builder.config("spark.default.parallelism", str(local[1]))
+            master, slots = local
+            if slots is not None:
+                if slots < 2:  # local[0]: not one thread of its own
+                    raise ConfigError(
+                        f"config key 'spark.{'remote' if remote else 'master'}': {remote or cfg.master!r} has no cores"
+                    )
+                builder = builder.config("spark.default.parallelism", str(slots))
         builder = builder.remote(master) if remote else builder.master(master)
         settings = {**LOCAL_SETTINGS, "spark.jars": ",".join(_jars(cfg))}
     for key, value in settings.items():

@@ -116,8 +116,6 @@ class ReportMarkup(HTMLParser):
 def uniform_questions(path: Path, n: int) -> Path:
     """n copies of one question under n ids, as JSONL: each takes the same route and the same calls,
     so every task of a batch ends at about the same time (a task that ended early would free its slot)."""
-    import json
-
     path.write_text(
         "".join(
             json.dumps({"question_id": f"u{i:03d}", "question": "How high is Mount Fuji?"}) + "\n" for i in range(n)

@@ -3,7 +3,6 @@ master, and the policy of an endpoint that several roles share."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import typing
 from types import SimpleNamespace
@@ -13,7 +12,7 @@ import pytest
 from crag.cli import main
 from crag.config import MAX_YAML_VALUES, CragConfig, EndpointPolicy, SparkConfig, load_config, safe_yaml
 from crag.errors import ConfigError
-from crag.spark import local_master, parallelism
+from crag.spark import get_spark, local_master, parallelism
 from tests.support import LOCAL_CONF, REPO
 
 DBX = REPO / "conf" / "databricks.yaml"
@@ -174,9 +173,14 @@ def test_a_local_session_gets_a_slot_beyond_the_batch(master, started, batch_tas
     assert parallelism(Session(slots), SparkConfig(partitions=7)) == 7  # spark.partitions, when set, decides
 
 
+def test_a_local_spark_connect_server_without_threads_is_one_line():
+    with pytest.raises(ConfigError, match=r"'spark.remote': 'local\[0\]' has no cores"):
+        get_spark(SparkConfig(remote="local[0]"))
+
+
 def test_only_local_masters_get_a_slot_more():
     assert local_master("spark://h:7077") is None and local_master("yarn") is None
-    assert local_master("local[*]") == (f"local[{os.cpu_count() + 1}]", os.cpu_count() + 1)
+    assert local_master("local[*]") == ("local[*]", None)  # Spark counts the cores; a batch leaves one
 
 
 @pytest.mark.parametrize(
