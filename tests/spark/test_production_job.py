@@ -59,7 +59,7 @@ def test_the_heartbeat_commits_while_a_batch_holds_its_tasks(spark, emulator, tm
     """A batch's tasks keep their task slots until the batch ends (minutes, on real endpoints). The
     heartbeat's commit is a Spark job too: it must find a slot meanwhile, or a live run falls silent
     and, after tables.stale_run_after_s, another process may take it over."""
-    emulator.behaviour["serving"].latency_s = 0.1  # questions one after another in each task: seconds
+    emulator.behaviour["serving"].latency_s = 0.3  # a batch of about 10 s
     beats: list[float] = []
     record = RunPlan.record
 
@@ -69,12 +69,17 @@ def test_the_heartbeat_commits_while_a_batch_holds_its_tasks(spark, emulator, tm
             beats.append(time.perf_counter())
 
     monkeypatch.setattr(RunPlan, "record", recorded)
-    overrides = ["tables.stale_run_after_s=1.2", "spark.pipelines_per_task=1", "cache.enabled=false"]
-    questions = uniform_questions(tmp_path / "questions.jsonl", 16)
+    overrides = [
+        "tables.stale_run_after_s=1.2",  # a beat every 0.4 s
+        "spark.pipelines_per_task=1",
+        "spark.questions_per_pipeline=1",  # one question after another in each task
+        "cache.enabled=false",
+    ]
+    questions = uniform_questions(tmp_path / "questions.jsonl", 32)
     run(str(REPO / "conf" / "databricks.yaml"), str(questions), str(tmp_path), "base", "beats", overrides, spark)
     first_request = min(admitted for _, admitted, _ in emulator.spans)
     last_reply = max(released for _, _, released in emulator.spans)
-    assert last_reply - first_request > 4  # the batch took long enough for several beats
+    assert last_reply - first_request > 8  # the batch took long enough for several beats
     # a beat committed while every task of the batch ran (a first one may slip in before they start)
     assert [beat for beat in beats if first_request + 2 < beat < last_reply - 1], (beats, first_request, last_reply)
 
