@@ -400,7 +400,9 @@ def main() -> None:
     parser.add_argument(
         "--per-pipeline", type=int, default=None, help="spark.questions_per_pipeline (default: the config's)"
     )
-    parser.add_argument("--partitions", type=int, default=None, help="spark.partitions (default: Spark's parallelism)")
+    parser.add_argument(
+        "--partitions", type=int, default=None, help="spark.partitions (default: every task slot but one)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         report = run_benchmark(

@@ -406,7 +406,8 @@ class IndexingConfig(Section):
     embedding: Literal["none", "multilingual-e5-small", "use-multilingual-v3"] = "none"
 
 
-_LOCAL_MASTER = re.compile(r"local\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\]")
+# local, local[N], local[N,F] (F: task failures allowed), local[*]: Spark's local masters
+LOCAL_MASTER = re.compile(r"local(?:\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?")
 
 
 class SparkConfig(Section):
@@ -423,11 +424,11 @@ class SparkConfig(Section):
     pipelines_per_task: int = Field(1, gt=0)
     questions_per_pipeline: int | None = Field(None, gt=0)  # None: the task's questions shared out equally
 
-    @field_validator("master")
+    @field_validator("master", "remote")
     @classmethod
-    def _local_threads(cls, master: str) -> str:
+    def _local_threads(cls, master: str | None) -> str | None:
         # Spark itself fails late, with a Java stack, on local[0] or local[x].
-        if master.startswith("local[") and not _LOCAL_MASTER.fullmatch(master):
+        if master is not None and master.startswith("local[") and not LOCAL_MASTER.fullmatch(master):
             raise ValueError(f"{master!r}: local mode takes local[N] or local[N,F] with N >= 1 threads, or local[*]")
         return master
 

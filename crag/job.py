@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -438,10 +438,11 @@ class Heartbeat:
 
 
 def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
-    """The accepted questions without a staged answer, in committed batches of spark.batch_questions.
-    Two batches are in flight at a time: the next one's tasks run while the driver commits the last
-    one. `progress`: questions done / total, rate and time left after each batch on stderr (None: when
-    stderr is a terminal)."""
+    """The accepted questions without a staged answer, in committed batches of spark.batch_questions,
+    one batch at a time: a batch queued behind a running one would take the task slot the heartbeat's
+    commit needs (crag.spark.parallelism), and its tasks would run beside the running batch's, over
+    the endpoints' budgets (each shared out among one batch's tasks). `progress`: questions done /
+    total, rate and time left after each batch on stderr (None: when stderr is a terminal)."""
     from pyspark.sql import functions as F
 
     wh, cfg = plan.warehouse, plan.cfg
@@ -483,38 +484,21 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
         # Batches are hash buckets of about equal size: progress is estimated, not counted again.
         return round(remaining * (i + 1) / batches)
 
-    lock = threading.Lock()
-
-    def commit_batch(batch) -> None:
-        observed = wh.append_observed(plan.staging, batch, _count_aggregates())
-        with lock:  # the two threads add one batch's counts at a time
+    heartbeat = Heartbeat(lambda: plan.record("running"), cfg.tables.stale_run_after_s / 3)
+    with heartbeat:
+        for i in range(batches):
+            observed = wh.append_observed(plan.staging, staged(i), _count_aggregates())
             for key, value in observed.items():
                 counted[key] = counted.get(key, 0) + int(value or 0)
-
-    def committed(i: int, commit: Future) -> None:
-        commit.result()
-        reporter.advance(answered_after(i) - answered_after(i - 1))
-        if not reporter.enabled:  # the bar says it on a terminal; a log line says it elsewhere
-            log.info(
-                "batch %d/%d committed: about %d of %d questions answered",
-                i + 1,
-                batches,
-                plan.accepted - remaining + answered_after(i),
-                plan.accepted,
-            )
-
-    heartbeat = Heartbeat(lambda: plan.record("running"), cfg.tables.stale_run_after_s / 3)
-    with heartbeat, ThreadPoolExecutor(2, "crag-batch") as pool:
-        # Leaving the block waits for the batch still in flight, also when another one failed: what
-        # it commits is kept, and --resume goes on after it.
-        previous: Future | None = None
-        for i in range(batches):
-            commit = pool.submit(commit_batch, staged(i))
-            if previous is not None:
-                committed(i - 1, previous)
-            previous = commit
-        assert previous is not None  # remaining > 0: at least one batch
-        committed(batches - 1, previous)
+            reporter.advance(answered_after(i) - answered_after(i - 1))
+            if not reporter.enabled:  # the bar says it on a terminal; a log line says it elsewhere
+                log.info(
+                    "batch %d/%d committed: about %d of %d questions answered",
+                    i + 1,
+                    batches,
+                    plan.accepted - remaining + answered_after(i),
+                    plan.accepted,
+                )
     reporter.close()
 
 

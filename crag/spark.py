@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import sys
 import tempfile
 import warnings
@@ -29,7 +28,7 @@ from crag import schema
 from crag.backends import cached_backends
 from crag.backends.base import Document
 from crag.cache import StageCache, question_key, role_slices, with_cache
-from crag.config import CragConfig, SparkConfig
+from crag.config import LOCAL_MASTER, CragConfig, SparkConfig
 from crag.errors import ConfigError
 from crag.stages import frame_rows, run_pipeline
 
@@ -62,23 +61,20 @@ def _jars(cfg: SparkConfig) -> list[str]:
     return jars
 
 
-_LOCAL = re.compile(r"local(?:\[(\*|-?[0-9]+)(,[0-9]+)?\])?")
-
-
-def local_master(master: str) -> tuple[str, int | None] | None:
+def local_master(master: str) -> tuple[str, int] | None:
     """A local master as Spark is started with it, and its task slots: one slot more than the
-    configured threads (local[N] -> local[N+1]). A batch's tasks hold their slots until the batch ends
-    (minutes on real endpoints), and crag's own Spark jobs beside it (the heartbeat's commit) would
-    otherwise wait for all of them; `parallelism` leaves that one slot out of a batch. local[*] is
-    left to Spark, which counts the cores as the JVM sees them (slots None: a batch then takes all
-    but one of them). None: not a local master."""
-    match = _LOCAL.fullmatch(master)
+    configured threads (local[N] -> local[N+1]; local[*]: the cores this process may run on). A
+    batch's tasks hold their slots until the batch ends (minutes on real endpoints), and crag's own
+    Spark jobs beside it (the heartbeat's commit) would otherwise wait for all of them; `parallelism`
+    leaves that one slot out of a batch. None: not a local master."""
+    match = LOCAL_MASTER.fullmatch(master)
     if match is None:
         return None
     if match[1] == "*":
-        return master, None
-    slots = int(match[1] or 1) + 1
-    return f"local[{slots}{match[2] or ''}]", slots
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    else:
+        threads = int(match[1] or 1)
+    return f"local[{threads + 1}{match[2] or ''}]", threads + 1
 
 
 def is_connect(spark) -> bool:
@@ -107,12 +103,7 @@ def get_spark(cfg: SparkConfig):
         if local is not None:
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode needs no other interface
             master, slots = local
-            if slots is not None:
-                if slots < 2:  # local[0]: not one thread of its own
-                    raise ConfigError(
-                        f"config key 'spark.{'remote' if remote else 'master'}': {remote or cfg.master!r} has no cores"
-                    )
-                builder = builder.config("spark.default.parallelism", str(slots))
+            builder = builder.config("spark.default.parallelism", str(slots))
         builder = builder.remote(master) if remote else builder.master(master)
         settings = {**LOCAL_SETTINGS, "spark.jars": ",".join(_jars(cfg))}
     for key, value in settings.items():
@@ -143,31 +134,17 @@ def _stderr_to(path: Path | None):
 
 
 def parallelism(spark, cfg: SparkConfig) -> int:
-    """A batch's tasks that run at once: spark.partitions, else every task slot of the session but one.
-    The slot left over runs the run's own commits while a batch's tasks hold the others (see
-    local_master). A cluster need not set spark.default.parallelism; its slots are then the partitions
-    Spark splits a range into, and at most 8 tasks run (the number crag took before it looked): every
-    task keeps at least one request in flight to each endpoint, so many more tasks than an endpoint's
-    max_concurrency would exceed it."""
+    """A batch's tasks that run at once: spark.partitions, else every task slot of the session
+    (spark.default.parallelism) but one, else 8 (a session that does not say: a cluster need not set
+    it, and Spark Connect may not read it). The slot left over runs the run's own commits, the
+    heartbeat's, while a batch's tasks hold the others (see local_master)."""
     if cfg.partitions:
         return cfg.partitions
     try:
         value = spark.conf.get("spark.default.parallelism", None)
     except Exception:  # Spark Connect may refuse to read a static setting
         value = None
-    if value and str(value).isdigit():
-        return max(1, int(value) - 1)
-    return max(1, min(range_splits(spark) - 1, 8))
-
-
-def range_splits(spark) -> int:
-    """The partitions Spark splits a range into when not told: its default parallelism, the cluster's
-    task slots (neither Spark Connect nor the DataFrame API has SparkContext.defaultParallelism). One
-    small Spark job."""
-    from pyspark.sql import functions as F  # noqa: PLC0415  # as get_spark's
-
-    split = spark.range(1 << 16).select(F.spark_partition_id().alias("partition"))
-    return int(split.agg(F.max("partition")).collect()[0][0]) + 1
+    return max(1, int(value) - 1) if value and str(value).isdigit() else 8
 
 
 def _partition_task(config_json: str, secrets: dict[str, str], concurrent_tasks: int):

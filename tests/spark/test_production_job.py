@@ -8,9 +8,8 @@ import pytest
 from deltalake import DeltaTable
 
 from crag.cli import main
-from crag.config import SparkConfig
 from crag.job import RunPlan, run
-from crag.spark import parallelism, range_splits
+from crag.warehouse import Warehouse
 from tests.support import REPO, SAMPLE, TOKEN, crag_run_args, uniform_questions
 
 QUESTIONS = SAMPLE / "questions.jsonl"
@@ -55,54 +54,44 @@ def test_no_credential_reaches_a_table(databricks_run):
         assert TOKEN not in table(warehouse, name).to_csv(), name
 
 
-def test_the_heartbeat_commits_while_a_batch_holds_its_tasks(spark, emulator, tmp_path, monkeypatch):
+def test_the_heartbeat_commits_while_each_batch_holds_its_tasks(spark, emulator, tmp_path, monkeypatch):
     """A batch's tasks keep their task slots until the batch ends (minutes, on real endpoints). The
     heartbeat's commit is a Spark job too: it must find a slot meanwhile, or a live run falls silent
-    and, after tables.stale_run_after_s, another process may take it over."""
-    emulator.behaviour["serving"].latency_s = 0.3  # a batch of about 10 s
+    and, after tables.stale_run_after_s, another process may take it over. So a batch leaves one slot
+    free, and no batch is queued behind a running one (its tasks would take that slot)."""
+    emulator.behaviour["serving"].latency_s = 0.3  # two batches of about 10 s
     beats: list[float] = []
-    record = RunPlan.record
+    batches: list[tuple[float, float]] = []
+    record, append_observed = RunPlan.record, Warehouse.append_observed
 
     def recorded(self, status, *args, **kwargs):
         record(self, status, *args, **kwargs)
         if status == "running":  # only the heartbeat records "running" (the claim is a MERGE)
             beats.append(time.perf_counter())
 
+    def timed(self, table, *args, **kwargs):
+        start = time.perf_counter()
+        observed = append_observed(self, table, *args, **kwargs)
+        if table.startswith("run_staging"):
+            batches.append((start, time.perf_counter()))
+        return observed
+
     monkeypatch.setattr(RunPlan, "record", recorded)
+    monkeypatch.setattr(Warehouse, "append_observed", timed)
     overrides = [
         "tables.stale_run_after_s=1.2",  # a beat every 0.4 s
+        "spark.batch_questions=32",
         "spark.pipelines_per_task=1",
         "spark.questions_per_pipeline=1",  # one question after another in each task
         "cache.enabled=false",
     ]
-    questions = uniform_questions(tmp_path / "questions.jsonl", 32)
+    questions = uniform_questions(tmp_path / "questions.jsonl", 64)
     run(str(REPO / "conf" / "databricks.yaml"), str(questions), str(tmp_path), "base", "beats", overrides, spark)
-    first_request = min(admitted for _, admitted, _ in emulator.spans)
-    last_reply = max(released for _, _, released in emulator.spans)
-    assert last_reply - first_request > 8  # the batch took long enough for several beats
-    # a beat committed while every task of the batch ran (a first one may slip in before they start)
-    assert [beat for beat in beats if first_request + 2 < beat < last_reply - 1], (beats, first_request, last_reply)
-
-
-def test_task_slots_without_a_default_parallelism_setting(spark):
-    """A cluster need not set spark.default.parallelism: its slots then come from how Spark splits a
-    range, which must agree with the setting where there is one; a batch leaves one of them free."""
-
-    class WithoutTheSetting:
-        conf: dict = {}
-        range = spark.range
-
-    slots = int(spark.conf.get("spark.default.parallelism"))
-    assert range_splits(spark) == slots == 3
-    assert parallelism(WithoutTheSetting(), SparkConfig()) == parallelism(spark, SparkConfig()) == slots - 1
-
-    class LargeClusterWithoutTheSetting:  # 20 slots: at most 8 tasks, as many as crag took before
-        conf: dict = {}
-
-        def range(self, n):
-            return spark.range(0, n, 1, 20)
-
-    assert parallelism(LargeClusterWithoutTheSetting(), SparkConfig()) == 8
+    assert len(batches) == 2 and batches[1][0] >= batches[0][1]  # one batch at a time
+    for start, end in batches:
+        assert end - start > 8  # long enough for several beats
+        # a beat committed while every task of the batch ran (one may slip in before they start)
+        assert [beat for beat in beats if start + 2 < beat < end - 1], (beats, batches)
 
 
 def test_openai_config_from_the_cli(spark, emulator, tmp_path, sample_indexes, capsys):

@@ -3,6 +3,7 @@ master, and the policy of an endpoint that several roles share."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import typing
 from types import SimpleNamespace
@@ -12,7 +13,7 @@ import pytest
 from crag.cli import main
 from crag.config import MAX_YAML_VALUES, CragConfig, EndpointPolicy, SparkConfig, load_config, safe_yaml
 from crag.errors import ConfigError
-from crag.spark import get_spark, local_master, parallelism
+from crag.spark import local_master, parallelism
 from tests.support import LOCAL_CONF, REPO
 
 DBX = REPO / "conf" / "databricks.yaml"
@@ -138,10 +139,11 @@ def test_the_whole_timeout_path_is_bounded_from_a_file(tmp_path):
         load_config(conf)
 
 
+@pytest.mark.parametrize("key", ["master", "remote"])
 @pytest.mark.parametrize("master", ["local[0]", "local[-1]", "local[x]", "local[]", "local[0,2]", "local[2,0]"])
-def test_a_local_master_without_threads_is_one_line(index_overrides, master):
-    with pytest.raises(ConfigError, match=r"config key 'spark.master'.*local\[N\]"):
-        load_config(LOCAL_CONF, [*index_overrides, f"spark.master={master}"])
+def test_a_local_master_without_threads_is_one_line(index_overrides, master, key):
+    with pytest.raises(ConfigError, match=rf"config key 'spark.{key}'.*local\[N\]"):
+        load_config(LOCAL_CONF, [*index_overrides, f"spark.{key}={master}"])
 
 
 @pytest.mark.parametrize(
@@ -173,14 +175,11 @@ def test_a_local_session_gets_a_slot_beyond_the_batch(master, started, batch_tas
     assert parallelism(Session(slots), SparkConfig(partitions=7)) == 7  # spark.partitions, when set, decides
 
 
-def test_a_local_spark_connect_server_without_threads_is_one_line():
-    with pytest.raises(ConfigError, match=r"'spark.remote': 'local\[0\]' has no cores"):
-        get_spark(SparkConfig(remote="local[0]"))
-
-
 def test_only_local_masters_get_a_slot_more():
     assert local_master("spark://h:7077") is None and local_master("yarn") is None
-    assert local_master("local[*]") == ("local[*]", None)  # Spark counts the cores; a batch leaves one
+    cores = len(os.sched_getaffinity(0))  # the cores this process may run on
+    assert local_master("local[*]") == (f"local[{cores + 1}]", cores + 1)
+    assert local_master("local[*,3]") == (f"local[{cores + 1},3]", cores + 1)
 
 
 @pytest.mark.parametrize(
