@@ -426,11 +426,11 @@ class SparkConfig(Section):
 
     @field_validator("master", "remote")
     @classmethod
-    def _local_threads(cls, master: str | None) -> str | None:
+    def _local_threads(cls, value: str | None) -> str | None:
         # Spark itself fails late, with a Java stack, on local[0] or local[x].
-        if master is not None and master.startswith("local[") and not LOCAL_MASTER.fullmatch(master):
-            raise ValueError(f"{master!r}: local mode takes local[N] or local[N,F] with N >= 1 threads, or local[*]")
-        return master
+        if value is not None and value.startswith("local[") and not LOCAL_MASTER.fullmatch(value):
+            raise ValueError(f"{value!r}: local mode takes local[N] or local[N,F] with N >= 1 threads, or local[*]")
+        return value
 
 
 class CacheConfig(Section):

@@ -462,7 +462,7 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
     slots = parallelism(wh.spark, cfg.spark)
     bucket = F.pmod(F.xxhash64("question_id"), F.lit(batches))
     size = math.ceil(remaining / batches)
-    partitions = max(1, min(cfg.spark.partitions or slots, size))
+    partitions = max(1, min(slots, size))  # slots: spark.partitions when set (crag.spark.parallelism)
     reporter = ProgressReporter(enabled=progress, desc="crag: questions").start(
         plan.accepted, plan.accepted - remaining
     )
