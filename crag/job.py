@@ -31,7 +31,7 @@ import pandas as pd
 import pyarrow as pa
 
 from crag import schema
-from crag.backends import build_backends, resolve_credentials
+from crag.backends import build_backends, resolve_credentials, smallest_budget
 from crag.config import CragConfig, load_config, redacted
 from crag.errors import CragError, InputError
 from crag.evaluation import ACTIONS, evaluate_run, metrics_table
@@ -463,6 +463,17 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
     bucket = F.pmod(F.xxhash64("question_id"), F.lit(batches))
     size = math.ceil(remaining / batches)
     partitions = max(1, min(slots, size))  # slots: spark.partitions when set (crag.spark.parallelism)
+    budget = smallest_budget(cfg)
+    if budget is not None and budget[1] < partitions:
+        log.info(
+            "%d tasks at once, not %d: the %s's endpoint takes %d requests at a time (max_concurrency), "
+            "and every task keeps one in flight",
+            budget[1],
+            partitions,
+            budget[0],
+            budget[1],
+        )
+        partitions = budget[1]
     reporter = ProgressReporter(enabled=progress, desc="crag: questions").start(
         plan.accepted, plan.accepted - remaining
     )

@@ -27,6 +27,7 @@ import pyarrow as pa
 from crag import schema
 from crag.backends import cached_backends
 from crag.backends.base import Document
+from crag.backends.remote import running_task
 from crag.cache import StageCache, question_key, role_slices, with_cache
 from crag.config import LOCAL_MASTER, CragConfig, SparkConfig
 from crag.errors import ConfigError
@@ -151,10 +152,12 @@ def _partition_task(config_json: str, secrets: dict[str, str], concurrent_tasks:
     # `secrets` is resolved on the driver and captured here in memory: workers on serverless compute
     # have neither the driver's environment nor dbutils. It never enters the config or a table.
     def process(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        # Imported here: this runs in the worker process.
+        from pyspark import TaskContext  # noqa: PLC0415  # as get_spark's
 
         cfg = CragConfig.model_validate_json(config_json)
         backends = cached_backends(cfg, secrets, concurrent_tasks)
+        task = TaskContext.get()  # set in every Spark task
+        running_task(task.partitionId() if task else 0)  # which share of each endpoint's budget is this task's
         slices = role_slices(cfg, secrets) if cfg.cache.enabled else None
         for batch in batches:
             if not batch.num_rows:
@@ -257,7 +260,8 @@ def run_stages(questions, cfg: CragConfig, secrets: dict[str, str] | None, parti
     when it is written."""
     from pyspark.sql.pandas.types import from_arrow_schema  # noqa: PLC0415  # as get_spark's
 
-    # Partitions running at the same time share each endpoint's max_concurrency budget.
+    # Partitions running at the same time share each endpoint's max_concurrency budget out exactly
+    # (crag.backends.remote.budget_share): partition p has share p.
     concurrent_tasks = max(1, min(partitions, slots))
     return questions.repartition(partitions).mapInArrow(
         _partition_task(cfg.model_dump_json(), secrets or {}, concurrent_tasks), from_arrow_schema(schema.STAGE_OUTPUT)

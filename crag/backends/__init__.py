@@ -106,6 +106,22 @@ def shared_policies(cfg: CragConfig) -> dict[tuple, EndpointPolicy]:
     }
 
 
+def smallest_budget(cfg: CragConfig) -> tuple[str, int] | None:
+    """The smallest max_concurrency among the remote endpoints the config calls, and the role whose
+    endpoint it is (None: every backend is in-process). A job runs no more tasks at once than this:
+    each task keeps at least one request in flight to every endpoint (crag.backends.remote.budget_share)."""
+    policies = shared_policies(cfg)
+    budgets = {name: policies[_endpoint_key(role)].max_concurrency for name, role in cfg.llm_roles().items()}
+    for name in ("retriever", "web_search"):
+        policy = getattr(getattr(cfg, name), "policy", None)  # a remote one's (an in-process one has none)
+        if isinstance(policy, EndpointPolicy):
+            budgets[name] = policy.max_concurrency
+    if not budgets:
+        return None
+    role = min(budgets, key=budgets.__getitem__)
+    return role, budgets[role]
+
+
 def _chat_model(
     role: LLMConfig,
     secrets,

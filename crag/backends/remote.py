@@ -10,7 +10,6 @@ Databricks cluster with the runtime's own auth) does the SDK retry a 429 itself,
 from __future__ import annotations
 
 import email.utils
-import math
 import os
 import threading
 import time
@@ -95,20 +94,53 @@ def _call_with_deadline(fn: Callable[[], T], timeout_s: float, name: str) -> T:
     return outcome["value"]
 
 
+def budget_share(budget: int, tasks: int, task: int) -> int:
+    """Task `task`'s share of a job-wide budget of requests in flight, among `tasks` tasks that run at
+    once: the shares differ by one at most and add up to the budget exactly. At least 1: every task
+    keeps one request in flight, which is why a job runs no more tasks than its smallest budget
+    (crag.backends.smallest_budget)."""
+    tasks = max(1, tasks)
+    return max(1, budget // tasks + (task % tasks < budget % tasks))
+
+
+# The task this process runs: a Spark Python worker runs one task at a time, and the task's Spark
+# partition number tells which share of every budget is its own (set by crag.spark's task function;
+# 0 outside Spark, where one process has every task's share when it is the only task).
+_task = 0
+
+
+def running_task(index: int) -> None:
+    global _task
+    _task = index
+
+
 class Endpoint:
     """One remote endpoint as the job sees it.
 
-    `policy.max_concurrency` is the budget of in-flight requests for the whole job; Spark runs
-    `concurrent_tasks` partitions at once, each in its own Python process, so each process may have
-    ceil(max_concurrency / concurrent_tasks) requests in flight.
+    `policy.max_concurrency` is the budget of in-flight requests for the whole job. Spark runs
+    `concurrent_tasks` partitions at once, each in its own Python process, and each process may have
+    its task's share of the budget in flight (budget_share).
     """
 
     def __init__(self, name: str, policy: EndpointPolicy, concurrent_tasks: int = 1, hard_timeout: bool = False):
         self.name = name
         self.policy = policy
-        self.concurrency = max(1, math.ceil(policy.max_concurrency / max(1, concurrent_tasks)))
-        self._slots = threading.BoundedSemaphore(self.concurrency)
+        self._tasks = max(1, concurrent_tasks)
+        # the threads a stage may keep busy: the largest share a task gets (task 0's)
+        self.concurrency = budget_share(policy.max_concurrency, self._tasks, 0)
+        self._limits: dict[int, threading.BoundedSemaphore] = {}
+        self._limits_lock = threading.Lock()
         self.hard_timeout = hard_timeout  # for clients without a timeout of their own (Vector Search)
+
+    def _slots(self) -> threading.BoundedSemaphore:
+        """The running task's share of the budget. The backends outlive a task, and the next task in
+        this process may have the other share size: one semaphore per size (no request is in flight
+        between two tasks)."""
+        share = budget_share(self.policy.max_concurrency, self._tasks, _task)
+        with self._limits_lock:
+            if share not in self._limits:
+                self._limits[share] = threading.BoundedSemaphore(share)
+            return self._limits[share]
 
     def _wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
@@ -135,7 +167,7 @@ class Endpoint:
         return retrying(self._attempt, fn)
 
     def _attempt(self, fn: Callable[[], T]) -> T:
-        with self._slots:
+        with self._slots():
             if not self.hard_timeout:
                 return fn()
             # On a timeout the request thread is abandoned, and its slot is released now.

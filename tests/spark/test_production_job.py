@@ -1,6 +1,7 @@
 """The whole job on Spark with the production backends (Vector Search, model serving, Tavily; and an
 OpenAI-compatible server), every real client pointed at the emulator."""
 
+import json
 import time
 
 import pandas as pd
@@ -92,6 +93,37 @@ def test_the_heartbeat_commits_while_each_batch_holds_its_tasks(spark, emulator,
         assert end - start > 8  # long enough for several beats
         # a beat committed while every task of the batch ran (one may slip in before they start)
         assert [beat for beat in beats if start + 2 < beat < end - 1], (beats, batches)
+
+
+REMOTE_ROLES = ("retriever", "grader", "rewriter", "generator", "web_search")
+
+
+@pytest.mark.parametrize(("budget", "tasks"), [(4, 3), (2, 3)])
+def test_every_endpoint_stays_within_its_budget_whatever_the_tasks(spark, emulator, tmp_path, budget, tasks):
+    """max_concurrency is the requests in flight to an endpoint across the whole job. The tasks that
+    run at once share it out exactly (a ceil(budget / tasks) each would overshoot it: 3 x 2 for a
+    budget of 4), and a job runs no more tasks than its smallest budget, since every task keeps one
+    request in flight at least."""
+    emulator.behaviour["serving"].latency_s = 0.1
+    overrides = [
+        f"spark.partitions={tasks}",
+        "spark.pipelines_per_task=4",  # more requests ready than the budget lets through
+        "spark.questions_per_pipeline=1",
+        "cache.enabled=false",
+        *[f"{role}.policy.max_concurrency={budget}" for role in REMOTE_ROLES],
+    ]
+    # three copies of the sample: its questions take every route, and each task has ~50 to answer
+    lines = [json.loads(line) for line in QUESTIONS.read_text().splitlines()]
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(
+        "".join(json.dumps({**q, "question_id": f"{q['question_id']}-{i}"}) + "\n" for i in range(3) for q in lines)
+    )
+    run(str(REPO / "conf" / "databricks.yaml"), str(questions), str(tmp_path), "base", "budget", overrides, spark)
+    # the endpoints the questions are answered by (the Vector Search endpoint itself is only described)
+    peaks = {e: n for e, n in emulator.peak_in_flight.items() if e.startswith(("serving:", "vector_search:main."))}
+    assert len(peaks) == 3 and all(n <= budget for n in peaks.values()), peaks
+    assert peaks[max(peaks, key=peaks.get)] == budget, peaks  # and the budget is used, not left idle
+    assert emulator.peak_in_flight["tavily"] <= budget
 
 
 def test_openai_config_from_the_cli(spark, emulator, tmp_path, sample_indexes, capsys):

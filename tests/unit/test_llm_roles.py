@@ -1,13 +1,18 @@
 """How chat-model roles build prompts (untrusted text stays inside its delimiters) and how the web
 stage uses the source check and the two-stage fallback."""
 
+import threading
+import time
+
 import pandas as pd
+import pytest
 
 from crag import stages
-from crag.backends import build_backends
+from crag.backends import build_backends, smallest_budget
 from crag.backends.base import Usage
 from crag.backends.llm_roles import LLMGrader, Prompt, fenced, render_context
-from crag.config import load_config
+from crag.backends.remote import Endpoint, budget_share, running_task
+from crag.config import EndpointPolicy, load_config
 from tests.support import REPO
 
 OAI = REPO / "conf" / "openai.yaml"
@@ -112,3 +117,55 @@ def test_requests_in_flight_respect_the_concurrency_budget(emulator, sample_inde
     df = pd.DataFrame({"question_id": [f"q{i}" for i in range(8)], "question": ["How high is Mount Fuji?"] * 8})
     stages.run_pipeline(df, backends, cfg)
     assert emulator.peak_in_flight["serving"] == 2
+
+
+@pytest.mark.parametrize("budget", [1, 4, 7, 32])
+@pytest.mark.parametrize("tasks", [1, 2, 3, 7])
+def test_the_tasks_shares_of_a_budget_add_up_to_it(budget, tasks):
+    shares = [budget_share(budget, tasks, task) for task in range(tasks)]
+    if tasks <= budget:
+        assert sum(shares) == budget and max(shares) - min(shares) <= 1
+    else:  # never run so (smallest_budget caps the tasks); each would still keep one request in flight
+        assert shares == [1] * tasks
+
+
+def test_each_task_keeps_its_own_share_in_flight():
+    endpoint = Endpoint("e", EndpointPolicy(max_concurrency=5), concurrent_tasks=3)
+    assert endpoint.concurrency == 2  # threads a stage may use: the largest share
+    peaks = []
+    try:
+        for task in range(3):  # one process running the job's three tasks one after the other
+            running_task(task)
+            in_flight, peak, lock = [0], [0], threading.Lock()
+
+            def request():
+                with lock:
+                    in_flight[0] += 1
+                    peak[0] = max(peak[0], in_flight[0])
+                time.sleep(0.05)
+                with lock:
+                    in_flight[0] -= 1
+
+            threads = [threading.Thread(target=endpoint.call, args=(request,)) for _ in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            peaks.append(peak[0])
+    finally:
+        running_task(0)
+    assert peaks == [2, 2, 1]  # 5 in all
+
+
+def test_the_smallest_remote_budget_limits_a_jobs_tasks():
+    cfg = load_config(
+        REPO / "conf" / "databricks.yaml",
+        [
+            "retriever.policy.max_concurrency=3",
+            "rewriter.policy.max_concurrency=2",
+            "generator.policy.max_concurrency=6",
+        ],
+    )
+    # the rewriter shares the generator's endpoint, whose budget is the larger of theirs
+    assert smallest_budget(cfg) == ("retriever", 3)
+    assert smallest_budget(load_config(REPO / "conf" / "local.yaml")) is None  # in-process backends only
