@@ -466,7 +466,7 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
     budget = smallest_budget(cfg)
     if budget is not None and budget[1] < partitions:
         log.info(
-            "%d tasks at once, not %d: the %s's endpoint takes %d requests at a time (max_concurrency), "
+            "%d tasks at once, not %d: the endpoint of %s takes %d requests at a time (max_concurrency), "
             "and every task keeps one in flight",
             budget[1],
             partitions,
@@ -484,7 +484,7 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
             batch = _with_stored_results(wh, batch)
         else:
             batch = batch.withColumn("cache", _no_stored_results())
-        return run_stages(batch, cfg, plan.secrets, partitions, slots).select(
+        return run_stages(batch, cfg, plan.secrets, partitions).select(
             F.lit(plan.run_id).alias("run_id"),
             F.lit(i).cast("int").alias("batch"),
             "*",

@@ -148,14 +148,14 @@ def parallelism(spark, cfg: SparkConfig) -> int:
     return max(1, int(value) - 1) if value and str(value).isdigit() else 8
 
 
-def _partition_task(config_json: str, secrets: dict[str, str], concurrent_tasks: int):
+def _partition_task(config_json: str, secrets: dict[str, str], tasks: int):
     # `secrets` is resolved on the driver and captured here in memory: workers on serverless compute
     # have neither the driver's environment nor dbutils. It never enters the config or a table.
     def process(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext  # noqa: PLC0415  # as get_spark's
 
         cfg = CragConfig.model_validate_json(config_json)
-        backends = cached_backends(cfg, secrets, concurrent_tasks)
+        backends = cached_backends(cfg, secrets, tasks)
         task = TaskContext.get()  # set in every Spark task
         running_task(task.partitionId() if task else 0)  # which share of each endpoint's budget is this task's
         slices = role_slices(cfg, secrets) if cfg.cache.enabled else None
@@ -254,15 +254,15 @@ def to_stage_output(df: pd.DataFrame) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema.STAGE_OUTPUT)
 
 
-def run_stages(questions, cfg: CragConfig, secrets: dict[str, str] | None, partitions: int, slots: int):
+def run_stages(questions, cfg: CragConfig, secrets: dict[str, str] | None, partitions: int):
     """All stages over a DataFrame of questions (schema.STAGE_INPUT: question_id, question, and the
-    stored backend results that may serve them); a DataFrame of schema.STAGE_OUTPUT rows, evaluated
-    when it is written."""
+    stored backend results that may serve them), in `partitions` tasks; a DataFrame of
+    schema.STAGE_OUTPUT rows, evaluated when it is written."""
     from pyspark.sql.pandas.types import from_arrow_schema  # noqa: PLC0415  # as get_spark's
 
-    # Partitions running at the same time share each endpoint's max_concurrency budget out exactly
-    # (crag.backends.remote.budget_share): partition p has share p.
-    concurrent_tasks = max(1, min(partitions, slots))
+    # The partitions share each endpoint's max_concurrency budget out exactly, partition p taking
+    # share p (crag.backends.remote.budget_share): the shares add up to the budget whichever of the
+    # tasks run at once (a batch gets no more partitions than task slots, so all of them do).
     return questions.repartition(partitions).mapInArrow(
-        _partition_task(cfg.model_dump_json(), secrets or {}, concurrent_tasks), from_arrow_schema(schema.STAGE_OUTPUT)
+        _partition_task(cfg.model_dump_json(), secrets or {}, partitions), from_arrow_schema(schema.STAGE_OUTPUT)
     )

@@ -108,10 +108,13 @@ def shared_policies(cfg: CragConfig) -> dict[tuple, EndpointPolicy]:
 
 def smallest_budget(cfg: CragConfig) -> tuple[str, int] | None:
     """The smallest max_concurrency among the remote endpoints the config calls, and the role whose
-    endpoint it is (None: every backend is in-process). A job runs no more tasks at once than this:
+    endpoint it is (None: every backend the run calls is in-process). A job runs no more tasks at once than this:
     each task keeps at least one request in flight to every endpoint (crag.backends.remote.budget_share)."""
     policies = shared_policies(cfg)
-    budgets = {name: policies[_endpoint_key(role)].max_concurrency for name, role in cfg.llm_roles().items()}
+    roles = cfg.llm_roles()
+    if isinstance(cfg.web_search, NoWebSearchConfig):  # the rewriter and the source check are never called
+        roles = {name: role for name, role in roles.items() if name not in ("rewriter", "web_search.verify")}
+    budgets = {name: policies[_endpoint_key(role)].max_concurrency for name, role in roles.items()}
     for name in ("retriever", "web_search"):
         policy = getattr(getattr(cfg, name), "policy", None)  # a remote one's (an in-process one has none)
         if isinstance(policy, EndpointPolicy):

@@ -134,8 +134,8 @@ class Endpoint:
 
     def _slots(self) -> threading.BoundedSemaphore:
         """The running task's share of the budget. The backends outlive a task, and the next task in
-        this process may have the other share size: one semaphore per size (no request is in flight
-        between two tasks)."""
+        this process may have the other share size: one semaphore per size (no slot is held between
+        two tasks: a request abandoned on a timeout gave its slot back when it was abandoned)."""
         share = budget_share(self.policy.max_concurrency, self._tasks, _task)
         with self._limits_lock:
             if share not in self._limits:

@@ -30,12 +30,12 @@ def run_stages_dying_on(batch_number: int, sent: list[list[str]]):
     `sent` gets each batch's question ids."""
     real, failures = crag_job.run_stages, [batch_number]
 
-    def stages(batch, cfg, secrets, partitions, slots):
+    def stages(batch, cfg, secrets, partitions):
         sent.append([r["question_id"] for r in batch.select("question_id").collect()])
         if failures and len(sent) == failures[0]:
             failures.clear()
             raise RuntimeError("driver lost")
-        return real(batch, cfg, secrets, partitions, slots)
+        return real(batch, cfg, secrets, partitions)
 
     return stages
 

@@ -169,3 +169,10 @@ def test_the_smallest_remote_budget_limits_a_jobs_tasks():
     # the rewriter shares the generator's endpoint, whose budget is the larger of theirs
     assert smallest_budget(cfg) == ("retriever", 3)
     assert smallest_budget(load_config(REPO / "conf" / "local.yaml")) is None  # in-process backends only
+
+
+def test_a_role_the_run_never_calls_does_not_limit_its_tasks():
+    own_rewriter = ["rewriter.endpoint=rewriter-only", "rewriter.policy.max_concurrency=1"]
+    assert smallest_budget(load_config(REPO / "conf" / "databricks.yaml", own_rewriter)) == ("rewriter", 1)
+    without_web = load_config(REPO / "conf" / "databricks.yaml", [*own_rewriter, "web_search={backend: none}"])
+    assert smallest_budget(without_web) == ("grader", 8)  # no web search: the rewriter is never called
