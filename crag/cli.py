@@ -337,11 +337,9 @@ def _run_command(args) -> int:
             )
         elif args.command == "compare":
             from crag.compare import compare
-            from crag.config import TrackingConfig
 
-            tracking = TrackingConfig(enabled=not args.no_mlflow)
             _, lines, path = compare(
-                _warehouse(args), args.base, args.candidate, args.report, tracking, args.allow_unfinished
+                _warehouse(args), args.base, args.candidate, args.report, not args.no_mlflow, args.allow_unfinished
             )
             print("\n".join(lines))
             print(f"report: {path}")

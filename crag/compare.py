@@ -9,6 +9,8 @@ crag/templates/compare_report.html.j2.
 from __future__ import annotations
 
 import difflib
+import json
+import logging
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,10 +22,14 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from pyspark.sql import functions as F
 
 from crag import schema
+from crag.config import TrackingConfig
 from crag.errors import InputError
 from crag.evaluation import METRIC_DIRECTIONS, answer_units, is_cjk, normalize_answer, question_scores, read_run
 from crag.ids import check_run_id
+from crag.secrets import scrub
 from crag.tracking import log_report
+
+log = logging.getLogger("crag")
 
 
 def answer_similarity(a: str | None, b: str | None) -> float:
@@ -389,11 +395,18 @@ def render_report(
 
 
 def compare(
-    warehouse, base_id: str, candidate_id: str, report: str | None, tracking=None, allow_unfinished: bool = False
+    warehouse,
+    base_id: str,
+    candidate_id: str,
+    report: str | None,
+    attach_report: bool = True,
+    allow_unfinished: bool = False,
 ) -> tuple[pd.DataFrame, list[str], str]:
     """Read both runs from the Warehouse, write their comparison rows (replacing an earlier comparison
     of the same pair) and the HTML report; return the rows, the summary lines and the report's path.
-    A run that has not succeeded (still running, or failed) is refused unless `allow_unfinished`."""
+    A run that has not succeeded (still running, or failed) is refused unless `allow_unfinished`.
+    With `attach_report`, the report is also attached to the candidate's MLflow run, found with the
+    tracking settings that run was logged with (its stored config), not with this command's."""
 
     path = Path(report or f"compare_{base_id}_vs_{candidate_id}.html")
     if path.is_dir():  # checked first: not after both runs are read
@@ -401,18 +414,19 @@ def compare(
             f"--report {path} is a folder: give the path of the HTML file to write, "
             f"e.g. {path / f'compare_{base_id}_vs_{candidate_id}.html'}"
         )
-    runs = {}
+    runs, configs = {}, {}
     for run_id in (base_id, candidate_id):
         check_run_id(run_id)
-        status = warehouse.load_run("runs", run_id).select("status").collect()
-        if not status:
+        record = warehouse.load_run("runs", run_id).select("status", "config").collect()
+        if not record:
             raise InputError(f"no run {run_id!r} in {warehouse.location}")
-        if status[0]["status"] != "succeeded" and not allow_unfinished:
+        if record[0]["status"] != "succeeded" and not allow_unfinished:
             raise InputError(
-                f"run {run_id!r} has not finished (status {status[0]['status']}): compare it when it "
+                f"run {run_id!r} has not finished (status {record[0]['status']}): compare it when it "
                 f"has succeeded, or pass --allow-unfinished to compare the rows it has"
             )
         runs[run_id] = read_run(warehouse, run_id, ("answers", "grades", "gold", "metrics"))
+        configs[run_id] = json.loads(record[0]["config"])
     base, candidate = runs[base_id], runs[candidate_id]
     scores = None
     if not base["gold"].empty and not candidate["gold"].empty:
@@ -428,6 +442,22 @@ def compare(
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_report(rows, deltas, base, candidate, question_scores=scores), encoding="utf-8")
-    if tracking is not None:
-        log_report(tracking, warehouse.location, candidate_id, str(path))
+    if attach_report:
+        _attach_report(configs[candidate_id].get("mlflow", {}), warehouse.location, candidate_id, path)
     return rows, summary_lines(rows, deltas), str(path)
+
+
+def _attach_report(stored_tracking: dict, location: str, candidate_id: str, path: Path) -> None:
+    """Attach the report to the candidate's MLflow run. The comparison rows and the report are written
+    by then, so a tracking store that cannot be reached (or a tracking URI stored redacted because it
+    held credentials) costs a warning line, not the command."""
+    try:
+        log_report(TrackingConfig.model_validate(stored_tracking), location, candidate_id, str(path))
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        log.warning(
+            "the report was not attached to run %s's MLflow run: %s: %s",
+            candidate_id,
+            type(exc).__name__,
+            scrub(first)[:300],
+        )

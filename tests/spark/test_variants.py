@@ -123,9 +123,13 @@ def test_only_the_changed_stage_calls_its_backend(spark, emulator, tmp_path):
 
 
 def test_runs_are_logged_to_mlflow(spark, sample_indexes, tmp_path, capsys):
+    """The runs log to an experiment of their config's; `crag compare`, given no config, finds the
+    candidate's MLflow run with the tracking settings stored in its runs row (as the bundle's
+    compare_variants job, which passes no overrides, must)."""
     from mlflow.tracking import MlflowClient
 
     sets = ["--set", f"retriever.index={sample_indexes['kb']}", "--set", f"web_search.index={sample_indexes['web']}"]
+    sets += ["--set", "mlflow.experiment=crag-variants"]
     for run_id, extra in (("ml-base", []), ("ml-cand", ["--variant", "paper_thresholds"])):
         assert main(crag_run_args(tmp_path, *sets, *extra, "--run-id", run_id, questions=QUESTIONS)) == 0
     report = tmp_path / "cmp.html"
@@ -146,7 +150,8 @@ def test_runs_are_logged_to_mlflow(spark, sample_indexes, tmp_path, capsys):
         == 0
     )
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("crag")
+    assert client.get_experiment_by_name("crag") is None
+    experiment = client.get_experiment_by_name("crag-variants")
     runs = {r.data.tags["crag.run_id"]: r for r in client.search_runs([experiment.experiment_id])}
     assert set(runs) == {"ml-base", "ml-cand"}
     cand = runs["ml-cand"]
@@ -160,3 +165,17 @@ def test_runs_are_logged_to_mlflow(spark, sample_indexes, tmp_path, capsys):
     assert [a.path for a in client.list_artifacts(cand.info.run_id, "reports")] == ["reports/cmp.html"]
     config = client.download_artifacts(cand.info.run_id, "config.json", str(tmp_path / "dl"))
     assert '"policy": "thresholds"' in open(config).read()
+
+
+def test_a_tracking_store_out_of_reach_costs_compare_a_warning_line_not_its_results(tmp_path, caplog):
+    """The report is attached after the comparison rows and the HTML file are written: a store that
+    cannot be opened (here a SQLite path under a file) is one warning line naming the run."""
+    from crag.compare import _attach_report
+
+    (tmp_path / "a-file").write_text("")
+    report = tmp_path / "report.html"
+    report.write_text("<html></html>")
+    stored = {"enabled": True, "tracking_uri": f"sqlite:///{tmp_path / 'a-file' / 'mlflow.db'}", "experiment": "crag"}
+    _attach_report(stored, str(tmp_path), "cand-1", report)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "run cand-1's MLflow run" in warnings[0], warnings
