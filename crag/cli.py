@@ -12,7 +12,7 @@ import sys
 import textwrap
 import threading
 
-from crag.errors import CragError
+from crag.errors import CragError, describe
 from crag.ids import check_run_id
 from crag.secrets import scrub
 
@@ -474,9 +474,7 @@ def main(argv: list[str] | None = None) -> int:
             return _say_interrupted(args, interrupt)
         if not isinstance(exc, _known_errors()):
             raise
-        lines = str(exc).strip().splitlines()
-        detail = scrub(lines[0] if lines else "")[:500]
-        print(f"crag: error: {type(exc).__name__}: {detail} (CRAG_DEBUG=1 shows the traceback)", file=sys.stderr)
+        print(f"crag: error: {describe(exc, limit=500)} (CRAG_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 2
     finally:
         for name in _INTERRUPT_LOGGERS:

@@ -23,10 +23,9 @@ from pyspark.sql import functions as F
 
 from crag import schema
 from crag.config import TrackingConfig
-from crag.errors import InputError
+from crag.errors import InputError, describe
 from crag.evaluation import METRIC_DIRECTIONS, answer_units, is_cjk, normalize_answer, question_scores, read_run
 from crag.ids import check_run_id
-from crag.secrets import scrub
 from crag.tracking import log_report
 
 log = logging.getLogger("crag")
@@ -454,10 +453,4 @@ def _attach_report(stored_tracking: dict, location: str, candidate_id: str, path
     try:
         log_report(TrackingConfig.model_validate(stored_tracking), location, candidate_id, str(path))
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0]
-        log.warning(
-            "the report was not attached to run %s's MLflow run: %s: %s",
-            candidate_id,
-            type(exc).__name__,
-            scrub(first)[:300],
-        )
+        log.warning("the report was not attached to run %s's MLflow run: %s", candidate_id, describe(exc))

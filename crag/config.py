@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from crag.errors import ConfigError
+from crag.errors import ConfigError, describe
 from crag.secrets import redact_config
 from crag.text import TOKENIZERS
 
@@ -577,8 +577,7 @@ def _read_yaml(path: Path, what: str) -> dict:
     try:
         data = safe_yaml(path.read_text(encoding="utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
-        raise ConfigError(f"{what} {path} is not valid YAML: {first}") from None
+        raise ConfigError(f"{what} {path} is not valid YAML: {describe(exc, with_type=False)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{what} {path} must be a mapping of sections, got {type(data).__name__}")
     return data

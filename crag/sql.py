@@ -22,7 +22,7 @@ import pyarrow as pa
 import sqloxide
 from deltalake import DeltaTable, QueryBuilder
 
-from crag.errors import InputError
+from crag.errors import InputError, describe
 
 DEFAULT_TIMEOUT_S = 60.0
 READING_STATEMENTS = frozenset({"Query", "Explain", "ExplainTable", "ShowTables", "ShowColumns"})
@@ -160,9 +160,10 @@ def _run_in_child(warehouse: Path, sql: str) -> int:
         # inside the same handler as planning.
         result = pa.table(builder.execute(sql).read_all())
     except Exception as exc:  # DataFusion reports SQL errors as plain exceptions
-        lines = str(exc).strip().splitlines()
-        first = lines[0] if lines else type(exc).__name__
-        print(f"SQL failed: {first} (tables: {', '.join(p.name for p in found)})", file=sys.stderr)
+        print(
+            f"SQL failed: {describe(exc, limit=500, with_type=False)} (tables: {', '.join(p.name for p in found)})",
+            file=sys.stderr,
+        )
         return 2
     with pa.ipc.new_stream(sys.stdout.buffer, result.schema) as writer:
         writer.write_table(result)

@@ -24,7 +24,7 @@ from langchain_core.vectorstores import VectorStore
 from crag.backends.base import Document, Usage
 from crag.backends.remote import Endpoint
 from crag.config import LangChainRetrieverConfig
-from crag.errors import ConfigError
+from crag.errors import ConfigError, describe
 
 
 def load_factory(path: str) -> Callable:
@@ -47,8 +47,7 @@ def build_store(cfg: LangChainRetrieverConfig) -> BaseRetriever | VectorStore:
     try:
         store = factory(**cfg.kwargs)
     except Exception as exc:  # the user's code, fed from the config: report it on one line
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        raise ConfigError(f"retriever.factory {cfg.factory!r} failed: {type(exc).__name__}: {first}") from None
+        raise ConfigError(f"retriever.factory {cfg.factory!r} failed: {describe(exc)}") from None
     if not isinstance(store, (BaseRetriever, VectorStore)):
         raise ConfigError(
             f"retriever.factory {cfg.factory!r} returned a {type(store).__name__}, "

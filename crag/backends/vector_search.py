@@ -9,7 +9,7 @@ from __future__ import annotations
 from crag.backends.base import Document
 from crag.backends.remote import Endpoint, http_status, secret
 from crag.config import VectorSearchRetrieverConfig
-from crag.errors import ConfigError
+from crag.errors import ConfigError, describe
 from crag.secrets import scrub
 
 # Opening the index happens before any work starts (on the driver first): a wrong token, a wrong host or
@@ -54,8 +54,7 @@ def unusable(cfg: VectorSearchRetrieverConfig, client, exc: Exception) -> Config
     elif status == 404:
         reason = "HTTP 404: no such endpoint or index"
     else:
-        lines = str(exc).strip().splitlines()
-        reason = f"{type(exc).__name__}: {lines[0] if lines else 'no details'}"[:300]
+        reason = describe(exc)
     where = getattr(client, "workspace_url", None) or "the workspace"
     return ConfigError(
         scrub(f"Vector Search endpoint {cfg.endpoint!r} (index {cfg.index_name!r}) at {where} is not usable: {reason}")
