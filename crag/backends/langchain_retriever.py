@@ -33,9 +33,7 @@ def load_factory(path: str) -> Callable:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(
-            f"retriever.factory {path!r}: cannot import {module_name} ({type(exc).__name__}: {exc})"
-        ) from None
+        raise ConfigError(f"retriever.factory {path!r}: cannot import {module_name} ({describe(exc)})") from None
     factory = getattr(module, function_name, None)
     if not callable(factory):
         raise ConfigError(f"retriever.factory {path!r}: {module_name} has no function {function_name!r}")
