@@ -153,7 +153,8 @@ def _run_in_child(warehouse: Path, sql: str) -> int:
     to stderr."""
     found = _tables(warehouse)
     try:
-        builder = QueryBuilder()
+        # SHOW TABLES / COLUMNS read DataFusion's information_schema, which a session leaves off
+        builder = QueryBuilder({"datafusion.catalog.information_schema": "true"})
         for path in found:
             builder.register(path.name, DeltaTable(str(path)))
         # Reading the batches is where a query fails at run time (a cast of bad text, ...), so it is
