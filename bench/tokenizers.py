@@ -2,7 +2,7 @@
 
 Measures retrieval recall@k of BM25 (bm25s) over the JSQuAD paragraphs (title + text) for each
 candidate tokenizer: the gold paragraph of each question must be among the top k. Also reports index
-and query time. Run: python bench/tokenizers.py [--k 10] [--dataset jsquad]
+and query time. Run: python -m bench.tokenizers [--k 10] [--dataset jsquad]
 """
 
 from __future__ import annotations

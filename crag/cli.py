@@ -1,4 +1,4 @@
-"""The `crag` command: index, run, ask."""
+"""The `crag` command: index, run, ask, eval, calibrate, compare, sql, emulate."""
 
 from __future__ import annotations
 
@@ -67,7 +67,9 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="answer a table of questions; write answers, grades, decisions, runs, rejects")
     _conf_args(p)
     p.add_argument(
-        "--questions", required=True, help="Delta table folder, or .jsonl/.parquet/.csv with question_id, question"
+        "--questions",
+        required=True,
+        help="Delta table folder, a catalog table (catalog.schema.table), or .jsonl/.parquet/.csv with question_id, question",
     )
     p.add_argument(
         "--warehouse", required=True, help="folder that holds the output Delta tables (catalog.schema on Databricks)"
@@ -129,10 +131,12 @@ def parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=60.0, metavar="SECONDS", help="stop the query after this long (default 60)"
     )
 
-    p = sub.add_parser("emulate", help="serve local emulators of model serving, Vector Search and Tavily")
+    p = sub.add_parser(
+        "emulate", help="serve local emulators of model serving, the OpenAI chat API, Vector Search and Tavily"
+    )
     p.add_argument("--kb-index", help="crag index directory the Vector Search emulator searches")
     p.add_argument("--web-index", help="crag index directory the Tavily emulator searches")
-    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 to serve on (default 8765)")
     p.add_argument("--token", help="require this bearer token / API key (default: accept any)")
 
     p = sub.add_parser("ask", help="answer one question without Spark, printing every stage")
