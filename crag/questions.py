@@ -18,7 +18,7 @@ import pandas as pd
 import pyarrow as pa
 
 from crag import schema
-from crag.errors import InputError
+from crag.errors import InputError, describe
 
 REQUIRED = ("question_id", "question")
 # Optional columns that say what the right outcome is, for `crag eval`.
@@ -213,8 +213,9 @@ def gold_of(row: dict) -> dict:
         value = row["expected_route"]
         if _is_missing(value):
             value = None
-        elif value not in EXPECTED_ROUTES:
-            raise ValueError(f"expected_route must be one of {', '.join(EXPECTED_ROUTES)} (got {value!r})")
+        elif not isinstance(value, str) or value not in EXPECTED_ROUTES:  # `in` is elementwise on an array
+            shown = value.tolist() if isinstance(value, (np.ndarray, np.generic)) else value
+            raise ValueError(f"expected_route must be one of {', '.join(EXPECTED_ROUTES)} (got {shown!r})")
         gold["expected_route"] = value
     return gold
 
@@ -228,6 +229,10 @@ def _parse_line(raw: bytes | str) -> tuple[dict | None, str | None]:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
         return None, f"line is not valid JSON ({exc.msg} at column {exc.colno})"
+    except RecursionError:
+        return None, "line is not readable JSON: it is nested too deeply"
+    except ValueError as exc:  # valid JSON Python will not convert, such as an integer of over 4300 digits
+        return None, f"line is not readable JSON ({describe(exc, limit=200, with_type=False)})"
     if not isinstance(row, dict):
         return None, f"line is not a JSON object (got {type(row).__name__})"
     return row, None
@@ -239,34 +244,48 @@ def check_rows(frame: pd.DataFrame, max_chars: int) -> pd.DataFrame:
     Returns CHECKED columns: reason is null for a good row; id_problem says the id itself is bad."""
     out = []
     for record in frame.to_dict("records"):
-        row, reason = (
-            _parse_line(record[JSONL_LINE])
-            if JSONL_LINE in record
-            else ({k: v for k, v in record.items() if k != "input_row"}, None)
-        )
-        row = row or {}
-        qid = _id_text(row.get("question_id"))
-        id_reason = reason or _id_problem(row.get("question_id"), qid)
-        gold = {c: None for c in GOLD_COLUMNS}
-        reason = id_reason or question_problem(row.get("question"), max_chars)
-        if reason is None:
-            try:
-                gold = gold_of(row)
-            except ValueError as exc:
-                reason = str(exc)
-        question = row.get("question")
-        out.append(
-            {
-                "question_id": _storable(qid),
-                "question": _storable(question) if reason else question,
-                "input_row": int(record["input_row"]),
-                "reason": reason,
-                "has_gold": any(c in row for c in GOLD_COLUMNS),
-                **gold,
-                "id_problem": id_reason is not None,
-            }
-        )
+        try:
+            out.append(_checked(record, max_chars))
+        except Exception as exc:  # a value no check foresaw: its row is rejected, the others go on
+            out.append(
+                {
+                    **{c: None for c in CHECKED.names},
+                    "input_row": int(record["input_row"]),
+                    "reason": f"row could not be checked ({describe(exc, limit=200)})",
+                    "has_gold": False,
+                    "id_problem": True,  # its id is not known to be good: it takes no part in the duplicate check
+                }
+            )
     return pd.DataFrame(out, columns=CHECKED.names)
+
+
+def _checked(record: dict, max_chars: int) -> dict:
+    """One raw row checked: a CHECKED row."""
+    row, reason = (
+        _parse_line(record[JSONL_LINE])
+        if JSONL_LINE in record
+        else ({k: v for k, v in record.items() if k != "input_row"}, None)
+    )
+    row = row or {}
+    qid = _id_text(row.get("question_id"))
+    id_reason = reason or _id_problem(row.get("question_id"), qid)
+    gold = {c: None for c in GOLD_COLUMNS}
+    reason = id_reason or question_problem(row.get("question"), max_chars)
+    if reason is None:
+        try:
+            gold = gold_of(row)
+        except ValueError as exc:
+            reason = str(exc)
+    question = row.get("question")
+    return {
+        "question_id": _storable(qid),
+        "question": _storable(question) if reason else question,
+        "input_row": int(record["input_row"]),
+        "reason": reason,
+        "has_gold": any(c in row for c in GOLD_COLUMNS),
+        **gold,
+        "id_problem": id_reason is not None,
+    }
 
 
 # ------------------------------------------------------------------ the whole table (Spark)

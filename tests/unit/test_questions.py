@@ -93,6 +93,47 @@ def test_gold_columns_are_normalised_or_rejected():
     ]
 
 
+
+def test_json_python_cannot_convert_is_a_reject_row_not_a_failed_run():
+    lines = [
+        json.dumps({"question_id": "ok", "question": "fine?"}),
+        '{"question_id": "deep", "question": "q?", "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        '{"question_id": ' + "9" * 5000 + ', "question": "q?"}',
+    ]
+    checked = check_rows(pd.DataFrame({"value": lines, "input_row": range(3)}), 100)
+    assert checked.loc[0, "reason"] is None
+    assert checked.loc[1, "reason"] == "line is not readable JSON: it is nested too deeply"
+    assert checked.loc[2, "reason"].startswith("line is not readable JSON (Exceeds the limit (4300 digits)")
+
+
+def test_an_expected_route_given_as_a_list_is_rejected_whatever_its_length():
+    routes = [np.array(["web"]), np.array(["web", "x"]), np.array([], dtype=object), None]
+    frame = pd.DataFrame(
+        {"question_id": list("abcd"), "question": ["q?"] * 4, "expected_route": routes, "input_row": range(4)}
+    )
+    reasons = list(check_rows(frame, 10)["reason"])
+    assert reasons[:3] == [
+        f"expected_route must be one of internal, web, none (got {shown!r})" for shown in (["web"], ["web", "x"], [])
+    ]
+    assert reasons[3] is None
+
+
+def test_a_row_no_check_foresaw_is_rejected_alone(monkeypatch):
+    import crag.questions
+
+    real = crag.questions.gold_of
+
+    def gold_of(row):
+        if row["question_id"] == "odd":
+            raise TypeError("unhashable type: 'dict'")
+        return real(row)
+
+    monkeypatch.setattr(crag.questions, "gold_of", gold_of)
+    checked = _check(["a?", "b?", "c?"], ids=["a", "odd", "c"])
+    assert list(checked["reason"].isna()) == [True, False, True]
+    assert checked.loc[1, "reason"] == "row could not be checked (TypeError: unhashable type: 'dict')"
+    assert checked.loc[1, "input_row"] == 1 and checked.loc[1, "id_problem"]
+
 def test_ask_checks_its_one_question():
     check_one("ask", "Is this fine?", 100)
     with pytest.raises(InputError, match="question is only whitespace"):
