@@ -21,8 +21,9 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -207,12 +208,14 @@ def prepare(
         _check_same_input(checked, wh.load(plan.inputs), run_id)
         claim_run(plan, previous)
         plan.fresh = False
-        totals = wh.load(plan.inputs).agg(*_input_totals()).collect()[0].asDict()
+        with failure_recorded(plan):
+            totals = wh.load(plan.inputs).agg(*_input_totals()).collect()[0].asDict()
     else:
         from pyspark.sql import functions as F
 
         _claim_with_work_tables(plan)
-        totals = wh.append_observed(plan.inputs, checked.withColumn("run_id", F.lit(run_id)), _input_totals())
+        with failure_recorded(plan):  # the input is read and checked here, as Spark writes it
+            totals = wh.append_observed(plan.inputs, checked.withColumn("run_id", F.lit(run_id)), _input_totals())
     plan.input_rows, plan.accepted, plan.gold_rows = (
         int(totals["rows"]),
         int(totals["accepted"]),
@@ -355,14 +358,29 @@ def _claim_with_work_tables(plan: RunPlan) -> None:
         except BaseException:
             wait(created)  # the claim's failure is the one to report
             raise
-        for creation in created:
-            creation.result()
-        if left_over:
-            for table in work:
-                wh.drop(table)
-            for creation in [pool.submit(wh.ensure, t) for t in work]:
+        with failure_recorded(plan):
+            for creation in created:
                 creation.result()
+            if left_over:
+                for table in work:
+                    wh.drop(table)
+                for creation in [pool.submit(wh.ensure, t) for t in work]:
+                    creation.result()
     plan.fresh_staging = True
+
+
+@contextmanager
+def failure_recorded(plan: RunPlan) -> Iterator[None]:
+    """Once the run is this process's, a failure (an exception, Ctrl-C, SIGTERM) is recorded as the
+    run's `failed` status before it propagates: the run never stays `running` with no writer."""
+    try:
+        yield
+    except BaseException:
+        try:
+            plan.record("failed", finished=datetime.now(UTC))
+        except Exception:  # the original failure is the one to report
+            log.debug("could not record the failed run", exc_info=True)
+        raise
 
 
 def _writer_gone(row, stale_after_s: float) -> bool:
@@ -568,7 +586,9 @@ def _derived_tables(plan: RunPlan, staged) -> dict:
     }
 
 
-def finalise(plan: RunPlan) -> RunResult:
+def finalise(plan: RunPlan, status: str = "succeeded") -> RunResult:
+    """The run's tables written from its staged output, and the run recorded with `status` and its
+    counts (`failed` for a run that accepted no question: its rejects are its only rows)."""
     from pyspark.sql import functions as F
 
     wh, run_id = plan.warehouse, plan.run_id
@@ -609,7 +629,7 @@ def finalise(plan: RunPlan) -> RunResult:
             write.result()
         metrics = evaluated.result() if evaluated else None
     seconds = time.perf_counter() - plan.t0
-    plan.record("succeeded", counts, datetime.now(UTC))
+    plan.record(status, counts, datetime.now(UTC))
     for table in (plan.staging, plan.inputs):
         wh.drop(table)
     mlflow_run = log_run(
@@ -727,18 +747,12 @@ def run(
     failed continues: committed batches are kept and not sent to any backend again. Without it, an
     existing run id is answered again, and its previous rows stay until the new ones replace them."""
     plan = prepare(conf, questions, warehouse, variant, run_id, list(overrides), spark, resume)
-    try:
-        if plan.accepted == 0:
-            finalise(plan)
-            raise InputError(
-                f"no question was accepted: all {plan.input_rows} input rows were rejected "
-                f"(see the rejects table of run {plan.run_id})"
-            )
-        answer_batches(plan, progress)
-        return finalise(plan)
-    except BaseException:
-        try:
-            plan.record("failed", finished=datetime.now(UTC))
-        except Exception:  # the original failure is the one to report
-            log.debug("could not record the failed run", exc_info=True)
-        raise
+    with failure_recorded(plan):
+        if plan.accepted:
+            answer_batches(plan, progress)
+            return finalise(plan)
+        finalise(plan, status="failed")  # with its counts: every input row is in its rejects
+    raise InputError(
+        f"no question was accepted: all {plan.input_rows} input rows were rejected "
+        f"(see the rejects table of run {plan.run_id})"
+    )

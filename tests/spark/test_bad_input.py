@@ -166,6 +166,8 @@ def test_a_file_of_unreadable_rows_is_reject_rows_and_one_line(case, tmp_path, i
     rejects = DeltaTable(str(tmp_path / "wh" / "rejects")).to_pandas()
     assert len(rejects) == 1 and rejects.loc[0, "reason"].startswith(reason), rejects["reason"]
     assert list(rejects["input_row"]) == [0]
+    runs = DeltaTable(str(tmp_path / "wh" / "runs")).to_pandas()
+    assert runs.loc[0, "status"] == "failed" and dict(runs.loc[0, "counts"])["rejected"] == 1  # its counts kept
 
 
 def _old_index(tmp_path):

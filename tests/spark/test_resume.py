@@ -96,6 +96,29 @@ def test_resume_after_a_failure_while_finalising(spark, tmp_path, index_override
     assert table(tmp_path, "runs").loc[0, "status"] == "succeeded"
 
 
+def test_a_failure_while_the_input_is_checked_leaves_the_run_failed_not_running(
+    spark, tmp_path, index_overrides, monkeypatch
+):
+    """The run id is claimed before its input is read and checked (as Spark writes it): a failure
+    there records `failed`, also over an earlier succeeded run of the same id, and `--resume` is
+    refused with the reason."""
+    from crag.warehouse import Warehouse
+
+    run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r6", overrides=index_overrides, spark=spark)
+    real = Warehouse.append_observed
+
+    def append_observed(self, table, df, aggregates):
+        if table.startswith("run_inputs"):
+            raise RuntimeError("worker lost while checking the input")
+        return real(self, table, df, aggregates)
+
+    monkeypatch.setattr(Warehouse, "append_observed", append_observed)
+    with pytest.raises(RuntimeError, match="worker lost"):
+        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r6", overrides=index_overrides, spark=spark)
+    runs = table(tmp_path, "runs")
+    assert list(runs["status"]) == ["failed"] and runs.loc[0, "finished_at"] is not None
+    assert len(table(tmp_path, "answers")) == 49  # the earlier run's answers are kept
+
 def test_a_batch_committed_after_its_process_stopped_is_kept_once(
     spark, tmp_path, index_overrides, monkeypatch, caplog
 ):
