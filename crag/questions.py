@@ -61,24 +61,34 @@ def read_questions(spark, source: str):
                 raise InputError(f"{path} is not a readable Delta table: its _delta_log holds no commit")
             return _require_columns(spark.read.format("delta").load(str(path.resolve())), source)
         suffix = path.suffix.lower()
+        if ":" in path.name and suffix in QUESTION_FILE_SUFFIXES:
+            raise InputError(
+                f"Spark cannot read a file whose name holds ':' (Hadoop reads it as a URI scheme): "
+                f"rename or copy {path}"
+            )
+        literal = _literal(path.resolve())
         if suffix == ".jsonl":
             # The raw bytes of each line: a line that is not UTF-8 is rejected in the workers, alone.
-            lines = spark.read.text(str(path.resolve()))
+            lines = spark.read.text(literal)
             return lines.where(f"trim({JSONL_LINE}) != ''").selectExpr(f"cast({JSONL_LINE} AS binary) AS {JSONL_LINE}")
         if suffix == ".parquet":
             if path.stat().st_size == 0:
                 raise InputError(f"{path} is empty: not a Parquet file")
-            return _require_columns(spark.read.parquet(str(path.resolve())), source)
+            return _require_columns(spark.read.parquet(literal), source)
         if suffix == ".csv":
-            frame = spark.read.options(header=True, inferSchema=False, multiLine=True, escape='"').csv(
-                str(path.resolve())
-            )
+            frame = spark.read.options(header=True, inferSchema=False, multiLine=True, escape='"').csv(literal)
             return _require_columns(frame, source)
     except spark_errors() as exc:
         raise InputError(f"cannot read questions from {source}: {_first_line(exc)}") from None
     raise InputError(
         f"unsupported questions file {source}: expected a Delta folder or {', '.join(QUESTION_FILE_SUFFIXES)}"
     )
+
+
+def _literal(path: Path) -> str:
+    """The path as Spark's file readers take it literally: they expand glob patterns, so `[1]` in a
+    name would read `1` instead (another file, silently); each pattern character is escaped."""
+    return re.sub(r"([\\\[\]{}*?])", r"\\\1", str(path))
 
 
 def spark_errors() -> tuple[type[BaseException], ...]:

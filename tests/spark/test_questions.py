@@ -111,3 +111,29 @@ def test_unreadable_inputs_are_one_line_errors(spark, tmp_path):
     (tmp_path / "blank.jsonl").write_text("\n\n")
     with pytest.raises(InputError, match="no rows"):
         validate(spark, read_questions(spark, str(tmp_path / "blank.jsonl")), 100)
+
+
+@pytest.mark.parametrize("name", ["batch[1].jsonl", "b{1,2}.csv", "x*y?.parquet", "back\\slash.jsonl"])
+def test_a_file_name_with_glob_characters_reads_that_file_alone(spark, tmp_path, name):
+    """Spark's readers expand glob patterns: batch[1].jsonl must not read batch1.jsonl (nor b{1,2}
+    b1 and b2) in its place."""
+    named = pd.DataFrame({"question_id": ["named"], "question": ["the file that was named?"]})
+    other = pd.DataFrame({"question_id": ["other"], "question": ["a file it matches as a pattern?"]})
+    for frame, file in (
+        (named, tmp_path / name),
+        *((other, tmp_path / f) for f in ("batch1.jsonl", "b1.csv", "b2.csv", "xay!.parquet", "xzy1.parquet")),
+    ):
+        if file.suffix == ".jsonl":
+            frame.to_json(file, orient="records", lines=True)
+        elif file.suffix == ".csv":
+            frame.to_csv(file, index=False)
+        else:
+            frame.to_parquet(file)
+    assert list(_validated(spark, tmp_path / name)["question_id"]) == ["named"]
+
+
+def test_a_file_name_with_a_colon_is_one_line(spark, tmp_path):
+    path = tmp_path / "q:1.jsonl"
+    path.write_text(json.dumps({"question_id": "a", "question": "one?"}) + "\n")
+    with pytest.raises(InputError, match=r"Spark cannot read a file whose name holds ':'.*rename or copy"):
+        read_questions(spark, str(path))
