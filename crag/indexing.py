@@ -72,6 +72,14 @@ def _read_jsonl(path: Path) -> Iterator[SourceDocument]:
         missing = [k for k in ("doc_id", "text") if not isinstance(row.get(k), str) or not row[k].strip()]
         if missing:
             raise InputError(f"{path}:{lineno}: missing or empty string field(s) {', '.join(missing)}")
+        for key in ("doc_id", "title", "text", "url"):
+            value = row.get(key)
+            if value is not None and not isinstance(value, str):
+                raise InputError(f"{path}:{lineno}: {key} must be a string (got {type(value).__name__})")
+            if value is not None and not _encodable(value):
+                raise InputError(
+                    f"{path}:{lineno}: {key} is not valid text (it holds a lone surrogate, an unpaired \\ud800-\\udfff escape)"
+                )
         yield SourceDocument(
             doc_id=row["doc_id"],
             title=str(row.get("title") or row["doc_id"]),
@@ -80,6 +88,14 @@ def _read_jsonl(path: Path) -> Iterator[SourceDocument]:
             source_path=str(path),
             markdown=False,
         )
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # "\ud800" is valid JSON, not valid text
+        return False
+    return True
 
 
 def _read_file(file: Path, root: Path) -> Iterator[SourceDocument]:

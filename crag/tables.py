@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from crag.errors import InputError
+from crag.errors import InputError, describe
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
@@ -27,6 +27,12 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
                 raise InputError(f"{path}:{lineno}: not valid UTF-8") from None
             except json.JSONDecodeError as exc:
                 raise InputError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            except RecursionError:
+                raise InputError(f"{path}:{lineno}: JSON nested too deeply to read") from None
+            except ValueError as exc:  # valid JSON Python will not convert: an integer of over 4300 digits
+                raise InputError(
+                    f"{path}:{lineno}: JSON not readable ({describe(exc, limit=200, with_type=False)})"
+                ) from None
             if not isinstance(row, dict):
                 raise InputError(f"{path}:{lineno}: expected a JSON object per line")
             yield lineno, row

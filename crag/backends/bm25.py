@@ -32,7 +32,7 @@ import pyarrow as pa
 from crag import tables
 from crag.backends.base import Document
 from crag.backends.embedding import load_embedder
-from crag.errors import UnusableIndexError
+from crag.errors import InputError, UnusableIndexError
 from crag.text import TermWeights, tokenize
 
 INDEX_FORMAT = "crag-bm25"
@@ -47,12 +47,17 @@ STALE_BUILD_S = 3600
 def write_index(chunks: pa.Table, out: Path, tokenizer: str, embedding: str = "none") -> dict:
     """`embedding`: a model name from crag.backends.embedding to store dense vectors of the child chunks
     too (the hybrid retriever and the semantic grader read them), or "none"."""
+    corpus_tokens = [tokenize(t, tokenizer) for t in chunks.column("chunk_text").to_pylist()]
+    if not any(corpus_tokens):
+        raise InputError(
+            "nothing to search in these documents: every chunk is empty once tokenised "
+            "(only punctuation or stop words such as 'the', 'of', 'and')"
+        )
     out.mkdir(parents=True, exist_ok=True)
     data = f"build-{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
     build = out / data
     build.mkdir()
     tables.write_table(build / "chunks", chunks)
-    corpus_tokens = [tokenize(t, tokenizer) for t in chunks.column("chunk_text").to_pylist()]
     index = bm25s.BM25()
     index.index(corpus_tokens, show_progress=False)
     index.save(str(build / "bm25"), show_progress=False)

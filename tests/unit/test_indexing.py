@@ -99,6 +99,10 @@ def test_jsonl_documents_and_their_errors(tmp_path):
         b'["a"]\n': "expected a JSON object per line",
         b'{"doc_id": "a", "text": "caf\xe9"}\n': "not valid UTF-8",
         b'{"doc_id": "a", "text": "x"}\n{"doc_id": "a", "text": "y"}\n': "duplicate doc_id 'a'",
+        b'{"doc_id": "a", "text": "x", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n": ":1: JSON nested too deeply",
+        b'{"doc_id": "a", "text": "x", "n": ' + b"9" * 5000 + b"}\n": r":1: JSON not readable \(Exceeds the limit",
+        b'{"doc_id": "a", "text": "x", "url": 5}\n': ":1: url must be a string \\(got int\\)",
+        b'{"doc_id": "a\\ud800", "text": "x"}\n': ":1: doc_id is not valid text \\(it holds a lone surrogate",
     }
     for content, message in cases.items():
         bad = tmp_path / "bad.jsonl"
@@ -110,6 +114,23 @@ def test_jsonl_documents_and_their_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="no document files under .*: expected .md, .txt, .html, .pdf, .docx"):
         chunk_documents(tmp_path / "empty", IndexingConfig())
+
+
+def test_documents_with_no_searchable_word_are_one_line_and_leave_the_index_as_it_was(tmp_path):
+    from crag.indexing import build_index
+
+    good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
+    good.write_text(json.dumps({"doc_id": "a", "text": "alpha text"}) + "\n")
+    bad.write_text(
+        "".join(
+            json.dumps(d) + "\n" for d in ({"doc_id": "a", "text": "the of and"}, {"doc_id": "b", "text": "--- !!!"})
+        )
+    )
+    build_index(good, tmp_path / "index", IndexingConfig())
+    before = sorted(p.name for p in (tmp_path / "index").iterdir())
+    with pytest.raises(InputError, match="nothing to search in these documents: every chunk is empty once tokenised"):
+        build_index(bad, tmp_path / "index", IndexingConfig())
+    assert sorted(p.name for p in (tmp_path / "index").iterdir()) == before  # no half-built folder beside it
 
 
 def test_missing_or_incompatible_index_is_a_clear_error(tmp_path):
