@@ -12,6 +12,7 @@ child sends its result back as an Arrow IPC stream.
 
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
 import sys
@@ -24,7 +25,10 @@ from deltalake import DeltaTable, QueryBuilder
 
 from crag.errors import InputError, describe
 
+log = logging.getLogger("crag")
+
 DEFAULT_TIMEOUT_S = 60.0
+_LEFT_OUT = "crag sql: left out "  # the child's note of a table it could not open
 READING_STATEMENTS = frozenset({"Query", "Explain", "ExplainTable", "ShowTables", "ShowColumns"})
 # Anything that writes or changes state, also when nested in a query (a data-modifying CTE).
 _WRITING_NODES = frozenset(
@@ -123,6 +127,9 @@ def query(warehouse: str | Path, sql: str, timeout_s: float = DEFAULT_TIMEOUT_S)
     if child.returncode != 0:
         lines = child.stderr.decode("utf-8", "replace").strip().splitlines()
         raise InputError(lines[-1] if lines else f"SQL failed: the query process ended with code {child.returncode}")
+    for line in child.stderr.decode("utf-8", "replace").splitlines():
+        if line.startswith(_LEFT_OUT):
+            log.warning("%s", line.removeprefix("crag sql: "))
     with pa.ipc.open_stream(child.stdout) as reader:
         result = reader.read_all()
     return result.cast(pa.schema([f.with_type(_plain(f.type)) for f in result.schema]))
@@ -152,19 +159,23 @@ def _run_in_child(warehouse: Path, sql: str) -> int:
     """The child's side: run the query, write the result to stdout as an Arrow IPC stream, or one line
     to stderr."""
     found = _tables(warehouse)
-    try:
-        # SHOW TABLES / COLUMNS read DataFusion's information_schema, which a session leaves off
-        builder = QueryBuilder({"datafusion.catalog.information_schema": "true"})
-        for path in found:
+    # SHOW TABLES / COLUMNS read DataFusion's information_schema, which a session leaves off
+    builder = QueryBuilder({"datafusion.catalog.information_schema": "true"})
+    registered, left_out = [], []
+    for path in found:  # a table that cannot be opened (a run killed while creating it) fails only its own queries
+        try:
             builder.register(path.name, DeltaTable(str(path)))
+            registered.append(path.name)
+        except Exception as exc:
+            left_out.append(path.name)
+            print(f"{_LEFT_OUT}table {path.name}: it cannot be opened ({describe(exc, limit=200)})", file=sys.stderr)
+    try:
         # Reading the batches is where a query fails at run time (a cast of bad text, ...), so it is
         # inside the same handler as planning.
         result = pa.table(builder.execute(sql).read_all())
     except Exception as exc:  # DataFusion reports SQL errors as plain exceptions
-        print(
-            f"SQL failed: {describe(exc, limit=500, with_type=False)} (tables: {', '.join(p.name for p in found)})",
-            file=sys.stderr,
-        )
+        tables = ", ".join(registered) + (f"; left out, unreadable: {', '.join(left_out)}" if left_out else "")
+        print(f"SQL failed: {describe(exc, limit=500, with_type=False)} (tables: {tables})", file=sys.stderr)
         return 2
     with pa.ipc.new_stream(sys.stdout.buffer, result.schema) as writer:
         writer.write_table(result)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 
 import pyarrow as pa
 import pytest
@@ -213,3 +214,14 @@ def test_a_sql_result_from_a_real_warehouse(tmp_path):
     rows_back = list(csv.DictReader(io.StringIO(render(result, "csv"))))
     assert rows_back[1]["answer"] == ANSWER_JA and rows_back[1]["prompt_tokens"] == ""
     assert render(result, "markdown").splitlines()[1] == "| --- | --- | --- | ---: | ---: | ---: | --- | --- | --- |"
+
+
+def test_a_table_that_cannot_be_opened_fails_only_its_own_queries(warehouse, caplog):
+    """A run killed while creating a work table leaves a folder with an empty log: the other tables
+    still answer, with a warning naming the one left out."""
+    (warehouse / "run_inputs__killed_0123abcd" / "_delta_log").mkdir(parents=True)
+    with caplog.at_level(logging.WARNING, logger="crag"):
+        assert query(warehouse, "SELECT count(*) AS n FROM runs").to_pylist() == [{"n": 1}]
+    assert "left out table run_inputs__killed_0123abcd: it cannot be opened" in caplog.text
+    with pytest.raises(InputError, match=r"left out, unreadable: run_inputs__killed_0123abcd\)"):
+        query(warehouse, "SELECT * FROM run_inputs__killed_0123abcd")
