@@ -321,10 +321,13 @@ def _run_command(args) -> int:
             from crag.evaluation import read_run
 
             wh = _warehouse(args)
-            parts = read_run(wh, check_run_id(args.run_id), ("grades", "gold"))
+            recorded = wh.load_run("runs", check_run_id(args.run_id)).select("config").collect()
+            if not recorded:
+                raise CragError(f"no run {args.run_id!r} in {wh.location}")
+            parts = read_run(wh, args.run_id, ("grades", "gold"))
             if parts["gold"].empty:
                 raise CragError(f"run {args.run_id!r} has no gold columns to calibrate against")
-            config = json.loads(wh.load_run("runs", args.run_id).select("config").collect()[0]["config"])
+            config = json.loads(recorded[0]["config"])
             routing, grader = config["routing"], config["grader"]
             print(
                 report(

@@ -158,7 +158,17 @@ class Warehouse:
     def exists(self, table: str) -> bool:
         if self.folder is not None:
             self._attach(table)
-        return self.spark.catalog.tableExists(self.name(table))
+            return self.spark.catalog.tableExists(self.name(table))
+        try:
+            return self.spark.catalog.tableExists(self.name(table))
+        except Exception as exc:
+            # A session without that catalog reads catalog.schema.table as a namespace of its own catalog
+            if "REQUIRES_SINGLE_PART_NAMESPACE" not in str(exc):
+                raise
+            raise InputError(
+                f"warehouse {self.location} was read as catalog.schema (no folder of that name exists), and this "
+                f"Spark session has no catalog {self.catalog!r}: for a local folder, give ./{self.location}"
+            ) from None
 
     def load(self, table: str):
         """The whole table as a Spark DataFrame; an empty one with the table's columns if it does not

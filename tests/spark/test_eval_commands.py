@@ -19,6 +19,8 @@ def test_eval_and_calibrate_commands_on_the_sample(spark, tmp_path, index_overri
     assert main(["calibrate", "--warehouse", str(tmp_path), "--run", "gold"]) == 0
     out = capsys.readouterr().out
     assert "proposed lower" in out and "--set routing.policy=thresholds" in out and "grader yes/no threshold" in out
+    assert main(["calibrate", "--warehouse", str(tmp_path), "--run", "nosuch"]) == 2
+    assert capsys.readouterr().err == f"crag: error: no run 'nosuch' in {tmp_path}\n"
 
 
 def test_eval_without_gold_is_a_clear_error(spark, tmp_path, index_overrides, capsys):

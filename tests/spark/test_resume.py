@@ -119,6 +119,7 @@ def test_a_failure_while_the_input_is_checked_leaves_the_run_failed_not_running(
     assert list(runs["status"]) == ["failed"] and runs.loc[0, "finished_at"] is not None
     assert len(table(tmp_path, "answers")) == 49  # the earlier run's answers are kept
 
+
 def test_a_batch_committed_after_its_process_stopped_is_kept_once(
     spark, tmp_path, index_overrides, monkeypatch, caplog
 ):

@@ -54,3 +54,18 @@ def test_folders_written_at_once_by_one_session_keep_their_own_rows(spark, tmp_p
         assert sorted(rows.column("question_id").to_pylist()) == sorted(f"{tag}{i}" for i in range(12)), tag
     names = {Warehouse(spark, str(tmp_path / tag)).name("rejects") for tag in tags}
     assert len(names) == 3, names
+
+
+def test_a_dotted_folder_name_that_does_not_exist_yet_is_one_line(
+    spark, tmp_path, monkeypatch, index_overrides, capsys
+):
+    """`results.v2` names no folder here, so it is read as catalog.schema; this session has no such
+    catalog, and the error says how to name a folder."""
+    from crag.cli import main
+    from tests.support import crag_run_args
+
+    monkeypatch.chdir(tmp_path)
+    assert main(crag_run_args("results.v2", overrides=index_overrides)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "warehouse results.v2 was read as catalog.schema" in err, err
+    assert "no catalog 'results': for a local folder, give ./results.v2" in err

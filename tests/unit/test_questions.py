@@ -93,7 +93,6 @@ def test_gold_columns_are_normalised_or_rejected():
     ]
 
 
-
 def test_json_python_cannot_convert_is_a_reject_row_not_a_failed_run():
     lines = [
         json.dumps({"question_id": "ok", "question": "fine?"}),
@@ -133,6 +132,7 @@ def test_a_row_no_check_foresaw_is_rejected_alone(monkeypatch):
     assert list(checked["reason"].isna()) == [True, False, True]
     assert checked.loc[1, "reason"] == "row could not be checked (TypeError: unhashable type: 'dict')"
     assert checked.loc[1, "input_row"] == 1 and checked.loc[1, "id_problem"]
+
 
 def test_ask_checks_its_one_question():
     check_one("ask", "Is this fine?", 100)
