@@ -216,6 +216,8 @@ def gold_of(row: dict) -> dict:
             value = value.strip().lower() in _TRUE
         elif _is_missing(value):
             value = None
+        elif isinstance(value, (int, float, np.integer, np.floating)) and value in (0, 1):
+            value = bool(value)  # 0 / 1, as CSV's "0" / "1" are read
         elif not isinstance(value, (bool, np.bool_)):
             raise ValueError(f"is_impossible must be true or false (got {value!r})")
         gold["is_impossible"] = None if value is None else bool(value)

@@ -91,6 +91,11 @@ def test_gold_columns_are_normalised_or_rejected():
         "answers must be a list of valid strings",
         "expected_route must be one of internal, web, none (got 'sideways')",
     ]
+    numbers = pd.DataFrame({"question_id": list("abcd"), "question": ["q?"] * 4, "input_row": range(4)})
+    numbers["is_impossible"] = pd.Series([1, 0, 1.0, 2], dtype=object)  # 0 / 1 as CSV's "0" / "1"
+    checked = check_rows(numbers, 10)
+    assert list(checked["is_impossible"][:3]) == [True, False, True]
+    assert checked.loc[3, "reason"] == "is_impossible must be true or false (got 2)"
 
 
 def test_json_python_cannot_convert_is_a_reject_row_not_a_failed_run():
