@@ -29,6 +29,7 @@ from crag.document_loaders import LOADER_SUFFIXES, load_file  # formats read thr
 from crag.errors import InputError
 from crag.spark import get_spark
 from crag.tables import iter_jsonl
+from crag.text import encodable
 
 # Paragraphs first, then lines, then sentence ends (Western and Japanese), then words, then characters.
 SEPARATORS = ["\n\n", "\n", "。", ". ", "！", "？", "! ", "? ", "、", ", ", " ", ""]
@@ -76,7 +77,7 @@ def _read_jsonl(path: Path) -> Iterator[SourceDocument]:
             value = row.get(key)
             if value is not None and not isinstance(value, str):
                 raise InputError(f"{path}:{lineno}: {key} must be a string (got {type(value).__name__})")
-            if value is not None and not _encodable(value):
+            if value is not None and not encodable(value):
                 raise InputError(
                     f"{path}:{lineno}: {key} is not valid text (it holds a lone surrogate, an unpaired \\ud800-\\udfff escape)"
                 )
@@ -88,14 +89,6 @@ def _read_jsonl(path: Path) -> Iterator[SourceDocument]:
             source_path=str(path),
             markdown=False,
         )
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # "\ud800" is valid JSON, not valid text
-        return False
-    return True
 
 
 def _read_file(file: Path, root: Path) -> Iterator[SourceDocument]:

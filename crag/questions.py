@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from crag import schema
 from crag.errors import InputError, describe
+from crag.text import encodable
 
 REQUIRED = ("question_id", "question")
 # Optional columns that say what the right outcome is, for `crag eval`.
@@ -129,14 +130,6 @@ def _is_missing(value) -> bool:
     return value is None or (isinstance(value, float) and value != value) or value is pd.NA
 
 
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-        return True
-    except UnicodeEncodeError:  # a lone surrogate ("\ud800" is valid JSON, not valid text)
-        return False
-
-
 def _storable(value):
     """Text that cannot be encoded is kept, escaped, for the reject row."""
     return value.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(value, str) else None
@@ -160,7 +153,7 @@ def _id_problem(raw, qid: str | None) -> str | None:
         if _is_missing(raw) or str(raw).strip() == "":
             return "question_id is missing"
         return f"question_id is not text or an integer (got {type(raw).__name__})"
-    if not _encodable(qid):
+    if not encodable(qid):
         return "question_id is not valid text (it holds a lone surrogate)"
     if _CONTROL.search(qid):
         return "question_id contains a control character"
@@ -176,7 +169,7 @@ def question_problem(question, max_chars: int) -> str | None:
         return "question is empty"
     if not question.strip():
         return "question is only whitespace"
-    if not _encodable(question):
+    if not encodable(question):
         return "question is not valid text: it holds a lone surrogate (an unpaired \\ud800-\\udfff escape)"
     if "\ufffd" in question:
         return "question holds U+FFFD: the input was not valid UTF-8"
@@ -198,7 +191,7 @@ def _string_list(value, column: str):
             return []
         shown = value.item() if isinstance(value, np.generic) else value
         raise ValueError(f"{column} must be a list of strings (got {shown!r})")
-    if not all(isinstance(v, str) and _encodable(v) for v in value):
+    if not all(isinstance(v, str) and encodable(v) for v in value):
         raise ValueError(f"{column} must be a list of valid strings")
     return list(value)
 

@@ -69,6 +69,16 @@ def _strip_accents(match: re.Match) -> str:
     return "".join(ch for ch in unicodedata.normalize("NFKD", match.group(0)) if not unicodedata.combining(ch))
 
 
+def encodable(text: str) -> bool:
+    """Whether `text` is valid Unicode text: "\\ud800" is valid JSON, but a lone surrogate cannot be
+    encoded (nor stored in a Delta table)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def normalize(text: str) -> str:
     """NFKC folds full-width Latin and half-width katakana, so both spellings match; Latin diacritics
     are dropped ("Möngke" matches "Mongke"). Only Latin letters are decomposed: decomposing kana would
