@@ -14,7 +14,7 @@ import threading
 
 from crag.errors import CragError, describe
 from crag.ids import check_run_id
-from crag.secrets import scrub
+from crag.secrets import MASK, is_secret_key, scrub
 
 
 def _conf_args(p: argparse.ArgumentParser) -> None:
@@ -431,10 +431,13 @@ def _resume_hint(args) -> str:
     if args.variant:
         words += ["--variant", args.variant]
     for item in _overrides(args):
-        words += ["--set", item]
+        key, sep, _ = item.partition("=")
+        # a --set value may hold a credential: a secret-looking key's value is masked (as the stored
+        # config masks it), and any known secret or URL credential elsewhere by scrub
+        words += ["--set", f"{key}={MASK}" if sep and is_secret_key(key.rsplit(".", 1)[-1]) else item]
     if args.no_cache:
         words.append("--no-cache")
-    return scrub(" ".join(shlex.quote(w) for w in words))  # a --set value may hold a credential
+    return scrub(" ".join(shlex.quote(w) for w in words))
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:

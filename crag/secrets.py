@@ -5,7 +5,7 @@ Two things are scrubbed, whatever the exception type or config key they come in:
 - credentials inside URLs: the user:password@ part of any scheme://user:password@host, and the values
   of query parameters named like a credential (?token=..., &api_key=...);
 - every secret value crag has resolved (`remember`, called where a credential is read), also in its
-  URL-encoded form.
+  URL-encoded form and as Python's repr and JSON escape it (an HTTP library's error quotes a header).
 
 A credential that is itself a URL (DATABRICKS_HOST may be http://user:TOKEN@host) is not secret as a
 whole: only its user:password part is remembered, so error texts still name the host.
@@ -13,6 +13,7 @@ whole: only its user:password part is remembered, so error texts still name the 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -28,7 +29,7 @@ MIN_SECRET_CHARS = 4
 # scheme://userinfo@ : the userinfo runs to the last "@" before the host part ends ("/", space, quote).
 _URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/\s'\"<>@]*(?:@[^/\s'\"<>@]*)*)@")
 _CREDENTIAL_PARAM = re.compile(
-    r"(?P<name>[?&;](?:[A-Za-z0-9_\-]*(?:token|secret|password|passwd|api[_-]?key|apikey|signature|sig|auth))=)(?P<value>[^&#\s'\"<>]+)",
+    r"(?P<name>[?&;](?:[A-Za-z0-9_\-]*(?:token|secret|password|passwd|key|signature|sig|auth|code))=)(?P<value>[^&#\s'\"<>]+)",
     re.I,
 )
 
@@ -58,7 +59,12 @@ def remember(values: Iterable[str | None]) -> None:
     with _lock:
         for value in values:
             for part in secret_parts(value):
-                _known.update({part, quote(part, safe=""), quote_plus(part)})
+                _known.update(_written_forms(part))
+
+
+def _written_forms(part: str) -> set[str]:
+    """The ways a secret appears in text: as is, URL-encoded, and escaped by repr and by JSON."""
+    return {part, quote(part, safe=""), quote_plus(part), repr(part)[1:-1], json.dumps(part)[1:-1]}
 
 
 def known() -> frozenset[str]:
@@ -79,10 +85,13 @@ def scrub(text: Any, extra: Iterable[str] = ()) -> Any:
     return text
 
 
-# Keys whose value is a secret. A suffix rule on the lower-cased key: "token", "api_key", "password"
-# and the like at the end of the name. `max_tokens` ends in "tokens" and is a number, not a secret.
-# Keys ending in _env name an environment variable (where a secret comes from), not the secret.
-_SECRET_KEY = re.compile(r"(token|secret|password|passwd|api[_-]?key|private[_-]?key|credentials?)$", re.I)
+# Keys whose value is a secret. A suffix rule on the lower-cased key: "token", "api_key", "password",
+# "secret_access_key", "Authorization" and the like at the end of the name. `max_tokens` ends in "tokens"
+# and is a number, not a secret; crag's `guided_regex_key` names a request field. Keys ending in _env
+# name an environment variable (where a secret comes from), not the secret.
+_SECRET_KEY = re.compile(
+    r"(token|secret|password|passwd|(?<!regex_)key|credentials?|authorization|connection[_-]?string)$", re.I
+)
 
 
 def is_secret_key(key: str) -> bool:
@@ -95,7 +104,7 @@ def _env_secrets(value: Any, found: set[str]) -> None:
         for k, v in value.items():
             if str(k).endswith("_env") and isinstance(v, str):
                 for part in secret_parts(os.environ.get(v)):
-                    found.update({part, quote(part, safe=""), quote_plus(part)})
+                    found.update(_written_forms(part))
             else:
                 _env_secrets(v, found)
     elif isinstance(value, list):

@@ -223,10 +223,15 @@ def test_the_resume_line_shows_no_credential(monkeypatch, capsys):
                 "r8",
                 questions="q.jsonl",
                 conf="c.yaml",
-                overrides=["web_search.api_base_url=http://proxy:pa55word-x@h:8080"],
+                overrides=[
+                    "web_search.api_base_url=http://proxy:pa55word-x@h:8080",
+                    "retriever.kwargs.api_key=pcsk_LIVEKEY_123456",
+                    "retriever.kwargs.headers.Authorization=Bearer LIVEBEARER998877",
+                ],
             )
         )
         == 130
     )
     err = capsys.readouterr().err
     assert "crag run --resume r8" in err and "pa55word" not in err and "proxy" not in err
+    assert "LIVEKEY" not in err and "LIVEBEARER" not in err and "--set 'retriever.kwargs.api_key=***'" in err

@@ -44,6 +44,8 @@ def fresh_registry(monkeypatch):
         f"http://user:{PASSWORD[:5]}@{PASSWORD[5:]}@host/",  # an unencoded @ inside the password
         f"GET http://h/search?api_key={PASSWORD}&q=1",
         f"GET http://h/search?q=1&access_token={PASSWORD}",
+        f"GET https://gw.example/v1?key={PASSWORD}",
+        f"GET https://login.example/cb?state=1&code={PASSWORD}",
         f"line one\nhttp://u:{PASSWORD}@h/\nline three",
     ],
 )
@@ -67,6 +69,39 @@ def test_resolved_values_are_masked_also_url_encoded():
         f"k={secrets.quote_plus(secret)}",
     ):
         assert PASSWORD not in secrets.scrub(text)
+
+
+def test_resolved_values_are_masked_as_repr_and_json_escape_them():
+    secret = 'tok"en\\' + PASSWORD  # a quote and a backslash, which both escape
+    secrets.remember([secret])
+    for text in (repr(f"Bearer {secret}"), json.dumps({"authorization": f"Bearer {secret}"})):
+        assert PASSWORD not in secrets.scrub(text), text
+
+
+def test_a_credential_is_stripped_and_one_with_a_control_character_refused_unshown(monkeypatch):
+    from crag.backends.remote import secret
+    from crag.errors import ConfigError
+
+    monkeypatch.setenv("CRAG_TEST_KEY", f"  {PASSWORD}\n")  # pasted, or read from a file
+    assert secret("CRAG_TEST_KEY", None, "the test") == PASSWORD
+    monkeypatch.setenv("CRAG_TEST_KEY", f"{PASSWORD}\r{PASSWORD}")
+    with pytest.raises(
+        ConfigError, match=r"credential for the test \(CRAG_TEST_KEY\) holds a control character"
+    ) as err:
+        secret("CRAG_TEST_KEY", None, "the test")
+    assert PASSWORD not in str(err.value)
+    assert PASSWORD not in secrets.scrub(repr(f"Bearer {PASSWORD}\r{PASSWORD}"))  # its escaped form is known
+
+
+@pytest.mark.parametrize("env_name, ref", [("sk-proj-" + PASSWORD, None), ("OPENAI_API_KEY", "sk-proj-" + PASSWORD)])
+def test_a_key_typed_where_a_name_belongs_is_not_echoed(env_name, ref, monkeypatch):
+    from crag.backends.remote import secret
+    from crag.errors import ConfigError
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(ConfigError, match="is the credential itself in a") as err:
+        secret(env_name, ref, "generator")
+    assert PASSWORD not in str(err.value)
 
 
 def test_a_url_credential_remembers_only_its_password():
@@ -102,6 +137,10 @@ def test_secret_bearing_keys_are_masked_and_only_those():
             "guided_regex_key": "guided_regex",
             "x-api-key": "hk-1234",
             "nested": [{"auth_token": "zz99"}],
+            "aws_secret_access_key": "AWSSECRET/abcd",
+            "azure_search_key": "AZKEY9988",
+            "headers": {"Authorization": "Bearer LIVE9988"},
+            "connection_string": "Endpoint=x;AccountKey=ACCKEY55==",
         }
     )
     assert stored == {
@@ -117,6 +156,10 @@ def test_secret_bearing_keys_are_masked_and_only_those():
         "guided_regex_key": "guided_regex",
         "x-api-key": "***",
         "nested": [{"auth_token": "***"}],
+        "aws_secret_access_key": "***",
+        "azure_search_key": "***",
+        "headers": {"Authorization": "***"},
+        "connection_string": "***",
     }
 
 
