@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import re
 import string
+import unicodedata
 
 import yaml
 
@@ -61,10 +62,40 @@ DELIMITERS = ("question", "document", "context", "web_result")
 _CLOSING = re.compile(rf"</\s*({'|'.join(DELIMITERS)})", re.I)
 
 
+# The characters NFKC folds into "<" (tests/unit/test_hardening_prompts.py checks every code point):
+# an untrusted text without one of them cannot hold a closing tag, in any spelling.
+LESS_THAN_FORMS = "<\ufe64\uff1c"  # <, small form ﹤, fullwidth ＜
+
+
 def defused(text: str) -> str:
     """Untrusted text made safe to place inside a delimited block: every closing tag of crag's
-    delimiters in it defused (an injected "</question>" must not end the question block)."""
-    return _CLOSING.sub(lambda m: f"< /{m.group(1)}", text)
+    delimiters in it defused (an injected "</question>" must not end the question block), also when it
+    is spelt in fullwidth or small forms ("＜／question＞", which a model reads as the same tag and an
+    NFKC-normalising tokenizer turns into it) or with invisible characters inside ("<\u200b/question>")."""
+    if not any(c in text for c in LESS_THAN_FORMS):
+        return text
+    if text.isascii():
+        return _CLOSING.sub(lambda m: f"< /{m.group(1)}", text)
+    folded, origin = _folded(text)
+    out, last = [], 0
+    for m in _CLOSING.finditer(folded):
+        start, end = origin[m.start()], origin[m.end() - 1] + 1
+        out += [text[last:start], f"< /{m.group(1)}"]
+        last = end
+    return "".join(out) + text[last:]
+
+
+def _folded(text: str) -> tuple[str, list[int]]:
+    """`text` NFKC-normalised character by character, with format characters (zero-width spaces and
+    joiners, bidi marks) left out, and for each character of the result the index it came from."""
+    chars, origin = [], []
+    for i, char in enumerate(text):
+        if unicodedata.category(char) == "Cf":
+            continue
+        for folded in unicodedata.normalize("NFKC", char):
+            chars.append(folded)
+            origin.append(i)
+    return "".join(chars), origin
 
 
 def fenced(text: str, max_chars: int) -> str:
