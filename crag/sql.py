@@ -28,7 +28,7 @@ from crag.errors import InputError, describe
 log = logging.getLogger("crag")
 
 DEFAULT_TIMEOUT_S = 60.0
-_LEFT_OUT = "crag sql: left out "  # the child's note of a table it could not open
+_NOTE = "crag sql note: "  # a line of the child's stderr that the parent logs as a warning
 READING_STATEMENTS = frozenset({"Query", "Explain", "ExplainTable", "ShowTables", "ShowColumns"})
 # Anything that writes or changes state, also when nested in a query (a data-modifying CTE).
 _WRITING_NODES = frozenset(
@@ -128,8 +128,8 @@ def query(warehouse: str | Path, sql: str, timeout_s: float = DEFAULT_TIMEOUT_S)
         lines = child.stderr.decode("utf-8", "replace").strip().splitlines()
         raise InputError(lines[-1] if lines else f"SQL failed: the query process ended with code {child.returncode}")
     for line in child.stderr.decode("utf-8", "replace").splitlines():
-        if line.startswith(_LEFT_OUT):
-            log.warning("%s", line.removeprefix("crag sql: "))
+        if line.startswith(_NOTE):
+            log.warning("%s", line.removeprefix(_NOTE))
     with pa.ipc.open_stream(child.stdout) as reader:
         result = reader.read_all()
     return result.cast(pa.schema([f.with_type(_plain(f.type)) for f in result.schema]))
@@ -168,7 +168,9 @@ def _run_in_child(warehouse: Path, sql: str) -> int:
             registered.append(path.name)
         except Exception as exc:
             left_out.append(path.name)
-            print(f"{_LEFT_OUT}table {path.name}: it cannot be opened ({describe(exc, limit=200)})", file=sys.stderr)
+            print(
+                f"{_NOTE}left out table {path.name}: it cannot be opened ({describe(exc, limit=200)})", file=sys.stderr
+            )
     try:
         # Reading the batches is where a query fails at run time (a cast of bad text, ...), so it is
         # inside the same handler as planning.

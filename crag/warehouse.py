@@ -158,12 +158,11 @@ class Warehouse:
     def exists(self, table: str) -> bool:
         if self.folder is not None:
             self._attach(table)
-            return self.spark.catalog.tableExists(self.name(table))
         try:
             return self.spark.catalog.tableExists(self.name(table))
         except Exception as exc:
             # A session without that catalog reads catalog.schema.table as a namespace of its own catalog
-            if "REQUIRES_SINGLE_PART_NAMESPACE" not in str(exc):
+            if self.folder is not None or "REQUIRES_SINGLE_PART_NAMESPACE" not in str(exc):
                 raise
             raise InputError(
                 f"warehouse {self.location} was read as catalog.schema (no folder of that name exists), and this "
