@@ -271,10 +271,23 @@ class LLMGraderConfig(LLMConfig):
     format: Literal["binary", "score"] = "binary"  # {"grade": "yes|no"} | "Score: 0-5" + "Reason:" lines
     threshold: float = Field(0.6, ge=0, le=1)  # score format: score/5 >= threshold -> yes (3 of 5)
     structured_output: bool = True  # binary: ask for response_format json_schema
-    guided_regex: bool = False  # openai: also send a guided-decoding regex (vLLM / SGLang)
+    guided_regex: bool = False  # openai, binary: a guided-decoding regex instead (vLLM / SGLang)
     guided_regex_key: str = "guided_regex"  # body field for the regex: vLLM guided_regex, SGLang regex
     batch: bool = False  # databricks: one request grades every document of a question (reference flow 1)
     on_parse_failure: Literal["irrelevant", "retry"] = "irrelevant"  # retry: ask once more, then irrelevant
+
+    @model_validator(mode="after")
+    def _one_output_constraint(self) -> LLMGraderConfig:
+        # vLLM and SGLang refuse a request that constrains the output twice (HTTP 400: "only one kind
+        # of guided decoding"), so every grading request would fail.
+        if self.guided_regex and self.backend != "openai":
+            raise ValueError("guided_regex is sent to OpenAI-compatible servers only (backend: openai)")
+        if self.guided_regex and self.structured_output and self.format == "binary":
+            raise ValueError(
+                "guided_regex and structured_output each constrain the output, and vLLM and SGLang refuse a "
+                "request with both: set structured_output: false to send the regex"
+            )
+        return self
 
 
 class KeywordRewriterConfig(Section):

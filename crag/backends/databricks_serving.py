@@ -13,6 +13,7 @@ import math
 import os
 
 from crag.backends.base import Usage
+from crag.backends.parsing import content_text
 from crag.backends.remote import Endpoint, secret
 from crag.config import LLMConfig
 
@@ -100,14 +101,8 @@ class DatabricksServing:
 
 
 def message_text(reply: dict) -> str:
-    """The assistant's text from a chat-completion reply. Some models (gpt-oss) return the content as
-    a list of blocks; the text is in the ones of type "text"."""
+    """The assistant's text from a chat-completion reply."""
     choices = reply.get("choices") or []
     if not choices:
         raise ValueError("chat completion reply has no choices")
-    content = (choices[0].get("message") or {}).get("content")
-    if isinstance(content, list):
-        return "".join(
-            block.get("text", "") for block in content if isinstance(block, dict) and block.get("type") == "text"
-        )
-    return content or ""
+    return content_text((choices[0].get("message") or {}).get("content"))

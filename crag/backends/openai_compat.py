@@ -5,6 +5,7 @@ guided-decoding regex can be sent as well (reference flow 2 forces {"score": "ye
 from __future__ import annotations
 
 from crag.backends.base import Usage
+from crag.backends.parsing import content_text
 from crag.backends.remote import Endpoint, secret
 from crag.config import LLMConfig
 
@@ -44,7 +45,4 @@ class OpenAICompatible:
             usage.completion_tokens += reply.usage.completion_tokens or 0
         if not reply.choices:
             raise ValueError("chat completion reply has no choices")
-        content = reply.choices[0].message.content
-        if isinstance(content, list):
-            return "".join(getattr(b, "text", "") or "" for b in content)
-        return content or ""
+        return content_text(reply.choices[0].message.content)

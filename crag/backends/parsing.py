@@ -14,8 +14,39 @@ _NO = {"no", "n", "false", "irrelevant", "not relevant", "0"}
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S | re.I)
 _OBJECT = re.compile(r"\{[^{}]*\}", re.S)
 _LEADING_WORD = re.compile(r"^\W*(yes|no|true|false|relevant|irrelevant)\b", re.I)
-_SCORE = re.compile(r"score\W{0,3}\s*(\d+(?:\.\d+)?)\s*(?:/\s*5)?", re.I)
-_REASON = re.compile(r"reason\W{0,3}\s*(.+)", re.I)
+# "Score: 4", "score (0-5): 4", "Score: **4**", "score: 3/5"
+_SCORE = re.compile(r"score(?:\s*\([^)]*\))?[\s:=*_\"'-]{0,6}(\d+(?:\.\d+)?)\s*(?:/\s*5)?", re.I)
+_REASON = re.compile(r"reason[\s:=*_-]{0,6}(.+)", re.I)
+
+
+def content_text(content) -> str:
+    """A chat message's text. Some models (gpt-oss) give the content as a list of blocks, the text in
+    those of type "text", whether the client hands them over as dicts or as objects."""
+    if isinstance(content, list):
+
+        def field(block, name: str):
+            return block.get(name) if isinstance(block, dict) else getattr(block, name, None)
+
+        return "".join(str(field(b, "text") or "") for b in content if field(b, "type") == "text")
+    return content or ""
+
+
+# Reasoning models (Qwen3, DeepSeek-R1, served by vLLM, SGLang or Ollama) think aloud before they answer,
+# between these tags; some servers drop the opening one.
+_REASONING_END = re.compile(r"</(?:think|thinking|reasoning)>", re.I)
+_REASONING_START = re.compile(r"<(?:think|thinking|reasoning)>", re.I)
+
+
+def visible(text: str | None) -> str:
+    """What a model answered, without the reasoning it printed first: everything up to the last
+    closing reasoning tag goes, and so does a reasoning block left open (the output was cut off by
+    max_tokens while the model was still thinking: no answer)."""
+    text = text or ""
+    ends = list(_REASONING_END.finditer(text))
+    if ends:
+        text = text[ends[-1].end() :]
+    start = _REASONING_START.search(text)
+    return (text[: start.start()] if start else text).strip()
 
 
 @dataclass(frozen=True)
@@ -29,14 +60,29 @@ def _word_to_bool(value) -> bool | None:
     if isinstance(value, bool):
         return value
     if isinstance(value, (int, float)):
-        return value > 0
+        return value >= 0.5  # 1 / 0, or a relevance such as 0.2
     if isinstance(value, str):
         word = value.strip().strip(".!").lower()
         if word in _YES:
             return True
         if word in _NO:
             return False
+        number = _number(word)
+        if number is not None:
+            return number >= 0.5
     return None
+
+
+def _number(value) -> float | None:
+    """A number, also when written as a string ("4", "0.8")."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        return float(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
 
 
 def _from_object(obj) -> tuple[bool | None, str | None]:
@@ -51,13 +97,14 @@ def _from_object(obj) -> tuple[bool | None, str | None]:
 
 
 def _json_candidates(text: str) -> list[str]:
-    return [m.group(1) for m in _FENCE.finditer(text)] + _OBJECT.findall(text)
+    """JSON objects in prose, the last first: a model that explains itself gives its verdict last."""
+    return [m.group(1) for m in _FENCE.finditer(text)][::-1] + _OBJECT.findall(text)[::-1]
 
 
 def parse_binary(text: str) -> Parsed:
     """{"grade": "yes"|"no"} as asked -> ok; inside prose or fences, other keys or case, or a bare
-    "Yes." -> repaired; anything else -> failed."""
-    stripped = (text or "").strip()
+    "Yes." -> repaired; anything else -> failed. Reasoning before the answer is left out (`visible`)."""
+    stripped = visible(text)
     try:
         obj = json.loads(stripped)
     except json.JSONDecodeError:
@@ -82,8 +129,8 @@ def parse_binary(text: str) -> Parsed:
 
 def parse_score(text: str) -> Parsed:
     """ "Score: N" (0-5) and "Reason: ..." lines as asked -> ok, relevance N/5; a score inside JSON or
-    prose -> repaired; none, or out of range -> failed."""
-    stripped = (text or "").strip()
+    prose (the last one given) -> repaired; none, or out of range -> failed."""
+    stripped = visible(text)
     lines = [line.strip() for line in stripped.splitlines() if line.strip()]
     if lines and re.fullmatch(r"Score:\s*[0-5]", lines[0]) and (len(lines) == 1 or lines[1].startswith("Reason:")):
         reason = lines[1][len("Reason:") :].strip() if len(lines) > 1 else None
@@ -94,14 +141,14 @@ def parse_score(text: str) -> Parsed:
         except json.JSONDecodeError:
             continue
         lowered = {str(k).lower(): v for k, v in obj.items()} if isinstance(obj, dict) else {}
-        score = lowered.get("score")
-        if isinstance(score, (int, float)) and 0 <= score <= 5:
+        score = _number(lowered.get("score"))
+        if score is not None and 0 <= score <= 5:
             reason = lowered.get("reason")
-            return Parsed(float(score) / 5, "repaired", str(reason) if reason is not None else None)
-    match = _SCORE.search(stripped)
-    if match and 0 <= float(match.group(1)) <= 5:
-        found = _REASON.search(stripped)
-        return Parsed(float(match.group(1)) / 5, "repaired", found.group(1).strip() if found else None)
+            return Parsed(score / 5, "repaired", str(reason) if reason is not None else None)
+    matches = list(_SCORE.finditer(stripped))
+    if matches and 0 <= float(matches[-1].group(1)) <= 5:
+        found = _REASON.search(stripped, matches[-1].end())
+        return Parsed(float(matches[-1].group(1)) / 5, "repaired", found.group(1).strip(" *_") if found else None)
     return Parsed(None, "failed")
 
 
@@ -111,7 +158,7 @@ _CITATION = re.compile(r"\s*\[(\d+)\]")
 def parse_answer(text: str, refusal: str, n_documents: int) -> tuple[str | None, list[int]]:
     """(answer without [n] markers, cited document positions). None when the model gave the refusal
     sentence. With no readable citation, every context document counts as cited."""
-    stripped = (text or "").strip()
+    stripped = visible(text)
     if not stripped or _normalise(stripped).startswith(_normalise(refusal)):
         return None, []
     cited = sorted({int(n) - 1 for n in _CITATION.findall(stripped) if 0 < int(n) <= n_documents})
@@ -120,20 +167,22 @@ def parse_answer(text: str, refusal: str, n_documents: int) -> tuple[str | None,
 
 
 def parse_yes_no(text: str) -> bool | None:
-    word = _LEADING_WORD.match((text or "").strip())
+    word = _LEADING_WORD.match(visible(text))
     return _word_to_bool(word.group(1)) if word else None
 
 
 def clean_query(text: str) -> str:
-    """A rewritten query without the quotes, labels or JSON a model may wrap it in."""
-    stripped = (text or "").strip()
+    """A rewritten query without the reasoning, quotes, labels or JSON a model may wrap it in. A line
+    that only introduces the query ("Here is the improved query:") is passed over."""
+    stripped = visible(text)
     try:
         obj = json.loads(stripped)
         if isinstance(obj, dict):
             stripped = str(next(iter(obj.values()), ""))
     except json.JSONDecodeError:
         pass
-    first = stripped.splitlines()[0] if stripped else ""
+    lines = [line.strip() for line in stripped.splitlines() if line.strip()]
+    first = next((line for line in lines if not line.endswith(":")), "")
     first = re.sub(r"^(search query|query|improved query)\s*:\s*", "", first, flags=re.I)
     return first.strip().strip("\"'`").strip()
 

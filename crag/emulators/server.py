@@ -24,8 +24,9 @@ from crag.emulators.vector_search import vector_search
 from crag.text import TermWeights
 
 SERVICES = ("serving", "vector_search", "tavily")
-# malformed: a reply in no requested format; prose: the right reply wrapped in chatter and a code fence
-FAULTS = ("429", "500", "hang", "malformed", "prose")
+# malformed: a reply in no requested format; prose: the right reply wrapped in chatter and a code fence;
+# blocks: the right chat reply as a list of content blocks, reasoning first (as gpt-oss models give it)
+FAULTS = ("429", "500", "hang", "malformed", "prose", "blocks")
 
 
 @dataclass

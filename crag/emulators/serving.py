@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 _TAG = {name: re.compile(rf"<{name}[^>]*>\n(.*?)\n</{name}>", re.S) for name in ("question", "document", "web_result")}
 
 
+# Body fields of vLLM's and SGLang's guided decoding, each an alternative to response_format.
+GUIDED_DECODING = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "regex", "json_schema", "ebnf")
+
+
 def _tag(name: str, text: str) -> str:
     match = _TAG[name].search(text)
     return match.group(1).strip() if match else ""
@@ -84,12 +88,16 @@ def _messages_text(messages: list[dict]) -> tuple[str, str]:
 def _chat_completion(emulator: Emulator, body: dict, fault: str) -> dict:
     system, user = _messages_text(body.get("messages") or [])
     text = _model_reply(emulator, system, user, fault)
+    content: str | list = text
+    if fault == "blocks":
+        reasoning = {"type": "reasoning", "summary": [{"type": "summary_text", "text": "The user asks a question."}]}
+        content = [reasoning, {"type": "text", "text": text}]
     return {
         "id": f"chatcmpl-{len(emulator.requests)}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": body.get("model", "emulated"),
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
         "usage": {
             "prompt_tokens": _tokens(system + user),
             "completion_tokens": _tokens(text),
@@ -105,6 +113,10 @@ def serving(emulator: Emulator, method: str, path: str, body: Any, fault: str):
     if not isinstance(body, dict):
         return 400, {"error_code": "BAD_REQUEST", "message": "expected a JSON object"}
     if "messages" in body:
+        constraints = [k for k in ("response_format", *GUIDED_DECODING) if body.get(k) is not None]
+        if len(constraints) > 1:  # as vLLM and SGLang answer it
+            message = f"You can only use one kind of guided decoding but multiple are specified: {constraints}"
+            return 400, {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400}
         return 200, _chat_completion(emulator, body, fault)
     if "inputs" in body:  # the custom batch-grading endpoint of reference flow 1
         params = body.get("params") or {}

@@ -144,7 +144,7 @@ def test_openai_config_from_the_cli(spark, emulator, tmp_path, sample_indexes, c
     grades = table(tmp_path, "grades")
     # per-document grading over chat completions, one call per graded document
     assert answers["llm_calls"].sum() == len(emulator.of("serving"))
-    grading = [r for r in emulator.of("serving") if "guided_regex" in r.body]
+    grading = [r for r in emulator.of("serving") if "response_format" in r.body]
     assert len(grading) == len(grades)
     expected = (
         pd.read_json(QUESTIONS, lines=True).drop_duplicates("question_id").set_index("question_id")["expected_route"]

@@ -7,6 +7,7 @@ from crag.backends.base import Usage
 from crag.backends.llm_roles import LLMGenerator, LLMGrader, LLMRewriter
 from crag.backends.openai_compat import OpenAICompatible
 from crag.config import load_config
+from crag.errors import ConfigError
 from tests.support import REPO, TOKEN
 
 OAI = REPO / "conf" / "openai.yaml"
@@ -19,7 +20,7 @@ def cfg(*sets):
     return load_config(OAI, [*FAST, *sets])
 
 
-def test_grader_sends_schema_and_guided_regex(emulator):
+def test_grader_sends_the_json_schema(emulator):
     c = cfg().grader
     usage = Usage()
     grades = LLMGrader(OpenAICompatible(c, regex_key=c.guided_regex_key), c).grade(
@@ -32,18 +33,43 @@ def test_grader_sends_schema_and_guided_regex(emulator):
     assert (request.method, request.path) == ("POST", "/v1/chat/completions")
     assert request.headers["Authorization"] == f"Bearer {TOKEN}"
     assert request.body["model"] == "Qwen/Qwen2.5-7B-Instruct"
-    assert request.body["guided_regex"] == r'\{"grade": "(yes|no)"\}'
     assert request.body["response_format"]["json_schema"]["schema"]["required"] == ["grade"]
+    assert "guided_regex" not in request.body
     assert request.body["max_tokens"] == 20 and request.body["temperature"] == 0.0
     assert usage.llm_calls == 1 and usage.prompt_tokens > 0
 
 
-def test_sglang_regex_key(emulator):
-    c = cfg("grader.guided_regex_key=regex").grader
-    LLMGrader(OpenAICompatible(c, regex_key=c.guided_regex_key), c).grade(
-        "q?", [{"source": "web", "text": "x"}], Usage()
-    )
-    assert "regex" in emulator.of("serving")[0].body and "guided_regex" not in emulator.of("serving")[0].body
+def test_guided_regex_is_sent_in_place_of_the_schema(emulator):
+    """vLLM (guided_regex) and SGLang (regex) refuse a request constrained twice: the regex goes alone."""
+    for key in ("guided_regex", "regex"):
+        emulator.reset()
+        c = cfg("grader.guided_regex=true", "grader.structured_output=false", f"grader.guided_regex_key={key}").grader
+        grades = LLMGrader(OpenAICompatible(c, regex_key=c.guided_regex_key), c).grade(
+            "How high is Mount Fuji?", [{"source": "web", "text": "Mount Fuji is 3,776 metres high."}], Usage()
+        )
+        [request] = emulator.of("serving")
+        assert request.body[key] == r'\{"grade": "(yes|no)"\}' and "response_format" not in request.body
+        assert grades[0].grade == "yes"
+
+
+def test_a_grader_config_with_two_output_constraints_is_refused():
+    with pytest.raises(ConfigError, match="set structured_output: false to send the regex"):
+        cfg("grader.guided_regex=true")
+    with pytest.raises(ConfigError, match="OpenAI-compatible servers only"):
+        load_config(REPO / "conf" / "databricks.yaml", ["grader.guided_regex=true", "grader.structured_output=false"])
+
+
+def test_the_emulator_refuses_two_output_constraints_as_vllm_does(emulator):
+    from openai import BadRequestError, OpenAI
+
+    client = OpenAI(api_key=TOKEN, base_url=f"{emulator.url}/v1", max_retries=0)
+    with pytest.raises(BadRequestError, match="only use one kind of guided decoding"):
+        client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "q"}],
+            response_format={"type": "json_object"},
+            extra_body={"guided_regex": "yes|no"},
+        )
 
 
 def test_rewriter_keeps_the_question_out_of_generation(emulator):
@@ -91,3 +117,16 @@ def test_missing_key_is_a_clear_error(monkeypatch):
         match="missing credential for OpenAI-compatible model .* set the environment variable OPENAI_API_KEY",
     ):
         OpenAICompatible(cfg().grader)
+
+
+def test_a_reply_given_as_content_blocks_is_read(emulator):
+    """gpt-oss models (also behind Databricks' OpenAI-compatible /serving-endpoints) reply with a list of
+    content blocks, reasoning first: the text block is the answer."""
+    emulator.behaviour["serving"].scripted = ["blocks"]
+    c = cfg("grader.on_parse_failure=irrelevant").grader
+    usage = Usage()
+    grades = LLMGrader(OpenAICompatible(c), c).grade(
+        "How high is Mount Fuji?", [{"source": "web", "text": "Mount Fuji is 3,776 metres high."}], usage
+    )
+    assert emulator.faults_injected["blocks"] == 1 and usage.llm_calls == 1
+    assert (grades[0].grade, grades[0].parse_status, grades[0].raw_output) == ("yes", "ok", '{"grade": "yes"}')

@@ -22,6 +22,13 @@ from crag.backends.remote import http_status, is_transient, retry_after_s
         ("maybe", None, "failed"),
         ("", None, "failed"),
         ('{"grade": "perhaps"}', None, "failed"),
+        # a reasoning model's thinking is not its answer, even when it quotes the format
+        ('<think>I must reply {"grade": "yes"} or {"grade": "no"}.</think>\n{"grade": "no"}', 0.0, "ok"),
+        ("the server dropped the opening tag</think>\nYes", 1.0, "repaired"),
+        ('<think>cut off by max_tokens: {"grade": "yes"}', None, "failed"),
+        ('First {"grade": "yes"}, no, on reflection: {"grade": "no"}', 0.0, "repaired"),  # the last verdict
+        ('{"relevance": 0.2}', 0.0, "repaired"),  # a low relevance is not a yes
+        ('{"relevance": "0.9"}', 1.0, "repaired"),
     ],
 )
 def test_parse_binary(text, relevance, status):
@@ -37,6 +44,11 @@ def test_parse_binary(text, relevance, status):
         ("I'd say score: 3/5. Reason: partial", 0.6, "repaired", "partial"),
         ('{"score": 5, "reason": "direct"}', 1.0, "repaired", "direct"),
         ("Score: 7", None, "failed", None),
+        ("Score (0-5): 4", 0.8, "repaired", None),
+        ("Score: **4**\nReason: **direct**", 0.8, "repaired", "direct"),
+        ('{"score": "4"}', 0.8, "repaired", None),
+        ("<think>Score: 5? The filter is not named.</think>\nScore: 3\nReason: partial", 0.6, "ok", "partial"),
+        ("Score: 5 at first sight, but finally Score: 2\nReason: weak", 0.4, "repaired", "weak"),
         ("no idea", None, "failed", None),
     ],
 )
@@ -58,6 +70,13 @@ def test_yes_no_and_query_cleaning():
     assert clean_query('"AQ-7 filter interval"') == "AQ-7 filter interval"
     assert clean_query("Search query: hepa standard\nbecause...") == "hepa standard"
     assert clean_query('{"improved_query": "mount fuji height"}') == "mount fuji height"
+    assert clean_query("Here is the improved query:\nHEPA filter standard") == "HEPA filter standard"
+    assert clean_query("<think>The user wants the height.</think>\nmount fuji height") == "mount fuji height"
+    assert parse_yes_no("<think>Is it about the AQ-7? No wait, yes.</think> NO") is False
+    assert parse_answer("<think>[1] says 12.</think>Every 12 months [1].", "I don't know.", 1) == (
+        "Every 12 months.",
+        [0],
+    )
 
 
 def _http_error(status, headers=None):
