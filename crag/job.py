@@ -34,7 +34,7 @@ import pyarrow as pa
 from crag import schema
 from crag.backends import build_backends, resolve_credentials, smallest_budget
 from crag.config import CragConfig, load_config, redacted
-from crag.errors import CragError, InputError
+from crag.errors import CragError, InputError, describe
 from crag.evaluation import ACTIONS, evaluate_run, metrics_table
 from crag.ids import check_run_id
 from crag.progress import ProgressReporter
@@ -632,16 +632,20 @@ def finalise(plan: RunPlan, status: str = "succeeded") -> RunResult:
     plan.record(status, counts, datetime.now(UTC))
     for table in (plan.staging, plan.inputs):
         wh.drop(table)
-    mlflow_run = log_run(
-        plan.cfg,
-        wh.location,
-        run_id,
-        plan.variant,
-        counts,
-        metrics,
-        seconds,
-        redacted(plan.cfg.model_dump(mode="json")),
-    )
+    try:
+        mlflow_run = log_run(
+            plan.cfg,
+            wh.location,
+            run_id,
+            plan.variant,
+            counts,
+            metrics,
+            seconds,
+            redacted(plan.cfg.model_dump(mode="json")),
+        )
+    except Exception as exc:  # the tables are the run's record, written and recorded above: it stands
+        log.warning("run %s is written, but it was not logged to MLflow (%s)", run_id, describe(exc))
+        mlflow_run = None
     if mlflow_run:
         log.info("logged to MLflow run %s", mlflow_run)
     return RunResult(run_id, plan.variant, wh.location, seconds, counts, metrics, f"{wh.catalog}.{wh.schema}")

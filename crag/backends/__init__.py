@@ -19,7 +19,7 @@ from crag.backends.hybrid import HybridRetriever
 from crag.backends.lexical import KeywordRewriter, LexicalGrader, LexicalScorer
 from crag.backends.llm_roles import LLMGenerator, LLMGrader, LLMRewriter, LLMSourceCheck
 from crag.backends.openai_compat import OpenAICompatible
-from crag.backends.remote import secret
+from crag.backends.remote import credential_key, secret
 from crag.backends.semantic import SemanticGrader
 from crag.backends.tavily_search import TavilySearch
 from crag.backends.vector_search import VectorSearchRetriever
@@ -79,10 +79,11 @@ def credentials(cfg: CragConfig) -> list[tuple[str, str | None, str, bool]]:
 
 
 def resolve_credentials(cfg: CragConfig) -> dict[str, str]:
-    """Every credential the config needs, by environment-variable name. A missing one is a ConfigError
+    """Every credential the config needs, filed by `credential_key`. A missing one is a ConfigError
     naming it. The values travel to Spark workers in memory only: never logged, never stored."""
     found = {
-        env: secret(env, ref, what, optional_on_databricks=optional) for env, ref, what, optional in credentials(cfg)
+        credential_key(env, ref): secret(env, ref, what, optional_on_databricks=optional)
+        for env, ref, what, optional in credentials(cfg)
     }
     return {env: value for env, value in found.items() if value is not None}
 

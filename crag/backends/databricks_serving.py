@@ -14,20 +14,20 @@ import os
 
 from crag.backends.base import Usage
 from crag.backends.parsing import content_text
-from crag.backends.remote import Endpoint, secret
+from crag.backends.remote import Endpoint, workspace_credentials
 from crag.config import LLMConfig
 
 
 class DatabricksServing:
     def __init__(self, cfg: LLMConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1):
-        what = f"Databricks serving endpoint {cfg.endpoint!r}"
-        host = secret(cfg.host_env, None, f"{what} (workspace URL)", secrets, optional_on_databricks=True)
-        token = secret(cfg.token_env, cfg.token_secret, what, secrets, optional_on_databricks=True)
+        workspace = workspace_credentials(cfg, f"Databricks serving endpoint {cfg.endpoint!r}", secrets)
         # mlflow reads the workspace, token and timeouts from the process environment at each request.
-        # They are this client's settings, set again before a request whenever another client (of
-        # another run in the same Spark worker process) has changed them since.
+        # They are this client's settings, set before its first request (not before: the driver builds
+        # clients to check them, and its own MLflow logging must keep mlflow's retries), and again
+        # whenever another client (of another run in the same Spark worker process) has changed them.
         self._environment: dict[str, str] = {}
-        if host and token:  # otherwise (on Databricks) mlflow uses the runtime's own auth
+        if workspace is not None:  # otherwise (on Databricks) mlflow uses the runtime's own auth
+            host, token = workspace
             # With a token at hand mlflow's plain HTTP path is used: through the Databricks SDK, mlflow
             # builds a new WorkspaceClient for every request (a host-metadata request and a new
             # connection each, ~3.5 ms of CPU per call) and retries 429s itself, out of crag's sight.
@@ -40,7 +40,6 @@ class DatabricksServing:
             MLFLOW_DEPLOYMENT_PREDICT_TIMEOUT=timeout,
             MLFLOW_DEPLOYMENT_PREDICT_TOTAL_TIMEOUT=timeout,
         )
-        self._use_environment()
         from mlflow.deployments import get_deploy_client  # noqa: PLC0415  # MLflow takes seconds to import: only this backend pays
 
         self._client = get_deploy_client("databricks")

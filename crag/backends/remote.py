@@ -217,11 +217,33 @@ _SECRET_REF = re.compile(r"[\w.@\-]+/[\w.\-]+")  # Databricks scope and key name
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+def credential_key(env_name: str, secret_ref: str | None) -> str:
+    """How a resolved credential is filed among the `secrets` shipped to workers: by its variable and
+    its secret reference, since sections that share the variable's name (every Databricks section
+    defaults to DATABRICKS_TOKEN) may each name a secret of their own."""
+    return env_name if secret_ref is None else f"{env_name} {secret_ref}"
+
+
+def workspace_credentials(auth, what: str, secrets: dict[str, str] | None) -> tuple[str, str] | None:
+    """(workspace URL, token) of a Databricks client from a section's host_env / token_env /
+    token_secret, or None: on Databricks, with neither at hand, the runtime's own authentication. A
+    token without a workspace URL is refused: the client would drop it and use the runtime's identity."""
+    host = secret(auth.host_env, None, f"{what} (workspace URL)", secrets, optional_on_databricks=True)
+    token = secret(auth.token_env, auth.token_secret, what, secrets, optional_on_databricks=True)
+    if token and not host:
+        raise ConfigError(
+            f"{what} has a token ({auth.token_env} or token_secret) but no workspace URL: set {auth.host_env} "
+            f"to the workspace it belongs to, or leave both to the runtime's own authentication"
+        )
+    return (host, token) if host and token else None
+
+
 def _read_secret(
     env_name: str, secret_ref: str | None, what: str, secrets: dict[str, str] | None, optional_on_databricks: bool
 ) -> str | None:
-    if secrets and env_name in secrets:
-        return secrets[env_name]
+    key = credential_key(env_name, secret_ref)
+    if secrets and key in secrets:
+        return secrets[key]
     value = os.environ.get(env_name)
     if value:
         return value

@@ -7,7 +7,7 @@ the embedded BM25 retriever does. The client is thread-safe, so one index object
 from __future__ import annotations
 
 from crag.backends.base import Document
-from crag.backends.remote import Endpoint, http_status, secret
+from crag.backends.remote import Endpoint, http_status, workspace_credentials
 from crag.config import VectorSearchRetrieverConfig
 from crag.errors import ConfigError, describe
 from crag.secrets import scrub
@@ -23,11 +23,9 @@ def vector_search_client(cfg: VectorSearchRetrieverConfig, secrets: dict[str, st
     """A client with the configured host and token, or the runtime's own auth on Databricks."""
     from databricks.ai_search.client import AISearchClient  # noqa: PLC0415  # databricks-ai-search (the renamed databricks-vectorsearch): only this backend pays
 
-    what = f"Vector Search index {cfg.index_name!r}"
-    host = secret(cfg.host_env, None, f"{what} (workspace URL)", secrets, optional_on_databricks=True)
-    token = secret(cfg.token_env, cfg.token_secret, what, secrets, optional_on_databricks=True)
-    if host and token:
-        return AISearchClient(workspace_url=host, personal_access_token=token, disable_notice=True)
+    workspace = workspace_credentials(cfg, f"Vector Search index {cfg.index_name!r}", secrets)
+    if workspace is not None:
+        return AISearchClient(workspace_url=workspace[0], personal_access_token=workspace[1], disable_notice=True)
     return AISearchClient(disable_notice=True)
 
 
@@ -76,17 +74,24 @@ def sync_vector_index(cfg: VectorSearchRetrieverConfig, secrets: dict[str, str] 
     except Exception as exc:
         if type(exc).__name__ != "NotFound":
             raise unusable(cfg, client, exc) from None
-        endpoint.call(
-            lambda: client.create_delta_sync_index(
-                endpoint_name=cfg.endpoint,
-                index_name=cfg.index_name,
-                source_table_name=cfg.source_table,
-                pipeline_type=cfg.pipeline_type,
-                primary_key="chunk_id",
-                embedding_source_column=cfg.columns.chunk_text,
-                embedding_model_endpoint_name=cfg.embedding_endpoint,
+        try:
+            endpoint.call(
+                lambda: client.create_delta_sync_index(
+                    endpoint_name=cfg.endpoint,
+                    index_name=cfg.index_name,
+                    source_table_name=cfg.source_table,
+                    pipeline_type=cfg.pipeline_type,
+                    primary_key="chunk_id",
+                    embedding_source_column=cfg.columns.chunk_text,
+                    embedding_model_endpoint_name=cfg.embedding_endpoint,
+                )
             )
-        )
+        except Exception as exc:
+            # 409: the index is there, made by a creation whose reply was lost (a timeout or a 5xx
+            # after the service had created it, then retried) or by another build at the same moment.
+            # A new Delta Sync index syncs its source table on its own.
+            if http_status(exc) != 409:
+                raise unusable(cfg, client, exc) from None
         return "created"
     endpoint.call(index.sync)
     return "synced"

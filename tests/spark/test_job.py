@@ -280,3 +280,18 @@ def test_a_new_run_with_no_rejects_or_gold_still_leaves_those_tables(spark, inde
     for name in ("rejects", "gold"):
         assert table(warehouse, name).empty
         assert list(table(warehouse, name).columns) == schema.ALL_TABLES[name].names
+
+
+def test_a_run_that_cannot_reach_mlflow_keeps_its_tables_and_its_status(
+    spark, index_overrides, tmp_path, monkeypatch, caplog
+):
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("tracking server at https://example.invalid refused the connection")
+
+    monkeypatch.setattr(crag_job, "log_run", unreachable)
+    result = run(
+        str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="untracked", overrides=index_overrides, spark=spark
+    )
+    assert table(tmp_path, "runs", "untracked").loc[0, "status"] == "succeeded"
+    assert len(table(tmp_path, "answers", "untracked")) == result.counts["accepted"] > 0
+    assert "run untracked is written, but it was not logged to MLflow (ConnectionError: tracking server" in caplog.text

@@ -131,3 +131,70 @@ def test_content_blocks_reply():
         "choices": [{"message": {"content": [{"type": "reasoning", "summary": []}, {"type": "text", "text": "ok"}]}}]
     }
     assert message_text(reply) == "ok"
+
+
+@pytest.fixture
+def on_databricks(monkeypatch):
+    """A Databricks driver as crag sees one: the runtime's variable, a secret scope (dbutils) that knows
+    scope/key pairs, no token in the environment. Returns the scope's secrets."""
+    import sys
+    import types
+
+    stored = {"crag/grader_token": "dapi-GRADER", "crag/chat_token": "dapi-CHAT", "crag/tavily_api_key": "tvly-KEY"}
+    runtime = types.ModuleType("databricks.sdk.runtime")
+    runtime.dbutils = types.SimpleNamespace(
+        secrets=types.SimpleNamespace(get=lambda scope, key: stored[f"{scope}/{key}"])
+    )
+    monkeypatch.setitem(sys.modules, "databricks.sdk.runtime", runtime)
+    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "16.4")
+    for name in ("DATABRICKS_TOKEN", "TAVILY_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    return stored
+
+
+def test_each_section_keeps_its_own_secret_on_the_way_to_the_workers(on_databricks, monkeypatch):
+    """Every Databricks section names DATABRICKS_TOKEN by default: a token_secret of one section must
+    neither be lost nor handed to another section."""
+    from crag.backends import resolve_credentials
+    from crag.backends.remote import secret
+
+    cfg = load_config(
+        DBX,
+        [
+            "grader.token_secret=crag/grader_token",
+            "rewriter.token_secret=crag/chat_token",
+            "generator.token_secret=crag/chat_token",
+        ],
+    )
+    shipped = resolve_credentials(cfg)
+    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION")  # a worker: no secret scope, only what was shipped
+    for role, expected in (("grader", "dapi-GRADER"), ("rewriter", "dapi-CHAT"), ("generator", "dapi-CHAT")):
+        section = getattr(cfg, role)
+        assert secret(section.token_env, section.token_secret, role, shipped) == expected, role
+    assert secret("TAVILY_API_KEY", cfg.web_search.api_key_secret, "tavily", shipped) == "tvly-KEY"
+
+
+def test_a_token_without_its_workspace_is_refused(on_databricks, monkeypatch):
+    """Given a token but no workspace URL, the clients would drop the token silently and call with the
+    runtime's own identity."""
+    from crag.backends.vector_search import vector_search_client
+    from crag.errors import ConfigError
+
+    monkeypatch.delenv("DATABRICKS_HOST", raising=False)
+    cfg = load_config(DBX, ["grader.token_secret=crag/grader_token", "retriever.token_secret=crag/chat_token"])
+    with pytest.raises(ConfigError, match="has a token .* but no workspace URL: set DATABRICKS_HOST"):
+        DatabricksServing(cfg.grader)
+    with pytest.raises(ConfigError, match="has a token .* but no workspace URL: set DATABRICKS_HOST"):
+        vector_search_client(cfg.retriever, None)
+    DatabricksServing(cfg.generator)  # no token either: the runtime's own authentication, as documented
+
+
+def test_building_a_client_leaves_mlflow_retries_to_the_rest_of_the_process(emulator, monkeypatch):
+    """The driver builds the clients to check them; its MLflow logging keeps mlflow's HTTP retries."""
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    serving = DatabricksServing(load_config(DBX, FAST).grader)
+    import os
+
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
+    LLMGrader(serving, load_config(DBX, FAST).grader).grade(QUESTION, DOCS, Usage())
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0"  # a client's own requests: crag retries them

@@ -95,3 +95,29 @@ def test_vector_search_index_is_created_then_synced(emulator, tmp_path):
     manifest = build_knowledge_base(SAMPLE / "kb", tmp_path / "kb", cfg)
     assert manifest["vector_index"].startswith("synced") and emulator.syncs == ["main.crag.chunks_index"]
     emulator.vector_indexes = None
+
+
+def test_an_index_created_by_a_request_whose_reply_was_lost_counts_as_created(emulator, tmp_path, monkeypatch):
+    """The service creates the index, then its reply fails (a 5xx); the retried creation finds it there
+    (409 RESOURCE_ALREADY_EXISTS): the build goes on, it does not fail on an index that exists."""
+    from crag.emulators import server
+
+    real = server.ROUTES["vector_search"]
+    lost: list[str] = []
+
+    def created_then_failed(emulator, method, path, body, fault):
+        status, payload = real(emulator, method, path, body, fault)
+        if method == "POST" and path.endswith("/indexes") and status == 200 and not lost:
+            lost.append(path)  # only the first creation's reply
+            return 503, {"error_code": "TEMPORARILY_UNAVAILABLE", "message": "upstream timed out"}
+        return status, payload
+
+    monkeypatch.setitem(server.ROUTES, "vector_search", created_then_failed)
+    emulator.vector_indexes = {}
+    cfg = load_config(
+        REPO / "conf" / "databricks.yaml", ["retriever.policy.timeout_s=2", "retriever.policy.backoff_initial_s=0.01"]
+    )
+    manifest = build_knowledge_base(SAMPLE / "kb", tmp_path / "kb", cfg)
+    create = [r for r in emulator.of("vector_search") if r.method == "POST" and r.path.endswith("/indexes")]
+    assert len(create) == 2 and manifest["vector_index"].startswith("created main.crag.chunks_index")
+    emulator.vector_indexes = None
