@@ -19,13 +19,14 @@ from crag.backends.hybrid import HybridRetriever
 from crag.backends.lexical import KeywordRewriter, LexicalGrader, LexicalScorer
 from crag.backends.llm_roles import LLMGenerator, LLMGrader, LLMRewriter, LLMSourceCheck
 from crag.backends.openai_compat import OpenAICompatible
-from crag.backends.remote import credential_key, secret
+from crag.backends.remote import credential_key, runtime_workspace, secret
 from crag.backends.semantic import SemanticGrader
 from crag.backends.tavily_search import TavilySearch
 from crag.backends.vector_search import VectorSearchRetriever
 from crag.config import (
     BM25RetrieverConfig,
     CragConfig,
+    DatabricksAuth,
     EndpointPolicy,
     ExtractiveGeneratorConfig,
     HybridRetrieverConfig,
@@ -85,7 +86,27 @@ def resolve_credentials(cfg: CragConfig) -> dict[str, str]:
         credential_key(env, ref): secret(env, ref, what, optional_on_databricks=optional)
         for env, ref, what, optional in credentials(cfg)
     }
-    return {env: value for env, value in found.items() if value is not None}
+    # A Databricks section left to the runtime's own authentication (on Databricks, neither a host nor
+    # a token given) gets the job's own workspace URL and token, resolved here for the workers.
+    unset = [key for key, value in found.items() if value is None]
+    if unset:
+        host, token = runtime_workspace()
+        for auth in _databricks_sections(cfg):
+            for key, value in (
+                (credential_key(auth.host_env, None), host),
+                (credential_key(auth.token_env, auth.token_secret), token),
+            ):
+                if found.get(key) is None:
+                    found[key] = value
+    return {key: value for key, value in found.items() if value is not None}
+
+
+def _databricks_sections(cfg: CragConfig) -> list[DatabricksAuth]:
+    """The sections that call a Databricks service (serving endpoints, Vector Search)."""
+    sections: list[DatabricksAuth] = [role for role in cfg.llm_roles().values() if role.backend == "databricks"]
+    if cfg.retriever.backend == "databricks_vector_search":
+        sections.append(cfg.retriever)
+    return sections
 
 
 def _endpoint_key(role: LLMConfig) -> tuple:

@@ -26,7 +26,7 @@ class DatabricksServing:
         # clients to check them, and its own MLflow logging must keep mlflow's retries), and again
         # whenever another client (of another run in the same Spark worker process) has changed them.
         self._environment: dict[str, str] = {}
-        if workspace is not None:  # otherwise (on Databricks) mlflow uses the runtime's own auth
+        if workspace is not None:  # otherwise (on Databricks, not given the driver's) the runtime's own auth
             host, token = workspace
             # With a token at hand mlflow's plain HTTP path is used: through the Databricks SDK, mlflow
             # builds a new WorkspaceClient for every request (a host-metadata request and a new

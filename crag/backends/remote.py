@@ -3,8 +3,9 @@ and credentials from the environment or a Databricks secret scope.
 
 The client libraries' own retries are switched off (openai max_retries=0, Vector Search
 total_retries=0, mlflow MLFLOW_HTTP_REQUEST_MAX_RETRIES=0 on its plain HTTP path), so that one policy
-applies everywhere and every retry is counted. Only when mlflow goes through the Databricks SDK (on a
-Databricks cluster with the runtime's own auth) does the SDK retry a 429 itself, out of sight.
+applies everywhere and every retry is counted. On Databricks without a configured token, the driver
+resolves the runtime's own authentication into a workspace URL and token (`runtime_workspace`), so
+the workers' clients take the same plain path.
 """
 
 from __future__ import annotations
@@ -236,6 +237,30 @@ def workspace_credentials(auth, what: str, secrets: dict[str, str] | None) -> tu
             f"to the workspace it belongs to, or leave both to the runtime's own authentication"
         )
     return (host, token) if host and token else None
+
+
+def runtime_workspace() -> tuple[str, str]:
+    """On a Databricks driver left to the runtime's own authentication: its workspace URL and a bearer
+    token of the job's identity, from databricks-sdk (auth type `runtime`). The driver resolves them
+    for the Spark workers, which cannot: they run outside the notebook context the runtime's auth
+    reads (on serverless, without even the driver's environment)."""
+    from databricks.sdk.core import Config  # noqa: PLC0415  # only on Databricks
+
+    advice = "set token_secret (and DATABRICKS_HOST) on the Databricks sections"
+    try:
+        config = Config()
+        scheme, _, token = config.authenticate().get("Authorization", "").partition(" ")
+    except Exception as exc:
+        raise ConfigError(
+            f"the Databricks runtime's own authentication gave no token ({type(exc).__name__}): {advice}"
+        ) from None
+    if scheme.lower() != "bearer" or not token.strip() or not config.host:
+        raise ConfigError(
+            f"the Databricks runtime's own authentication ({config.auth_type}) gives no bearer token the "
+            f"workers can use: {advice}"
+        )
+    remember([token.strip()])
+    return config.host, token.strip()
 
 
 def _read_secret(

@@ -133,10 +133,14 @@ def test_content_blocks_reply():
     assert message_text(reply) == "ok"
 
 
+RUNTIME_HOST = "https://adb-1234567890123456.7.azuredatabricks.net"
+
+
 @pytest.fixture
 def on_databricks(monkeypatch):
     """A Databricks driver as crag sees one: the runtime's variable, a secret scope (dbutils) that knows
-    scope/key pairs, no token in the environment. Returns the scope's secrets."""
+    scope/key pairs, the runtime's own authentication as databricks-sdk reads it (the job's workspace
+    and token), no token in the environment. Returns the scope's secrets."""
     import sys
     import types
 
@@ -145,6 +149,8 @@ def on_databricks(monkeypatch):
     runtime.dbutils = types.SimpleNamespace(
         secrets=types.SimpleNamespace(get=lambda scope, key: stored[f"{scope}/{key}"])
     )
+    runtime.init_runtime_native_unified = runtime.init_runtime_repl_auth = runtime.init_runtime_legacy_auth = None
+    runtime.init_runtime_native_auth = lambda: (RUNTIME_HOST, lambda: {"Authorization": "Bearer dapi-RUNTIME"})
     monkeypatch.setitem(sys.modules, "databricks.sdk.runtime", runtime)
     monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "16.4")
     for name in ("DATABRICKS_TOKEN", "TAVILY_API_KEY"):
@@ -198,3 +204,26 @@ def test_building_a_client_leaves_mlflow_retries_to_the_rest_of_the_process(emul
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
     LLMGrader(serving, load_config(DBX, FAST).grader).grade(QUESTION, DOCS, Usage())
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0"  # a client's own requests: crag retries them
+
+
+def test_sections_left_to_the_runtime_get_the_jobs_own_credentials_for_the_workers(
+    emulator, on_databricks, monkeypatch
+):  # on_databricks after emulator: it takes the emulator's token out of the environment
+    """No token configured: the driver resolves the runtime's own authentication (through the real
+    databricks-sdk) and ships the workspace URL and token to the workers, which cannot resolve it."""
+    from crag.backends import resolve_credentials
+    from crag.backends.remote import secret
+    from crag.secrets import scrub
+
+    # DATABRICKS_HOST is the emulator's workspace URL (databricks-sdk asks it for its metadata)
+    shipped = resolve_credentials(load_config(DBX, ["grader.token_secret=crag/grader_token"]))
+    assert secret("DATABRICKS_TOKEN", "crag/grader_token", "grader", shipped) == "dapi-GRADER"
+    assert secret("DATABRICKS_TOKEN", None, "generator", shipped) == "dapi-RUNTIME"
+    monkeypatch.delenv("DATABRICKS_HOST")
+    shipped = resolve_credentials(load_config(DBX, []))
+    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION")  # a worker
+    for section in ("retriever", "grader", "generator"):
+        auth = getattr(load_config(DBX, []), section)
+        assert secret(auth.host_env, None, section, shipped) == RUNTIME_HOST
+        assert secret(auth.token_env, auth.token_secret, section, shipped) == "dapi-RUNTIME"
+    assert "dapi-RUNTIME" not in scrub("Authorization: Bearer dapi-RUNTIME")  # masked like any credential
