@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,9 +41,16 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
 
 
 def write_table(location: str | Path, table: pa.Table) -> None:
-    """Write a whole table (index chunk tables), replacing any previous content."""
-    Path(location).mkdir(parents=True, exist_ok=True)
-    write_deltalake(str(location), table, mode="overwrite", schema_mode="overwrite")
+    """Write a new Delta table (an index build's chunk table, in a folder no reader knows yet). It is
+    written in a local temporary folder and then copied there as plain files: delta-rs commits with a
+    hard link or a no-replace rename, which FUSE mounts such as Databricks' /Volumes do not implement
+    (delta-rs issue 2540), while a finished table's files can be copied anywhere."""
+    location = Path(location)
+    if location.exists():
+        raise FileExistsError(f"{location} exists: write_table writes new tables only")
+    with tempfile.TemporaryDirectory(prefix="crag-table-") as tmp:
+        write_deltalake(tmp, table)
+        shutil.copytree(tmp, location)
 
 
 def write_uc_chunk_table(name: str, chunks: pa.Table, spark) -> None:

@@ -210,3 +210,21 @@ def test_offline_web_search_returns_k_distinct_pages(sample_indexes):
     assert all(r["source"] == "web" and r["url"].startswith("https://") for r in results)
     # pages that share no word with the query are not results, however few match
     assert [r["doc_id"] for r in search.search("Mount Fuji eruption", k=3)] == ["web-fuji"]
+
+
+def test_a_chunk_table_is_written_whole_elsewhere_and_copied_into_a_new_folder_only(tmp_path):
+    """delta-rs cannot commit on FUSE mounts such as Databricks' /Volumes (no hard links, no no-replace
+    rename): the table is written in a local temporary folder and its files copied. A copy over an
+    existing table would mix two transaction logs, so an existing folder is refused."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    from crag.tables import write_table
+
+    table = pa.table({"chunk_id": ["a#c0", "b#c0"], "chunk_text": ["one", "two"]})
+    write_table(tmp_path / "chunks", table)
+    written = DeltaTable(str(tmp_path / "chunks"))
+    assert written.version() == 0 and written.to_pyarrow_table().equals(table)
+    with pytest.raises(FileExistsError, match="writes new tables only"):
+        write_table(tmp_path / "chunks", table)
+    assert DeltaTable(str(tmp_path / "chunks")).version() == 0
