@@ -98,7 +98,29 @@ def resolve_credentials(cfg: CragConfig) -> dict[str, str]:
             ):
                 if found.get(key) is None:
                     found[key] = value
+    _one_serving_identity(cfg, found)
     return {key: value for key, value in found.items() if value is not None}
+
+
+def _one_serving_identity(cfg: CragConfig, found: dict[str, str | None]) -> None:
+    """mlflow's deployments client reads its workspace and token from the process environment at each
+    request, so the serving clients of one process take turns setting them: two serving sections with
+    different credentials could send a request with the other's token. They must share one (Vector
+    Search and OpenAI-compatible sections have clients of their own and may differ)."""
+    serving = {
+        name: (
+            found.get(credential_key(role.host_env, None)),
+            found.get(credential_key(role.token_env, role.token_secret)),
+        )
+        for name, role in cfg.llm_roles().items()
+        if role.backend == "databricks"
+    }
+    if len(set(serving.values())) > 1:
+        raise ConfigError(
+            f"the Databricks serving sections ({', '.join(serving)}) resolve to different workspaces or tokens: "
+            f"mlflow's deployments client takes them from the process environment, so they must share one "
+            f"(the same host_env, token_env and token_secret)"
+        )
 
 
 def _databricks_sections(cfg: CragConfig) -> list[DatabricksAuth]:

@@ -10,6 +10,7 @@ from crag.backends.base import Usage
 from crag.backends.databricks_serving import DatabricksServing, message_text
 from crag.backends.llm_roles import LLMGrader
 from crag.config import load_config
+from crag.errors import ConfigError
 from tests.support import REPO, TOKEN
 
 DBX = REPO / "conf" / "databricks.yaml"
@@ -164,17 +165,14 @@ def test_each_section_keeps_its_own_secret_on_the_way_to_the_workers(on_databric
     from crag.backends import resolve_credentials
     from crag.backends.remote import secret
 
-    cfg = load_config(
-        DBX,
-        [
-            "grader.token_secret=crag/grader_token",
-            "rewriter.token_secret=crag/chat_token",
-            "generator.token_secret=crag/chat_token",
-        ],
-    )
+    serving = [f"{role}.token_secret=crag/chat_token" for role in ("grader", "rewriter", "generator")]
+    cfg = load_config(DBX, [*serving, "retriever.token_secret=crag/grader_token"])
     shipped = resolve_credentials(cfg)
+    # mlflow's client takes its token from the process environment: the serving sections share one
+    with pytest.raises(ConfigError, match=r"serving sections \(grader, rewriter, generator\) resolve to different"):
+        resolve_credentials(load_config(DBX, [*serving, "grader.token_secret=crag/grader_token"]))
     monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION")  # a worker: no secret scope, only what was shipped
-    for role, expected in (("grader", "dapi-GRADER"), ("rewriter", "dapi-CHAT"), ("generator", "dapi-CHAT")):
+    for role, expected in (("retriever", "dapi-GRADER"), ("rewriter", "dapi-CHAT"), ("generator", "dapi-CHAT")):
         section = getattr(cfg, role)
         assert secret(section.token_env, section.token_secret, role, shipped) == expected, role
     assert secret("TAVILY_API_KEY", cfg.web_search.api_key_secret, "tavily", shipped) == "tvly-KEY"
@@ -184,7 +182,6 @@ def test_a_token_without_its_workspace_is_refused(on_databricks, monkeypatch):
     """Given a token but no workspace URL, the clients would drop the token silently and call with the
     runtime's own identity."""
     from crag.backends.vector_search import vector_search_client
-    from crag.errors import ConfigError
 
     monkeypatch.delenv("DATABRICKS_HOST", raising=False)
     cfg = load_config(DBX, ["grader.token_secret=crag/grader_token", "retriever.token_secret=crag/chat_token"])
@@ -216,8 +213,8 @@ def test_sections_left_to_the_runtime_get_the_jobs_own_credentials_for_the_worke
     from crag.secrets import scrub
 
     # DATABRICKS_HOST is the emulator's workspace URL (databricks-sdk asks it for its metadata)
-    shipped = resolve_credentials(load_config(DBX, ["grader.token_secret=crag/grader_token"]))
-    assert secret("DATABRICKS_TOKEN", "crag/grader_token", "grader", shipped) == "dapi-GRADER"
+    shipped = resolve_credentials(load_config(DBX, ["retriever.token_secret=crag/grader_token"]))
+    assert secret("DATABRICKS_TOKEN", "crag/grader_token", "retriever", shipped) == "dapi-GRADER"
     assert secret("DATABRICKS_TOKEN", None, "generator", shipped) == "dapi-RUNTIME"
     monkeypatch.delenv("DATABRICKS_HOST")
     shipped = resolve_credentials(load_config(DBX, []))
