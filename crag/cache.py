@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from crag.backends import Backends, secrets_for
 from crag.backends.base import Answer, Grade
+from crag.backends.parsing import READING_VERSION
 from crag.backends.remote import on_databricks
 from crag.config import CragConfig, stable_hash
 
@@ -95,14 +96,15 @@ def role_slices(cfg: CragConfig, secrets: dict[str, str] | None = None) -> dict[
 
     web = dump(cfg.web_search)
     web.pop("verify", None)
+    reading = READING_VERSION  # how a model's output is read into a grade, a query or an answer
     return {
         "retriever": stable_hash({"retriever": dump(cfg.retriever), "indexes": indexes}),
         # the lexical grader and extractive generator weigh terms by the local indexes' statistics
-        "grader": stable_hash({"grader": dump(cfg.grader), "indexes": indexes}),
-        "rewriter": stable_hash({"rewriter": dump(cfg.rewriter)}),
+        "grader": stable_hash({"grader": dump(cfg.grader), "indexes": indexes, "reading": reading}),
+        "rewriter": stable_hash({"rewriter": dump(cfg.rewriter), "reading": reading}),
         "web_search": stable_hash({"web_search": web, "indexes": indexes}),
-        "source_check": stable_hash({"verify": dump(cfg.web_search.verify)}),
-        "generator": stable_hash({"generator": dump(cfg.generator), "indexes": indexes}),
+        "source_check": stable_hash({"verify": dump(cfg.web_search.verify), "reading": reading}),
+        "generator": stable_hash({"generator": dump(cfg.generator), "indexes": indexes, "reading": reading}),
     }
 
 

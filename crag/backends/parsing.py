@@ -8,6 +8,10 @@ import json
 import re
 from dataclasses import dataclass
 
+# Part of the stage cache's key for the model roles (crag.cache.role_slices): raise it when these
+# parsers read a model's output differently, so that results read the old way are not reused.
+READING_VERSION = 2
+
 BINARY_KEYS = ("grade", "score", "binary_score", "relevant", "relevance", "answer")
 _YES = {"yes", "y", "true", "relevant", "1"}
 _NO = {"no", "n", "false", "irrelevant", "not relevant", "0"}

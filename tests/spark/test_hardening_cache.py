@@ -47,6 +47,23 @@ def test_the_workers_credentials_name_the_workspace(monkeypatch):
     assert one["grader"] != two["grader"] and one["retriever"] != two["retriever"]
 
 
+def test_results_read_by_older_parsers_are_not_reused(monkeypatch):
+    """A model's stored output was read into a grade, query or answer when it was cached: once the
+    parsers read outputs differently, the model roles' results are asked for again."""
+    import crag.cache
+
+    cfg = load_config(DBX)
+    before = role_slices(cfg)
+    monkeypatch.setattr(crag.cache, "READING_VERSION", crag.cache.READING_VERSION + 1)
+    after = role_slices(cfg)
+    assert {role for role in before if before[role] != after[role]} == {
+        "grader",
+        "rewriter",
+        "source_check",
+        "generator",
+    }
+
+
 def test_openai_base_url_counts_from_config_or_environment(monkeypatch):
     monkeypatch.setenv("OPENAI_BASE_URL", "http://10.0.0.1:8000/v1")
     cfg = load_config(OPENAI)
