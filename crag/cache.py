@@ -25,7 +25,7 @@ from crag.backends import Backends, secrets_for
 from crag.backends.base import Answer, Grade
 from crag.backends.parsing import READING_VERSION
 from crag.backends.remote import on_databricks
-from crag.config import CragConfig, stable_hash
+from crag.config import CragConfig, LLMConfig, stable_hash
 
 
 def question_key(question: str) -> str:
@@ -94,17 +94,23 @@ def role_slices(cfg: CragConfig, secrets: dict[str, str] | None = None) -> dict[
             return None
         return {**section.model_dump(mode="json", exclude={"policy"}), "service": endpoint_identity(section, secrets)}
 
+    def reading(section):
+        """How a model's output is read into a grade, a query or an answer (model roles only)."""
+        return READING_VERSION if isinstance(section, LLMConfig) else None
+
     web = dump(cfg.web_search)
     web.pop("verify", None)
-    reading = READING_VERSION  # how a model's output is read into a grade, a query or an answer
+    verify = cfg.web_search.verify
     return {
         "retriever": stable_hash({"retriever": dump(cfg.retriever), "indexes": indexes}),
         # the lexical grader and extractive generator weigh terms by the local indexes' statistics
-        "grader": stable_hash({"grader": dump(cfg.grader), "indexes": indexes, "reading": reading}),
-        "rewriter": stable_hash({"rewriter": dump(cfg.rewriter), "reading": reading}),
+        "grader": stable_hash({"grader": dump(cfg.grader), "indexes": indexes, "reading": reading(cfg.grader)}),
+        "rewriter": stable_hash({"rewriter": dump(cfg.rewriter), "reading": reading(cfg.rewriter)}),
         "web_search": stable_hash({"web_search": web, "indexes": indexes}),
-        "source_check": stable_hash({"verify": dump(cfg.web_search.verify), "reading": reading}),
-        "generator": stable_hash({"generator": dump(cfg.generator), "indexes": indexes, "reading": reading}),
+        "source_check": stable_hash({"verify": dump(verify), "reading": reading(verify)}),
+        "generator": stable_hash(
+            {"generator": dump(cfg.generator), "indexes": indexes, "reading": reading(cfg.generator)}
+        ),
     }
 
 

@@ -50,7 +50,8 @@ def write_table(location: str | Path, table: pa.Table) -> None:
         raise FileExistsError(f"{location} exists: write_table writes new tables only")
     with tempfile.TemporaryDirectory(prefix="crag-table-") as tmp:
         write_deltalake(tmp, table)
-        shutil.copytree(tmp, location)
+        # contents only: file modes and times need not follow, and a FUSE mount may refuse to set them
+        shutil.copytree(tmp, location, copy_function=shutil.copyfile)
 
 
 def write_uc_chunk_table(name: str, chunks: pa.Table, spark) -> None:

@@ -86,18 +86,15 @@ def resolve_credentials(cfg: CragConfig) -> dict[str, str]:
         credential_key(env, ref): secret(env, ref, what, optional_on_databricks=optional)
         for env, ref, what, optional in credentials(cfg)
     }
-    # A Databricks section left to the runtime's own authentication (on Databricks, neither a host nor
-    # a token given) gets the job's own workspace URL and token, resolved here for the workers.
-    unset = [key for key, value in found.items() if value is None]
-    if unset:
-        host, token = runtime_workspace()
-        for auth in _databricks_sections(cfg):
-            for key, value in (
-                (credential_key(auth.host_env, None), host),
-                (credential_key(auth.token_env, auth.token_secret), token),
-            ):
-                if found.get(key) is None:
-                    found[key] = value
+    # On Databricks a section may leave its workspace URL, or its token too, to the runtime: the job's
+    # own workspace and identity are resolved here, for the workers, which cannot resolve them.
+    runtime: tuple[str, str] | None = None
+    for auth in _databricks_sections(cfg):
+        host_key, token_key = credential_key(auth.host_env, None), credential_key(auth.token_env, auth.token_secret)
+        if found.get(host_key) is None or found.get(token_key) is None:
+            runtime = runtime or runtime_workspace()
+            found[host_key] = found.get(host_key) or runtime[0]
+            found[token_key] = found.get(token_key) or runtime[1]
     _one_serving_identity(cfg, found)
     return {key: value for key, value in found.items() if value is not None}
 
@@ -360,6 +357,9 @@ def build_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concu
 
 
 _CACHE: dict[tuple, Backends] = {}
+# Sets of backends one process keeps: a Spark worker that lives across runs (an all-purpose cluster)
+# would otherwise keep every run's, each run bringing new credentials (a job's token is its own).
+KEPT_BACKENDS = 4
 # The credentials each config's backends were last built with in this process. They name the
 # workspace, which the stage cache's key needs (crag.cache.role_slices); the process environment does
 # not do, since every DatabricksServing built here rewrites DATABRICKS_HOST in it.
@@ -378,6 +378,9 @@ def cached_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, conc
     key = (cfg.hash(), concurrent_tasks, stable_hash(sorted((secrets or {}).items())))
     _SECRETS[cfg.hash()] = dict(secrets or {})
     if key not in _CACHE:
+        if len(_CACHE) >= KEPT_BACKENDS:
+            del _CACHE[next(iter(_CACHE))]  # the oldest
+            gc.unfreeze()  # its objects can be collected now (the collect below)
         _CACHE[key] = build_backends(cfg, secrets, concurrent_tasks)
         # The backends, and the modules and indexes loaded for them, live as long as the process: out
         # of the collector's sight, full collections stop pausing every pipeline thread (dips of ~10%

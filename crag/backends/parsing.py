@@ -5,6 +5,7 @@ could not be read (failed) — a failed parse is its own state, never silently a
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 
@@ -18,9 +19,10 @@ _NO = {"no", "n", "false", "irrelevant", "not relevant", "0"}
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S | re.I)
 _OBJECT = re.compile(r"\{[^{}]*\}", re.S)
 _LEADING_WORD = re.compile(r"^\W*(yes|no|true|false|relevant|irrelevant)\b", re.I)
-# "Score: 4", "score (0-5): 4", "Score: **4**", "score: 3/5"
-_SCORE = re.compile(r"score(?:\s*\([^)]*\))?[\s:=*_\"'-]{0,6}(\d+(?:\.\d+)?)\s*(?:/\s*5)?", re.I)
-_REASON = re.compile(r"reason[\s:=*_-]{0,6}(.+)", re.I)
+# "Score: 4", "score (0-5): 4", "**Score:** 4", "Score：4", "score: 3/5"
+_SCORE = re.compile(r"score(?:\s*\([^)]*\))?\W{0,6}?(\d+(?:\.\d+)?)\s*(?:/\s*5)?", re.I)
+_SCORE_LINE = re.compile(r"^[^\w\n]*" + _SCORE.pattern, re.I | re.M)  # a line that gives the score
+_REASON = re.compile(r"reason[^\w\n]{0,6}(.+)", re.I)
 
 
 def content_text(content) -> str:
@@ -35,22 +37,34 @@ def content_text(content) -> str:
     return content or ""
 
 
-# Reasoning models (Qwen3, DeepSeek-R1, served by vLLM, SGLang or Ollama) think aloud before they answer,
-# between these tags; some servers drop the opening one.
-_REASONING_END = re.compile(r"</(?:think|thinking|reasoning)>", re.I)
-_REASONING_START = re.compile(r"<(?:think|thinking|reasoning)>", re.I)
+# Reasoning models (Qwen3, DeepSeek-R1, served by vLLM, SGLang or Ollama) think aloud before they
+# answer, in a block that opens the reply. Some chat templates put the opening tag in the prompt, so
+# the reply starts with the reasoning and only its closing tag shows, alone at the end of a line.
+_REASONING_OPEN = re.compile(r"\s*<(think|thinking|reasoning)>", re.I)
+_REASONING_CLOSE_LINE = re.compile(r"</(?:think|thinking|reasoning)>[ \t]*(?:\n|$)", re.I)
+
+
+def reasoning_split(text: str | None) -> str | None:
+    """The reply without the reasoning block that opens it; None when the reply ends inside that block
+    (max_tokens ran out while the model was still thinking: it gave no answer). A tag elsewhere (an
+    answer or a document that mentions `<think>`) is text like any other."""
+    text = text or ""
+    opened = _REASONING_OPEN.match(text)
+    if opened:
+        closed = re.search(rf"</{opened.group(1)}>", text[opened.end() :], re.I)
+        if closed:
+            return text[opened.end() + closed.end() :].strip()
+        if re.match(r"[ \t]*\n", text[opened.end() :]):  # a reasoning block opens on a line of its own
+            return None
+    closed = _REASONING_CLOSE_LINE.search(text)
+    if closed and not re.search(r"<(?:think|thinking|reasoning)>", text[: closed.start()], re.I):
+        return text[closed.end() :].strip()
+    return text.strip()
 
 
 def visible(text: str | None) -> str:
-    """What a model answered, without the reasoning it printed first: everything up to the last
-    closing reasoning tag goes, and so does a reasoning block left open (the output was cut off by
-    max_tokens while the model was still thinking: no answer)."""
-    text = text or ""
-    ends = list(_REASONING_END.finditer(text))
-    if ends:
-        text = text[ends[-1].end() :]
-    start = _REASONING_START.search(text)
-    return (text[: start.start()] if start else text).strip()
+    """What a model answered, without its reasoning ("" when it gave no answer: see reasoning_split)."""
+    return reasoning_split(text) or ""
 
 
 @dataclass(frozen=True)
@@ -63,30 +77,25 @@ class Parsed:
 def _word_to_bool(value) -> bool | None:
     if isinstance(value, bool):
         return value
-    if isinstance(value, (int, float)):
-        return value >= 0.5  # 1 / 0, or a relevance such as 0.2
     if isinstance(value, str):
-        word = value.strip().strip(".!").lower()
-        if word in _YES:
+        value = value.strip().strip(".!").lower()
+        if value in _YES:
             return True
-        if word in _NO:
+        if value in _NO:
             return False
-        number = _number(word)
-        if number is not None:
-            return number >= 0.5
-    return None
+    number = _number(value)
+    return None if number is None else number >= 0.5  # 1 / 0, or a relevance such as 0.2
 
 
 def _number(value) -> float | None:
-    """A number, also when written as a string ("4", "0.8")."""
-    if isinstance(value, bool):
+    """A finite number, also when written as a string ("4", "0.8")."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return None
-    if isinstance(value, (int, float)):
-        return float(value)
     try:
-        return float(value) if isinstance(value, str) else None
+        number = float(value)
     except ValueError:
         return None
+    return number if math.isfinite(number) else None
 
 
 def _from_object(obj) -> tuple[bool | None, str | None]:
@@ -101,8 +110,7 @@ def _from_object(obj) -> tuple[bool | None, str | None]:
 
 
 def _json_candidates(text: str) -> list[str]:
-    """JSON objects in prose, the last first: a model that explains itself gives its verdict last."""
-    return [m.group(1) for m in _FENCE.finditer(text)][::-1] + _OBJECT.findall(text)[::-1]
+    return [m.group(1) for m in _FENCE.finditer(text)] + _OBJECT.findall(text)
 
 
 def parse_binary(text: str) -> Parsed:
@@ -133,7 +141,7 @@ def parse_binary(text: str) -> Parsed:
 
 def parse_score(text: str) -> Parsed:
     """ "Score: N" (0-5) and "Reason: ..." lines as asked -> ok, relevance N/5; a score inside JSON or
-    prose (the last one given) -> repaired; none, or out of range -> failed."""
+    prose (a line that starts with it first) -> repaired; none, or out of range -> failed."""
     stripped = visible(text)
     lines = [line.strip() for line in stripped.splitlines() if line.strip()]
     if lines and re.fullmatch(r"Score:\s*[0-5]", lines[0]) and (len(lines) == 1 or lines[1].startswith("Reason:")):
@@ -149,10 +157,10 @@ def parse_score(text: str) -> Parsed:
         if score is not None and 0 <= score <= 5:
             reason = lowered.get("reason")
             return Parsed(score / 5, "repaired", str(reason) if reason is not None else None)
-    matches = list(_SCORE.finditer(stripped))
-    if matches and 0 <= float(matches[-1].group(1)) <= 5:
-        found = _REASON.search(stripped, matches[-1].end())
-        return Parsed(float(matches[-1].group(1)) / 5, "repaired", found.group(1).strip(" *_") if found else None)
+    match = _SCORE_LINE.search(stripped) or _SCORE.search(stripped)
+    if match and 0 <= float(match.group(1)) <= 5:
+        found = _REASON.search(stripped)
+        return Parsed(float(match.group(1)) / 5, "repaired", found.group(1).strip(" *_") if found else None)
     return Parsed(None, "failed")
 
 
@@ -161,8 +169,11 @@ _CITATION = re.compile(r"\s*\[(\d+)\]")
 
 def parse_answer(text: str, refusal: str, n_documents: int) -> tuple[str | None, list[int]]:
     """(answer without [n] markers, cited document positions). None when the model gave the refusal
-    sentence. With no readable citation, every context document counts as cited."""
-    stripped = visible(text)
+    sentence. With no readable citation, every context document counts as cited. A reply that ended
+    while the model was still reasoning is an error (ValueError), not a refusal."""
+    stripped = reasoning_split(text)
+    if stripped is None:
+        raise ValueError("the model's reply ended while it was still reasoning: raise generator.max_tokens")
     if not stripped or _normalise(stripped).startswith(_normalise(refusal)):
         return None, []
     cited = sorted({int(n) - 1 for n in _CITATION.findall(stripped) if 0 < int(n) <= n_documents})
@@ -186,7 +197,9 @@ def clean_query(text: str) -> str:
     except json.JSONDecodeError:
         pass
     lines = [line.strip() for line in stripped.splitlines() if line.strip()]
-    first = next((line for line in lines if not line.endswith(":")), "")
+    while len(lines) > 1 and lines[0].endswith(":"):  # "Here is the improved query:" on a line of its own
+        lines.pop(0)
+    first = lines[0] if lines else ""
     first = re.sub(r"^(search query|query|improved query)\s*:\s*", "", first, flags=re.I)
     return first.strip().strip("\"'`").strip()
 

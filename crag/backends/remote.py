@@ -227,14 +227,15 @@ def credential_key(env_name: str, secret_ref: str | None) -> str:
 
 def workspace_credentials(auth, what: str, secrets: dict[str, str] | None) -> tuple[str, str] | None:
     """(workspace URL, token) of a Databricks client from a section's host_env / token_env /
-    token_secret, or None: on Databricks, with neither at hand, the runtime's own authentication. A
-    token without a workspace URL is refused: the client would drop it and use the runtime's identity."""
+    token_secret, or None: on Databricks, with neither at hand, the runtime's own authentication (a job
+    resolves the runtime's on its driver: see crag.backends.resolve_credentials). A token without a
+    workspace URL is refused: the client would drop it and use the runtime's identity."""
     host = secret(auth.host_env, None, f"{what} (workspace URL)", secrets, optional_on_databricks=True)
     token = secret(auth.token_env, auth.token_secret, what, secrets, optional_on_databricks=True)
     if token and not host:
         raise ConfigError(
             f"{what} has a token ({auth.token_env} or token_secret) but no workspace URL: set {auth.host_env} "
-            f"to the workspace it belongs to, or leave both to the runtime's own authentication"
+            f"to the workspace it belongs to"
         )
     return (host, token) if host and token else None
 
@@ -246,7 +247,9 @@ def runtime_workspace() -> tuple[str, str]:
     reads (on serverless, without even the driver's environment)."""
     from databricks.sdk.core import Config  # noqa: PLC0415  # only on Databricks
 
-    advice = "set token_secret (and DATABRICKS_HOST) on the Databricks sections"
+    advice = (
+        "give the Databricks sections a token (token_secret: scope/key) and set DATABRICKS_HOST to the workspace URL"
+    )
     try:
         config = Config()
         scheme, _, token = config.authenticate().get("Authorization", "").partition(" ")
@@ -278,9 +281,7 @@ def _read_secret(
             from databricks.sdk.runtime import dbutils  # noqa: PLC0415  # only on Databricks
 
             return dbutils.secrets.get(scope=scope, key=key)
-        except Exception as exc:  # not on Databricks, or no such secret
-            if optional_on_databricks and on_databricks():
-                return None
+        except Exception as exc:  # no such secret, or no permission to read it: the config asked for it
             raise ConfigError(
                 f"missing credential for {what}: {env_name} is not set and secret {secret_ref!r} "
                 f"could not be read ({type(exc).__name__})"

@@ -87,12 +87,14 @@ def sync_vector_index(cfg: VectorSearchRetrieverConfig, secrets: dict[str, str] 
                 )
             )
         except Exception as exc:
-            # 409: the index is there, made by a creation whose reply was lost (a timeout or a 5xx
-            # after the service had created it, then retried) or by another build at the same moment.
-            # A new Delta Sync index syncs its source table on its own.
             if http_status(exc) != 409:
                 raise unusable(cfg, client, exc) from None
-        return "created"
+            # 409: the index is there, made by a creation whose reply was lost (a timeout or a 5xx after
+            # the service had created it, then retried) or by another build at the same moment, which
+            # may have begun its first sync before this build wrote the chunk table: sync it.
+            index = endpoint.call(lambda: client.get_index(endpoint_name=cfg.endpoint, index_name=cfg.index_name))
+        else:
+            return "created"
     endpoint.call(index.sync)
     return "synced"
 

@@ -52,16 +52,16 @@ def test_results_read_by_older_parsers_are_not_reused(monkeypatch):
     parsers read outputs differently, the model roles' results are asked for again."""
     import crag.cache
 
-    cfg = load_config(DBX)
-    before = role_slices(cfg)
+    configs = [
+        load_config(DBX),  # every role a model
+        load_config(OPENAI, ["web_search.verify.backend=openai", "web_search.verify.endpoint=m"]),
+        load_config(LOCAL_CONF),  # no model: lexical, keywords, extractive
+    ]
+    before = [role_slices(cfg) for cfg in configs]
     monkeypatch.setattr(crag.cache, "READING_VERSION", crag.cache.READING_VERSION + 1)
-    after = role_slices(cfg)
-    assert {role for role in before if before[role] != after[role]} == {
-        "grader",
-        "rewriter",
-        "source_check",
-        "generator",
-    }
+    changed = [{role for role in old if old[role] != new[role]} for old, new in zip(before, map(role_slices, configs))]
+    models = {"grader", "rewriter", "generator"}
+    assert changed == [models, models | {"source_check"}, set()]  # databricks.yaml has no source check
 
 
 def test_openai_base_url_counts_from_config_or_environment(monkeypatch):

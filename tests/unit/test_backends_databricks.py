@@ -192,6 +192,16 @@ def test_a_token_without_its_workspace_is_refused(on_databricks, monkeypatch):
     DatabricksServing(cfg.generator)  # no token either: the runtime's own authentication, as documented
 
 
+def test_a_secret_the_config_names_but_that_cannot_be_read_is_an_error_on_databricks_too(on_databricks):
+    """A mistyped token_secret must not quietly become the runtime's own identity."""
+    from crag.backends import resolve_credentials
+
+    with pytest.raises(ConfigError, match="secret 'crag/grader_tokn' could not be read \\(KeyError\\)"):
+        resolve_credentials(
+            load_config(DBX, [f"{r}.token_secret=crag/grader_tokn" for r in ("grader", "rewriter", "generator")])
+        )
+
+
 def test_building_a_client_leaves_mlflow_retries_to_the_rest_of_the_process(emulator, monkeypatch):
     """The driver builds the clients to check them; its MLflow logging keeps mlflow's HTTP retries."""
     monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
@@ -218,9 +228,13 @@ def test_sections_left_to_the_runtime_get_the_jobs_own_credentials_for_the_worke
     assert secret("DATABRICKS_TOKEN", None, "generator", shipped) == "dapi-RUNTIME"
     monkeypatch.delenv("DATABRICKS_HOST")
     shipped = resolve_credentials(load_config(DBX, []))
+    # a section's own token (another identity) goes to the job's workspace when no URL is set
+    own = resolve_credentials(load_config(DBX, ["retriever.token_secret=crag/grader_token"]))
     monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION")  # a worker
     for section in ("retriever", "grader", "generator"):
         auth = getattr(load_config(DBX, []), section)
         assert secret(auth.host_env, None, section, shipped) == RUNTIME_HOST
         assert secret(auth.token_env, auth.token_secret, section, shipped) == "dapi-RUNTIME"
     assert "dapi-RUNTIME" not in scrub("Authorization: Bearer dapi-RUNTIME")  # masked like any credential
+    assert secret("DATABRICKS_HOST", None, "retriever", own) == RUNTIME_HOST
+    assert secret("DATABRICKS_TOKEN", "crag/grader_token", "retriever", own) == "dapi-GRADER"

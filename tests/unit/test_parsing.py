@@ -24,11 +24,16 @@ from crag.backends.remote import http_status, is_transient, retry_after_s
         ('{"grade": "perhaps"}', None, "failed"),
         # a reasoning model's thinking is not its answer, even when it quotes the format
         ('<think>I must reply {"grade": "yes"} or {"grade": "no"}.</think>\n{"grade": "no"}', 0.0, "ok"),
-        ("the server dropped the opening tag</think>\nYes", 1.0, "repaired"),
-        ('<think>cut off by max_tokens: {"grade": "yes"}', None, "failed"),
-        ('First {"grade": "yes"}, no, on reflection: {"grade": "no"}', 0.0, "repaired"),  # the last verdict
+        ("the template opened the block in the prompt\n</think>\nYes", 1.0, "repaired"),
+        ('<think>\ncut off by max_tokens: {"grade": "yes"}', None, "failed"),
+        # a tag the reply mentions is text like any other
+        ('{"grade": "yes", "reason": "the doc mentions <think> tags"}', 1.0, "repaired"),
+        ('{"grade":"yes","reason":"mentions </think>"}', 1.0, "repaired"),
+        ('{"grade": "yes"}\nNote: {"grade": "no"} would be wrong here.', 1.0, "repaired"),  # the first verdict
         ('{"relevance": 0.2}', 0.0, "repaired"),  # a low relevance is not a yes
         ('{"relevance": "0.9"}', 1.0, "repaired"),
+        ('{"grade": "nan"}', None, "failed"),
+        ('{"relevance": NaN}', None, "failed"),
     ],
 )
 def test_parse_binary(text, relevance, status):
@@ -48,7 +53,13 @@ def test_parse_binary(text, relevance, status):
         ("Score: **4**\nReason: **direct**", 0.8, "repaired", "direct"),
         ('{"score": "4"}', 0.8, "repaired", None),
         ("<think>Score: 5? The filter is not named.</think>\nScore: 3\nReason: partial", 0.6, "ok", "partial"),
-        ("Score: 5 at first sight, but finally Score: 2\nReason: weak", 0.4, "repaired", "weak"),
+        ("Score：4\nReason：関連あり", 0.8, "repaired", "関連あり"),  # full-width colons
+        ("Score — 4", 0.8, "repaired", None),
+        ("Score: [4]", 0.8, "repaired", None),
+        ("**Score:** 4\n**Reason:** the final score was 2-1", 0.8, "repaired", "the final score was 2-1"),
+        ("Score: 4. Reason: ok (scale: score 0-5)", 0.8, "repaired", "ok (scale: score 0-5)"),
+        ("Reason: covers it\nScore: 4", 0.8, "repaired", "covers it"),
+        ('Score: 4\nReason: the quoted text "<think>" is there', 0.8, "ok", 'the quoted text "<think>" is there'),
         ("no idea", None, "failed", None),
     ],
 )
@@ -72,11 +83,24 @@ def test_yes_no_and_query_cleaning():
     assert clean_query('{"improved_query": "mount fuji height"}') == "mount fuji height"
     assert clean_query("Here is the improved query:\nHEPA filter standard") == "HEPA filter standard"
     assert clean_query("<think>The user wants the height.</think>\nmount fuji height") == "mount fuji height"
+    assert clean_query("what does </think> mean in qwen") == "what does </think> mean in qwen"
+    assert clean_query("C++ std::vector:") == "C++ std::vector:"  # a one-line query ending in ':' is the query
     assert parse_yes_no("<think>Is it about the AQ-7? No wait, yes.</think> NO") is False
+    assert parse_yes_no("Yes, the </think> tag is there") is True
     assert parse_answer("<think>[1] says 12.</think>Every 12 months [1].", "I don't know.", 1) == (
         "Every 12 months.",
         [0],
     )
+    assert parse_answer('It quotes "<think>" as a tag [1].', "I don't know.", 2) == (
+        'It quotes "<think>" as a tag.',
+        [0],
+    )
+    assert parse_answer("<think> opens Qwen3's reasoning [2].", "x", 2) == ("<think> opens Qwen3's reasoning.", [1])
+
+
+def test_a_reply_cut_off_while_reasoning_is_an_error_not_a_refusal():
+    with pytest.raises(ValueError, match="still reasoning: raise generator.max_tokens"):
+        parse_answer("<think>\nThe user asks about filters. The context says", "I don't know.", 2)
 
 
 def _http_error(status, headers=None):

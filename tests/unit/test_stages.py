@@ -395,3 +395,17 @@ def test_the_stage_cache_files_every_call_under_its_question_and_counts_its_hits
     # each question's retrieve, grade, rewrite, web search, web grades and answer
     assert [u["cache_hits"] for u in again["usage"]] == [6, 6]
     assert list(again["answer"]) == list(out["answer"])
+
+
+def test_a_worker_process_keeps_a_bounded_number_of_backend_sets(monkeypatch):
+    """A run with new credentials builds new backends in a worker process; the oldest set goes."""
+    import crag.backends
+
+    built: list[dict] = []
+    monkeypatch.setattr(crag.backends, "_CACHE", {})
+    monkeypatch.setattr(crag.backends, "build_backends", lambda cfg, secrets, tasks: built.append(secrets) or object())
+    cfg = CragConfig()
+    sets = [crag.backends.cached_backends(cfg, {"DATABRICKS_TOKEN": f"dapi-run-{i}"}) for i in range(7)]
+    assert len(built) == 7 and len(crag.backends._CACHE) == crag.backends.KEPT_BACKENDS
+    assert crag.backends.cached_backends(cfg, {"DATABRICKS_TOKEN": "dapi-run-6"}) is sets[6]  # kept: not built again
+    assert len(built) == 7
