@@ -137,14 +137,22 @@ def shared_policies(cfg: CragConfig) -> dict[tuple, EndpointPolicy]:
     """The policy of each chat endpoint. Roles that name the same endpoint share one client, and so one
     policy, since the endpoint's capacity is one: each of its values is the largest any of those roles
     sets (the generator's longer timeout holds for the rewriter that shares its endpoint), whatever
-    the order of the roles."""
+    the order of the roles. Databricks serving endpoints also share the longest timeout among them."""
     policies: dict[tuple, list[EndpointPolicy]] = {}
     for role in cfg.llm_roles().values():
         policies.setdefault(_endpoint_key(role), []).append(role.policy)
-    return {
+    merged = {
         key: EndpointPolicy(**{name: max(getattr(p, name) for p in group) for name in EndpointPolicy.model_fields})
         for key, group in policies.items()
     }
+    # mlflow's deployments client reads its request timeout from the process environment, which every
+    # serving client of a process shares: they all take the longest, or one's request could be cut off
+    # at another's shorter timeout.
+    serving = [key for key in merged if key[0] == "databricks"]
+    if serving:
+        longest = max(merged[key].timeout_s for key in serving)
+        merged.update({key: merged[key].model_copy(update={"timeout_s": longest}) for key in serving})
+    return merged
 
 
 def smallest_budget(cfg: CragConfig) -> tuple[str, int] | None:

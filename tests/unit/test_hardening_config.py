@@ -305,3 +305,17 @@ def test_an_unknown_backend_name_is_one_config_error():
         r"\['bm25', 'databricks_vector_search', 'hybrid', 'langchain'\]",
     ):
         _provide(_Building(CragConfig(), None, 1, {}), "retriever", SimpleNamespace(backend="faiss"))
+
+
+def test_databricks_serving_endpoints_share_the_longest_timeout():
+    """mlflow reads the request timeout from the process environment that every serving client of a
+    worker process shares: a grader's 60 s must not cut off a generation allowed 120 s."""
+    from crag.backends import shared_policies
+
+    cfg = load_config(
+        REPO / "conf" / "databricks.yaml", ["grader.policy.timeout_s=45", "generator.policy.timeout_s=150"]
+    )
+    timeouts = {key[1]: policy.timeout_s for key, policy in shared_policies(cfg).items()}
+    assert timeouts == {cfg.grader.endpoint: 150, cfg.generator.endpoint: 150}
+    openai = load_config(REPO / "conf" / "openai.yaml", ["grader.endpoint=small", "grader.policy.timeout_s=45"])
+    assert {key[1]: p.timeout_s for key, p in shared_policies(openai).items()}["small"] == 45  # clients of their own
