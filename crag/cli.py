@@ -156,7 +156,10 @@ def _print_stage(name: str, df) -> None:
     if name == "retrieve":
         print(f"[retrieve] {row['n_retrieved']} documents")
         for d in row["retrieved"]:
-            print(f"    {d['rank']:>2}. {d['parent_id']}  score {d['retrieval_score']:.2f}  {d['title']}")
+            score = (
+                "" if d["retrieval_score"] is None else f"  score {d['retrieval_score']:.2f}"
+            )  # a LangChain retriever may give none
+            print(f"    {d['rank']:>2}. {d['parent_id']}{score}  {d['title']}")
     elif name == "grade":
         print(f"[grade] {row['n_relevant']} of {row['n_retrieved']} relevant")
         for d in row["graded"]:
@@ -187,11 +190,11 @@ def _print_scrubbed(*values, **kwargs) -> None:
 def _warehouse(args):
     """The Warehouse of --warehouse, on the session of --conf's spark section (Spark Connect with
     spark.remote), or the defaults."""
-    from crag.config import CragConfig, load_config
+    from crag.config import load_config
     from crag.spark import get_spark
     from crag.warehouse import Warehouse
 
-    cfg = load_config(args.conf, _overrides(args)) if args.conf else CragConfig()
+    cfg = load_config(args.conf, _overrides(args))  # without --conf: the defaults, with --set on top
     return Warehouse(get_spark(cfg.spark), args.warehouse, cfg.tables)
 
 

@@ -22,15 +22,19 @@ class UnusableIndexError(CragError):
 
 def describe(exc: BaseException, limit: int = 300, with_type: bool = True) -> str:
     """`exc` for a one-line message: `Type: first line of its text` (with_type=False: the first line,
-    or the type's name when there is no text), scrubbed of secrets, at most `limit` characters.
+    or the type's name when there is no text), scrubbed of secrets, at most `limit` characters. When
+    the first line only introduces the cause, the cause comes with it: the last of a chain of
+    "caused by" lines (DataFusion), or the lines after one that ends in ':' (gRPC's status and
+    details, from Spark Connect).
 
     Scrubbed before it is cut, so a secret cut in two cannot slip past the mask half by half."""
-    lines = str(exc).strip().splitlines()
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     name = type(exc).__name__
     if not lines:
-        text = name
-    elif with_type:
-        text = f"{name}: {lines[0]}"
-    else:
-        text = lines[0]
-    return scrub(text)[:limit]
+        return scrub(name)[:limit]
+    text = lines[0]
+    if any(line.lower() == "caused by" for line in lines) and lines[-1].lower() != "caused by":
+        text = f"{text}: {lines[-1]}"
+    elif text.endswith(":") and len(lines) > 1:
+        text = " ".join(lines)
+    return scrub(f"{name}: {text}" if with_type else text)[:limit]

@@ -625,6 +625,8 @@ def finalise(plan: RunPlan, status: str = "succeeded") -> RunResult:
         evaluated = None
         if plan.gold_rows:  # from the same derived rows, beside their commits
             evaluated = pool.submit(evaluate_run, wh, run_id, plan.variant, derived, not plan.fresh)
+        elif not plan.fresh:  # answered again without gold: its earlier metrics describe other answers
+            writes.append(pool.submit(_forget_metrics, wh, is_run))
         for write in writes:
             write.result()
         metrics = evaluated.result() if evaluated else None
@@ -659,6 +661,11 @@ def _replace_run_rows(wh: Warehouse, table: str, rows, is_run) -> None:
         wh.replace(table, rows, is_run)
     else:
         wh.append(table, rows)
+
+
+def _forget_metrics(wh: Warehouse, is_run) -> None:
+    if wh.exists("metrics"):
+        wh.replace("metrics", wh.empty("metrics"), is_run)
 
 
 def _store_cache_rows(plan: RunPlan) -> None:

@@ -13,6 +13,7 @@ child sends its result back as an Arrow IPC stream.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -121,6 +122,7 @@ def query(warehouse: str | Path, sql: str, timeout_s: float = DEFAULT_TIMEOUT_S)
             input=sql.encode("utf-8"),
             capture_output=True,
             timeout=timeout_s,
+            env={**os.environ, "PYTHONIOENCODING": "utf-8"},  # its messages come back as UTF-8, whatever the locale
         )
     except subprocess.TimeoutExpired:  # subprocess.run has killed the child
         raise InputError(f"SQL stopped after {timeout_s:g} s (the time limit; raise it with --timeout)") from None
@@ -185,4 +187,4 @@ def _run_in_child(warehouse: Path, sql: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_run_in_child(Path(sys.argv[1]), sys.stdin.read()))
+    sys.exit(_run_in_child(Path(sys.argv[1]), sys.stdin.buffer.read().decode("utf-8")))  # as the parent sends it

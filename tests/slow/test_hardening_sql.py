@@ -104,6 +104,15 @@ def test_results_are_right(warehouse):
     assert result == [{"route": "internal", "n": 1}, {"route": "web", "n": 2}]
 
 
+def test_text_in_any_script_whatever_the_locale(warehouse, monkeypatch):
+    """The query goes to its process as UTF-8 and its messages come back as UTF-8, also where Python's
+    streams are set to another encoding."""
+    monkeypatch.setenv("PYTHONIOENCODING", "latin-1")
+    assert query(warehouse, "SELECT '富士山' AS q").to_pylist() == [{"q": "富士山"}]
+    with pytest.raises(InputError, match="富士"):
+        query(warehouse, "SELECT 富士 FROM answers")
+
+
 def test_a_runaway_query_stops_at_the_time_limit(warehouse, capsys):
     code = main(
         [

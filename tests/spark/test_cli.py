@@ -98,3 +98,28 @@ def test_sql_over_the_warehouse(capsys, spark, tmp_path, index_overrides):
     assert main(["sql", "--warehouse", str(tmp_path), "SELECT nope FROM answers"]) == 2
     assert capsys.readouterr().err.startswith("crag: error: SQL failed:")
     assert main(["sql", "--warehouse", str(tmp_path / "empty"), "SELECT 1"]) == 2
+
+
+@pytest.mark.parametrize(
+    "command", [["eval", "--run", "r"], ["calibrate", "--run", "r"], ["compare", "--base", "a", "--candidate", "b"]]
+)
+def test_table_commands_apply_set_without_a_config_file(capsys, tmp_path, command):
+    """--set chooses their session (spark.remote) with or without --conf: it is read, not dropped."""
+    assert main([command[0], "--warehouse", str(tmp_path), *command[1:], "--set", "spark.no_such_key=1"]) == 2
+    assert "spark.no_such_key" in capsys.readouterr().err
+
+
+def test_ask_prints_a_retrieved_document_without_a_score(capsys, index_overrides, monkeypatch):
+    """A LangChain retriever may return documents with no score."""
+    import crag.backends.bm25
+
+    real = crag.backends.bm25.BM25Retriever.search
+
+    def unscored(self, *args, **kwargs):
+        return [[{**d, "retrieval_score": None} for d in docs] for docs in real(self, *args, **kwargs)]
+
+    monkeypatch.setattr(crag.backends.bm25.BM25Retriever, "search", unscored)
+    question = "How often should the AQ-7 filter be replaced?"
+    assert main(["ask", "--conf", str(LOCAL_CONF), *set_args(index_overrides), question]) == 0
+    retrieved = capsys.readouterr().out.split("[grade]")[0]
+    assert "[retrieve]" in retrieved and " 1. " in retrieved and " score " not in retrieved

@@ -295,3 +295,17 @@ def test_a_run_that_cannot_reach_mlflow_keeps_its_tables_and_its_status(
     assert table(tmp_path, "runs", "untracked").loc[0, "status"] == "succeeded"
     assert len(table(tmp_path, "answers", "untracked")) == result.counts["accepted"] > 0
     assert "run untracked is written, but it was not logged to MLflow (ConnectionError: tracking server" in caplog.text
+
+
+def test_a_rerun_without_gold_leaves_no_metrics_of_the_earlier_answers(spark, index_overrides, tmp_path):
+    """The sample carries gold columns; answered again without them, the run's old metrics would sit
+    beside answers they were not computed from (and `crag compare` would report their deltas)."""
+    run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="gold", overrides=index_overrides, spark=spark)
+    run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="kept", overrides=index_overrides, spark=spark)
+    assert set(table(tmp_path, "metrics")["run_id"]) == {"gold", "kept"}
+    plain = tmp_path / "plain.jsonl"
+    rows = [json.loads(line) for line in QUESTIONS.read_text().splitlines() if line.strip()]
+    plain.write_text("\n".join(json.dumps({k: r[k] for k in ("question_id", "question") if k in r}) for r in rows))
+    run(str(LOCAL_CONF), str(plain), str(tmp_path), run_id="gold", overrides=index_overrides, spark=spark)
+    assert set(table(tmp_path, "metrics")["run_id"]) == {"kept"}
+    assert "gold" not in set(table(tmp_path, "gold")["run_id"])

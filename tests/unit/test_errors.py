@@ -35,3 +35,21 @@ def test_a_known_secret_is_masked_even_where_the_line_is_cut_through_it():
         # Not even a prefix of the secret long enough to matter survives the cut.
         assert SECRET[:8] not in text, (limit, text)
     assert secrets.MASK in describe(exc)
+
+
+def test_a_first_line_that_only_introduces_the_cause_comes_with_it():
+    datafusion = RuntimeError(
+        "Optimizer rule 'simplify_expressions' failed\ncaused by\nArrow error: Cannot cast string 'x' to value of Int32 type"
+    )
+    assert describe(datafusion, with_type=False) == (
+        "Optimizer rule 'simplify_expressions' failed: Arrow error: Cannot cast string 'x' to value of Int32 type"
+    )
+    grpc = RuntimeError(
+        "<_InactiveRpcError of RPC that terminated with:\n\tstatus = StatusCode.UNAVAILABLE\n"
+        '\tdetails = "failed to connect to all addresses"\n>'
+    )
+    assert 'status = StatusCode.UNAVAILABLE details = "failed to connect to all addresses"' in describe(grpc)
+    assert (
+        describe(RuntimeError("Table not found\n'Project [*]\n+- 'UnresolvedRelation"))
+        == "RuntimeError: Table not found"
+    )
