@@ -164,7 +164,9 @@ def question_scores(answers: pd.DataFrame, grades: pd.DataFrame, gold: pd.DataFr
         if gold_docs:
             if expected in (None, "internal"):
                 row["recall_at_k"] = float(bool(gold_docs & internal.get(r.question_id, set())))
-            if expected == "web" and searched:
+            # Web results are stored (in grades) only when they are graded: with web_search.grade_results
+            # off, a question that found some has nothing to look for the gold in, which is no miss.
+            if expected == "web" and searched and (r.question_id in web or not getattr(r, "n_web", 0)):
                 row["web_recall"] = float(bool(gold_docs & web.get(r.question_id, set())))
         rows.append(row)
     return pd.DataFrame(rows)

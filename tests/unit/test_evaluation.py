@@ -294,3 +294,32 @@ def test_grade_threshold():
         np.array([0.9, 0.8, 0.3, 0.2]), np.array([True, True, False, False])
     )
     assert 0.3 < t <= 0.8 and (precision, recall, score) == (1.0, 1.0, 1.0)
+
+
+def test_web_recall_counts_only_where_web_results_were_stored():
+    """Web results are stored (as grades) only when they are graded: ungraded ones are no miss."""
+    answers = pd.DataFrame(
+        [
+            dict(
+                question_id=q,
+                question="How high is Fuji?",
+                answer="3,776 m.",
+                route="web",
+                action="incorrect",
+                refused=False,
+                web_query="Fuji height",
+                sources=[{"source": "web"}],
+                n_web=n,
+            )
+            for q, n in (("graded", 3), ("ungraded", 3), ("nothing found", 0))
+        ]
+    )
+    grades = pd.DataFrame([dict(question_id="graded", source="web", doc_id="w1", grade="yes", relevance=0.9)])
+    gold = pd.DataFrame(
+        [
+            dict(question_id=q, answers=["3,776"], is_impossible=False, expected_route="web", gold_doc_ids=["w1"])
+            for q in ("graded", "ungraded", "nothing found")
+        ]
+    )
+    m = evaluate(answers, grades, gold).set_index(["metric", "slice"])
+    assert m.loc[("web_recall", "all"), "value"] == 0.5 and m.loc[("web_recall", "all"), "n"] == 2
