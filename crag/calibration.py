@@ -96,11 +96,14 @@ def propose_routing(best: np.ndarray, internal: np.ndarray) -> RoutingProposal:
 
 
 def grade_threshold_scores(
-    relevance: np.ndarray, is_gold: np.ndarray, threshold: float
+    relevance: np.ndarray, is_gold: np.ndarray, threshold: float, always_yes: np.ndarray | None = None
 ) -> tuple[float, float, float, float]:
-    """(threshold, precision, recall, F1) of "relevance >= threshold" against gold relevance."""
+    """(threshold, precision, recall, F1) of "relevance >= threshold" against gold relevance;
+    `always_yes`: documents the grader calls relevant by another rule, whatever the threshold."""
     relevance, is_gold = np.asarray(relevance, float), np.asarray(is_gold, bool)
     yes = relevance >= threshold
+    if always_yes is not None:
+        yes = yes | np.asarray(always_yes, bool)
     tp = (yes & is_gold).sum()
     precision = tp / yes.sum() if yes.sum() else 0.0
     recall = tp / is_gold.sum() if is_gold.sum() else 0.0
@@ -108,11 +111,14 @@ def grade_threshold_scores(
     return float(threshold), float(precision), float(recall), float(f)
 
 
-def propose_grade_threshold(relevance: np.ndarray, is_gold: np.ndarray) -> tuple[float, float, float, float]:
-    """The (threshold, precision, recall, F1) with the best F1 of "relevance >= threshold"."""
+def propose_grade_threshold(
+    relevance: np.ndarray, is_gold: np.ndarray, always_yes: np.ndarray | None = None
+) -> tuple[float, float, float, float]:
+    """The (threshold, precision, recall, F1) with the best F1 of "relevance >= threshold" (or
+    `always_yes`, see grade_threshold_scores)."""
     best = (0.5, 0.0, 0.0, -1.0)
     for t in _candidates(np.asarray(relevance, float)):
-        scores = grade_threshold_scores(relevance, is_gold, t)
+        scores = grade_threshold_scores(relevance, is_gold, t, always_yes)
         if scores[3] > best[3]:
             best = scores
     return best
@@ -229,6 +235,15 @@ def question_best_relevance(grades: pd.DataFrame, gold: pd.DataFrame) -> pd.Data
     )
 
 
+def _web_rule_yes(grades: pd.DataFrame, threshold: float | None) -> np.ndarray | None:
+    """Web results the run's grader called relevant below its threshold: by its web_threshold rule
+    (crag.backends.lexical.is_relevant), which does not depend on the threshold and needs what the
+    grades do not store (how many question terms matched), so the run's own yes stands for it."""
+    if threshold is None or not {"source", "grade"} <= set(grades.columns):
+        return None
+    return ((grades["source"] == "web") & (grades["grade"] == "yes") & (grades["relevance"] < threshold)).to_numpy()
+
+
 def calibrate(
     grades: pd.DataFrame,
     gold: pd.DataFrame,
@@ -264,11 +279,12 @@ def calibrate(
         if binary_grader:
             result["grade_binary"] = grade_threshold_scores(docs["relevance"].to_numpy(), np.array(is_gold), 0.5)
             return result
-        result["grade_threshold"] = propose_grade_threshold(docs["relevance"].to_numpy(), np.array(is_gold))
+        web_rule = _web_rule_yes(stored.loc[docs.index], current_threshold)
+        result["grade_threshold"] = propose_grade_threshold(docs["relevance"].to_numpy(), np.array(is_gold), web_rule)
         if current_threshold is not None:
             stored_relevance = stored.loc[docs.index, "relevance"].to_numpy()
             result["grade_threshold_current"] = grade_threshold_scores(
-                stored_relevance, np.array(is_gold), current_threshold
+                stored_relevance, np.array(is_gold), current_threshold, web_rule
             )
     return result
 

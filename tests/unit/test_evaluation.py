@@ -323,3 +323,21 @@ def test_web_recall_counts_only_where_web_results_were_stored():
     )
     m = evaluate(answers, grades, gold).set_index(["metric", "slice"])
     assert m.loc[("web_recall", "all"), "value"] == 0.5 and m.loc[("web_recall", "all"), "n"] == 2
+
+
+def test_calibrate_scores_the_grader_with_its_web_rule():
+    """The lexical grader also says yes to a web result below its threshold (web_threshold and two
+    question terms): the current figures are the run's own grades, and the proposal keeps that rule."""
+    grades, gold = _calibration_frames()
+    grades["grade"] = np.where(grades["relevance"] >= 0.5, "yes", "no")
+    web = pd.DataFrame(
+        [{"question_id": "q3", "source": "web", "doc_id": "w3", "relevance": 0.3, "grade": "yes", "rationale": None}]
+    )
+    grades = pd.concat([grades, web], ignore_index=True)
+    gold.loc[gold["question_id"] == "q3", "gold_doc_ids"] = pd.Series(
+        [["w3"]], index=gold.index[gold["question_id"] == "q3"]
+    )
+    result = calibrate(grades, gold, 0.3, 0.6, current_threshold=0.5)
+    # the run said yes to g1, g2 (>= 0.5) and w3 (web rule): all three gold
+    assert result["grade_threshold_current"][1:3] == (1.0, 1.0)
+    assert result["grade_threshold"][1:3] == (1.0, 1.0)  # w3 stays yes whatever the threshold
