@@ -659,6 +659,21 @@ def config_path(conf: str | Path) -> Path:
     raise ConfigError(f"config file not found: {conf} (nor is it the name of a config shipped with crag: {known})")
 
 
+def _drop_replaced_backends_keys(data: dict, overridden: set[tuple[str, ...]]) -> None:
+    """A --set that switches a section's backend (`web_search.backend=none` over conf/local.yaml)
+    leaves the file's keys of the backend it replaces (`web_search.index`): those the new backend does
+    not take are dropped. A key a --set gave stays, so that a mistyped one still fails."""
+    for name, field in CragConfig.model_fields.items():
+        section = data.get(name)
+        if (name, "backend") not in overridden or not isinstance(section, dict):
+            continue
+        for model in get_args(field.annotation):  # the section's backends (a discriminated union)
+            backend = getattr(model, "model_fields", {}).get("backend")
+            if backend is not None and section.get("backend") in get_args(backend.annotation):
+                for key in [k for k in section if k not in model.model_fields and (name, k) not in overridden]:
+                    del section[key]
+
+
 def load_config(path: str | Path | None, overrides: Sequence[str] = (), variant: str | None = None) -> CragConfig:
     path = config_path(path) if path else None
     data: dict = _read_yaml(path, "config file") if path else {}
@@ -670,8 +685,10 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = (), variant:
             known = sorted(p.stem for p in vpath.parent.glob("*.yaml"))
             raise ConfigError(f"unknown variant {variant!r}: no {vpath} (known: {', '.join(known) or 'none'})")
         data = deep_merge(data, _read_yaml(vpath, "variant file"))
+    overridden: set[tuple[str, ...]] = set()
     for item in overrides:
         keys, value = parse_override(item)
+        overridden.add(tuple(keys))
         node = data
         for key in keys[:-1]:
             if node.get(key) is None:  # absent, or null in the file: setting a key inside creates it
@@ -680,6 +697,7 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = (), variant:
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {'.'.join(keys)}: {key!r} is not a section")
         node[keys[-1]] = value
+    _drop_replaced_backends_keys(data, overridden)
     data = interpolate(data)
     try:
         cfg = CragConfig.model_validate(data)

@@ -181,3 +181,13 @@ def test_the_semantic_grader_gets_the_weights_fitted_for_its_model(variant, mode
     ).grader.languages
     assert switched.en.model_dump() == {"lexical": 1, "semantic": 2, "bias": -3}
     assert switched.ja.model_dump() == FITTED_WEIGHTS[model]["ja"]
+
+
+def test_a_set_that_switches_a_backend_leaves_the_replaced_backends_keys_behind():
+    """conf/local.yaml's web_search has `index` (the offline collection's); --set web_search.backend=none
+    must not fail on it. A key a --set itself gives is still checked."""
+    assert load_config(LOCAL_CONF, ["web_search.backend=none"]).web_search.backend == "none"
+    with pytest.raises(ConfigError, match="unknown config key 'web_search.indx'"):
+        load_config(LOCAL_CONF, ["web_search.backend=none", "web_search.indx=1"])
+    with pytest.raises(ConfigError, match="unknown config key 'web_search.index'"):
+        load_config(None, ["web_search.backend=none", "web_search.index=x"])
