@@ -123,3 +123,16 @@ def test_ask_prints_a_retrieved_document_without_a_score(capsys, index_overrides
     assert main(["ask", "--conf", str(LOCAL_CONF), *set_args(index_overrides), question]) == 0
     retrieved = capsys.readouterr().out.split("[grade]")[0]
     assert "[retrieve]" in retrieved and " 1. " in retrieved and " score " not in retrieved
+
+
+def test_a_spark_connect_server_that_does_not_answer_is_one_line_at_once(capsys, tmp_path):
+    """The Connect client would retry its connection for about a quarter of an hour, printing nothing."""
+    import socket
+
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    url = f"sc://127.0.0.1:{port}/;token=dapi-SECRET"
+    assert main(["eval", "--warehouse", str(tmp_path), "--run", "r", "--set", f"spark.remote={url}"]) == 2
+    err = capsys.readouterr().err
+    assert f"no Spark Connect server answers at sc://127.0.0.1:{port}/ (" in err and "dapi-SECRET" not in err
