@@ -376,11 +376,37 @@ def failure_recorded(plan: RunPlan) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        try:
-            plan.record("failed", finished=datetime.now(UTC))
-        except Exception:  # the original failure is the one to report
-            log.debug("could not record the failed run", exc_info=True)
+        _record_failure(plan)
         raise
+
+
+def _record_failure(plan: RunPlan) -> None:
+    """The run recorded as failed, the failure that ended it left to be reported. A Ctrl-C or SIGTERM
+    can leave the main thread's connection to the JVM in the middle of a call, so a first attempt that
+    fails is made again on a thread of its own (a connection of its own)."""
+
+    def record() -> None:
+        plan.record("failed", finished=datetime.now(UTC))
+
+    try:
+        record()
+        return
+    except Exception:
+        log.debug("could not record the failed run from the main thread", exc_info=True)
+    outcome: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _capture(record, outcome), name="crag-record-failure", daemon=True)
+    thread.start()
+    thread.join(timeout=120)
+    if thread.is_alive() or outcome:
+        why = describe(outcome[0]) if outcome else "it took over 120 s"
+        log.warning("run %s could not be recorded as failed (%s): it shows as running until resumed", plan.run_id, why)
+
+
+def _capture(fn: Callable[[], None], errors: list[BaseException]) -> None:
+    try:
+        fn()
+    except Exception as exc:
+        errors.append(exc)
 
 
 def _writer_gone(row, stale_after_s: float) -> bool:

@@ -309,3 +309,30 @@ def test_a_rerun_without_gold_leaves_no_metrics_of_the_earlier_answers(spark, in
     run(str(LOCAL_CONF), str(plain), str(tmp_path), run_id="gold", overrides=index_overrides, spark=spark)
     assert set(table(tmp_path, "metrics")["run_id"]) == {"kept"}
     assert "gold" not in set(table(tmp_path, "gold")["run_id"])
+
+
+def test_a_failed_run_is_recorded_from_a_thread_of_its_own_when_the_main_threads_call_fails(
+    spark, index_overrides, tmp_path, monkeypatch, caplog
+):
+    """A Ctrl-C or SIGTERM can leave the main thread's connection to the JVM inside a call: recording
+    the failure is tried again on another thread, and said in a warning if that fails too."""
+    import threading
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the batch dies")
+
+    real_record = crag_job.RunPlan.record
+
+    def record(self, status, *args, **kwargs):
+        if status == "failed" and (threading.current_thread() is threading.main_thread() or self.run_id == "lost"):
+            raise ConnectionError("the main thread's JVM connection is mid-call")
+        return real_record(self, status, *args, **kwargs)
+
+    monkeypatch.setattr(crag_job, "run_stages", broken)
+    monkeypatch.setattr(crag_job.RunPlan, "record", record)
+    for run_id in ("kept", "lost"):
+        with pytest.raises(RuntimeError, match="the batch dies"):
+            run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id=run_id, overrides=index_overrides, spark=spark)
+    assert table(tmp_path, "runs", "kept").loc[0, "status"] == "failed"
+    assert table(tmp_path, "runs", "lost").loc[0, "status"] == "running"
+    assert "run lost could not be recorded as failed (ConnectionError: the main thread's JVM connection" in caplog.text
