@@ -659,19 +659,25 @@ def config_path(conf: str | Path) -> Path:
     raise ConfigError(f"config file not found: {conf} (nor is it the name of a config shipped with crag: {known})")
 
 
-def _drop_replaced_backends_keys(data: dict, overridden: set[tuple[str, ...]]) -> None:
+def _drop_replaced_backends_keys(data: dict, file_backends: dict[str, Any], overridden: set[tuple[str, ...]]) -> None:
     """A --set that switches a section's backend (`web_search.backend=none` over conf/local.yaml)
     leaves the file's keys of the backend it replaces (`web_search.index`): those the new backend does
-    not take are dropped. A key a --set gave stays, so that a mistyped one still fails."""
+    not take, and another of the section's backends does, are dropped. Any other key stays to be
+    checked: a mistyped one, or one a --set gave (`web_search.index=...`), still fails."""
     for name, field in CragConfig.model_fields.items():
         section = data.get(name)
         if (name, "backend") not in overridden or not isinstance(section, dict):
             continue
-        for model in get_args(field.annotation):  # the section's backends (a discriminated union)
-            backend = getattr(model, "model_fields", {}).get("backend")
-            if backend is not None and section.get("backend") in get_args(backend.annotation):
-                for key in [k for k in section if k not in model.model_fields and (name, k) not in overridden]:
-                    del section[key]
+        if section.get("backend") == file_backends.get(name):
+            continue  # not switched
+        backends = [m for m in get_args(field.annotation) if "backend" in getattr(m, "model_fields", {})]
+        chosen = [m for m in backends if section.get("backend") in get_args(m.model_fields["backend"].annotation)]
+        if not chosen:
+            continue  # an unknown backend: validation says so
+        others = {key for m in backends if m is not chosen[0] for key in m.model_fields}
+        given = {path[1] for path in overridden if len(path) > 1 and path[0] == name}
+        for key in [k for k in section if k not in chosen[0].model_fields and k in others and k not in given]:
+            del section[key]
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = (), variant: str | None = None) -> CragConfig:
@@ -685,6 +691,7 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = (), variant:
             known = sorted(p.stem for p in vpath.parent.glob("*.yaml"))
             raise ConfigError(f"unknown variant {variant!r}: no {vpath} (known: {', '.join(known) or 'none'})")
         data = deep_merge(data, _read_yaml(vpath, "variant file"))
+    file_backends = {name: section.get("backend") for name, section in data.items() if isinstance(section, dict)}
     overridden: set[tuple[str, ...]] = set()
     for item in overrides:
         keys, value = parse_override(item)
@@ -697,7 +704,7 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = (), variant:
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {'.'.join(keys)}: {key!r} is not a section")
         node[keys[-1]] = value
-    _drop_replaced_backends_keys(data, overridden)
+    _drop_replaced_backends_keys(data, file_backends, overridden)
     data = interpolate(data)
     try:
         cfg = CragConfig.model_validate(data)

@@ -191,3 +191,19 @@ def test_a_set_that_switches_a_backend_leaves_the_replaced_backends_keys_behind(
         load_config(LOCAL_CONF, ["web_search.backend=none", "web_search.indx=1"])
     with pytest.raises(ConfigError, match="unknown config key 'web_search.index'"):
         load_config(None, ["web_search.backend=none", "web_search.index=x"])
+    switched = ["grader.backend=openai", "grader.endpoint=m"]  # lexical in the file: its exponents go
+    assert load_config(LOCAL_CONF, [*switched, "grader.policy.timeout_s=5"]).grader.policy.timeout_s == 5
+    with pytest.raises(ConfigError, match="unknown config key 'grader.polcy'"):
+        load_config(LOCAL_CONF, [*switched, "grader.polcy.x=1"])
+
+
+def test_a_set_of_the_backend_a_section_has_drops_nothing(tmp_path):
+    """A mistyped key of the file is no other backend's: it fails whatever --set says."""
+    import shutil
+
+    shutil.copytree(LOCAL_CONF.parent / "prompts", tmp_path / "prompts")
+    conf = tmp_path / "typo.yaml"
+    conf.write_text(LOCAL_CONF.read_text().replace("grader:\n", "grader:\n  threshhold: 0.9\n", 1))
+    for sets in ([], ["grader.backend=lexical"], ["grader.backend=openai", "grader.endpoint=m"]):
+        with pytest.raises(ConfigError, match="unknown config key 'grader.threshhold'"):
+            load_config(conf, sets)
