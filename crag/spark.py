@@ -119,14 +119,26 @@ def get_spark(cfg: SparkConfig):
         return builder.getOrCreate()
 
 
+# gRPC reaches a Spark Connect server through these when they are set; a plain TCP probe would not
+_PROXY_VARIABLES = ("grpc_proxy", "https_proxy", "http_proxy")
+
+
 def _check_reachable(url: str, timeout_s: float = 10) -> None:
     """One line at once for a Spark Connect server that does not answer, where the client would retry
-    its connection for about a quarter of an hour, silently."""
-    where = url.split(";", 1)[0]  # its parameters (a token among them) are not shown
+    its connection for about a quarter of an hour, silently. Not probed through a proxy."""
+    if any(os.environ.get(v) or os.environ.get(v.upper()) for v in _PROXY_VARIABLES):
+        return
     try:
-        parts = urlsplit(where)
-        socket.create_connection((parts.hostname, parts.port or 15002), timeout=timeout_s).close()
-    except (OSError, ValueError) as exc:
+        parts = urlsplit(url.split(";", 1)[0])
+        host, port = parts.hostname, parts.port or 15002
+    except ValueError as exc:
+        raise ConfigError(f"spark.remote is not a Spark Connect URL sc://host:port ({exc})") from None
+    if not host:
+        raise ConfigError("spark.remote is not a Spark Connect URL sc://host:port (no host)")
+    where = f"sc://{host if ':' not in host else f'[{host}]'}:{port}"  # without user info or parameters (tokens)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
         raise ConfigError(f"no Spark Connect server answers at {where} ({exc})") from None
 
 

@@ -46,16 +46,15 @@ _REASONING_CLOSE_LINE = re.compile(r"</(?:think|thinking|reasoning)>[ \t]*(?:\n|
 
 def reasoning_split(text: str | None) -> str | None:
     """The reply without the reasoning block that opens it; None when the reply ends inside that block
-    (max_tokens ran out while the model was still thinking: it gave no answer). A tag elsewhere (an
-    answer or a document that mentions `<think>`) is text like any other."""
+    (max_tokens ran out while the model was still thinking: it gave no answer). A tag further on (an
+    answer or a grade's reason that mentions `<think>`) is text like any other."""
     text = text or ""
     opened = _REASONING_OPEN.match(text)
     if opened:
         closed = re.search(rf"</{opened.group(1)}>", text[opened.end() :], re.I)
-        if closed:
-            return text[opened.end() + closed.end() :].strip()
-        if re.match(r"[ \t]*\n", text[opened.end() :]):  # a reasoning block opens on a line of its own
-            return None
+        # open and never closed: max_tokens ran out while the model was thinking (an answer that begins
+        # with the tag itself, unclosed, is read the same way: far rarer than a cut-off reply)
+        return text[opened.end() + closed.end() :].strip() if closed else None
     closed = _REASONING_CLOSE_LINE.search(text)
     if closed and not re.search(r"<(?:think|thinking|reasoning)>", text[: closed.start()], re.I):
         return text[closed.end() :].strip()

@@ -95,12 +95,19 @@ def test_yes_no_and_query_cleaning():
         'It quotes "<think>" as a tag.',
         [0],
     )
-    assert parse_answer("<think> opens Qwen3's reasoning [2].", "x", 2) == ("<think> opens Qwen3's reasoning.", [1])
+    assert parse_answer("Qwen3 opens its reasoning with <think> [2].", "x", 2) == (
+        "Qwen3 opens its reasoning with <think>.",
+        [1],
+    )
+    assert (
+        clean_query("<think>Let me rewrite the question into a search") == ""
+    )  # cut off: the rewriter keeps the question
 
 
 def test_a_reply_cut_off_while_reasoning_is_an_error_not_a_refusal():
-    with pytest.raises(ValueError, match="still reasoning: raise generator.max_tokens"):
-        parse_answer("<think>\nThe user asks about filters. The context says", "I don't know.", 2)
+    for reply in ("<think>\nThe user asks about filters. The context says", "<think>Okay, the documents say every 6"):
+        with pytest.raises(ValueError, match="still reasoning: raise generator.max_tokens"):
+            parse_answer(reply, "I don't know.", 2)
 
 
 def _http_error(status, headers=None):
