@@ -238,7 +238,9 @@ def question_best_relevance(grades: pd.DataFrame, gold: pd.DataFrame) -> pd.Data
 def _web_rule_yes(grades: pd.DataFrame, threshold: float | None) -> np.ndarray | None:
     """Web results the run's grader called relevant below its threshold: by its web_threshold rule
     (crag.backends.lexical.is_relevant), which does not depend on the threshold and needs what the
-    grades do not store (how many question terms matched), so the run's own yes stands for it."""
+    grades do not store (how many question terms matched), so the run's own yes stands for it. For a
+    proposed threshold above the run's, a web result between the two counts as no, though the rule
+    might keep it: the proposal's recall can be a little low there."""
     if threshold is None or not {"source", "grade"} <= set(grades.columns):
         return None
     return ((grades["source"] == "web") & (grades["grade"] == "yes") & (grades["relevance"] < threshold)).to_numpy()

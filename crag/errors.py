@@ -23,7 +23,7 @@ class UnusableIndexError(CragError):
 def describe(exc: BaseException, limit: int = 300, with_type: bool = True) -> str:
     """`exc` for a one-line message: `Type: first line of its text` (with_type=False: the first line,
     or the type's name when there is no text), scrubbed of secrets, at most `limit` characters. When
-    the first line only introduces the cause, the cause comes with it: the last of a chain of
+    the first line only introduces the cause, the cause comes with it: the links of a chain of
     "caused by" lines (DataFusion), or the lines after one that ends in ':' (gRPC's status and
     details, from Spark Connect).
 
@@ -33,8 +33,8 @@ def describe(exc: BaseException, limit: int = 300, with_type: bool = True) -> st
     if not lines:
         return scrub(name)[:limit]
     text = lines[0]
-    if any(line.lower() == "caused by" for line in lines) and lines[-1].lower() != "caused by":
-        text = f"{text}: {lines[-1]}"
+    if any(line.lower() == "caused by" for line in lines):
+        text = ": ".join(line for line in lines if line.lower() != "caused by")
     elif text.endswith(":") and len(lines) > 1:
         text = " ".join(lines)
     return scrub(f"{name}: {text}" if with_type else text)[:limit]
