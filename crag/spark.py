@@ -47,6 +47,9 @@ LOCAL_SETTINGS = {
     # a Delta snapshot of crag's small tables needs no 50-partition state reconstruction
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={(Path(__file__).parent / 'log4j2.properties').as_uri()}",
+    # crag's local tables are external (their files under --warehouse): Spark's own warehouse only gets
+    # an empty folder per schema, which would otherwise pile up in the working directory
+    "spark.sql.warehouse.dir": str(Path(tempfile.gettempdir()) / "crag-spark-warehouse"),
 }
 # Where a local JVM writes what it prints (its start-up notices, and errors, which also reach crag as
 # exceptions): not on the console between crag's own lines.

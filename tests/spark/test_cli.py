@@ -144,3 +144,39 @@ def test_a_spark_connect_server_that_does_not_answer_is_one_line_at_once(capsys,
     assert "dapi-" not in str(refused.value) and f"sc://127.0.0.1:{port} (" in str(refused.value)
     with pytest.raises(ConfigError, match="not a Spark Connect URL"):
         _check_reachable("sc://127.0.0.1:99999/")
+
+
+def test_commands_leave_no_spark_warehouse_in_the_working_directory(spark, tmp_path, index_overrides):
+    """crag's local tables are external; Spark's own warehouse folder goes to the temporary directory."""
+    from crag.job import run
+
+    run(
+        str(LOCAL_CONF),
+        str(SAMPLE / "questions.jsonl"),
+        str(tmp_path / "wh"),
+        run_id="r",
+        overrides=index_overrides,
+        spark=spark,
+    )
+    work = tmp_path / "work"
+    work.mkdir()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "crag.cli",
+            "eval",
+            "--warehouse",
+            str(tmp_path / "wh"),
+            "--run",
+            "r",
+            "--format",
+            "csv",
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not (work / "spark-warehouse").exists() and list(work.iterdir()) == []
