@@ -156,9 +156,8 @@ def _print_stage(name: str, df) -> None:
     if name == "retrieve":
         print(f"[retrieve] {row['n_retrieved']} documents")
         for d in row["retrieved"]:
-            score = (
-                "" if d["retrieval_score"] is None else f"  score {d['retrieval_score']:.2f}"
-            )  # a LangChain retriever may give none
+            # a LangChain retriever may give no score
+            score = "" if d["retrieval_score"] is None else f"  score {d['retrieval_score']:.2f}"
             print(f"    {d['rank']:>2}. {d['parent_id']}{score}  {d['title']}")
     elif name == "grade":
         print(f"[grade] {row['n_relevant']} of {row['n_retrieved']} relevant")

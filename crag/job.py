@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from crag import schema
 from crag.backends import build_backends, resolve_credentials, smallest_budget
+from crag.backends.remote import call_with_deadline
 from crag.config import CragConfig, load_config, redacted
 from crag.errors import CragError, InputError, describe
 from crag.evaluation import ACTIONS, evaluate_run, metrics_table
@@ -393,20 +394,12 @@ def _record_failure(plan: RunPlan) -> None:
         return
     except Exception:
         log.debug("could not record the failed run from the main thread", exc_info=True)
-    outcome: list[BaseException] = []
-    thread = threading.Thread(target=lambda: _capture(record, outcome), name="crag-record-failure", daemon=True)
-    thread.start()
-    thread.join(timeout=120)
-    if thread.is_alive() or outcome:
-        why = describe(outcome[0]) if outcome else "it took over 120 s"
-        log.warning("run %s could not be recorded as failed (%s): it shows as running until resumed", plan.run_id, why)
-
-
-def _capture(fn: Callable[[], None], errors: list[BaseException]) -> None:
     try:
-        fn()
+        call_with_deadline(record, 120, "recording the failed run")
     except Exception as exc:
-        errors.append(exc)
+        log.warning(
+            "run %s could not be recorded as failed (%s): it shows as running until resumed", plan.run_id, describe(exc)
+        )
 
 
 def _writer_gone(row, stale_after_s: float) -> bool:

@@ -90,7 +90,7 @@ def resolve_credentials(cfg: CragConfig) -> dict[str, str]:
     # own workspace and identity are resolved here, for the workers, which cannot resolve them.
     runtime: tuple[str, str] | None = None
     for auth in _databricks_sections(cfg):
-        host_key, token_key = credential_key(auth.host_env, None), credential_key(auth.token_env, auth.token_secret)
+        host_key, token_key = _workspace_keys(auth)
         if found.get(host_key) is None or found.get(token_key) is None:
             runtime = runtime or runtime_workspace()
             found[host_key] = found.get(host_key) or runtime[0]
@@ -105,10 +105,7 @@ def _one_serving_identity(cfg: CragConfig, found: dict[str, str | None]) -> None
     different credentials could send a request with the other's token. They must share one (Vector
     Search and OpenAI-compatible sections have clients of their own and may differ)."""
     serving = {
-        name: (
-            found.get(credential_key(role.host_env, None)),
-            found.get(credential_key(role.token_env, role.token_secret)),
-        )
+        name: tuple(found.get(key) for key in _workspace_keys(role))
         for name, role in cfg.llm_roles().items()
         if role.backend == "databricks"
     }
@@ -118,6 +115,11 @@ def _one_serving_identity(cfg: CragConfig, found: dict[str, str | None]) -> None
             f"mlflow's deployments client takes them from the process environment, so they must share one "
             f"(the same host_env, token_env and token_secret)"
         )
+
+
+def _workspace_keys(auth: DatabricksAuth) -> tuple[str, str]:
+    """Where a Databricks section's workspace URL and token are filed among the resolved credentials."""
+    return credential_key(auth.host_env, None), credential_key(auth.token_env, auth.token_secret)
 
 
 def _databricks_sections(cfg: CragConfig) -> list[DatabricksAuth]:

@@ -40,8 +40,10 @@ def content_text(content) -> str:
 # Reasoning models (Qwen3, DeepSeek-R1, served by vLLM, SGLang or Ollama) think aloud before they
 # answer, in a block that opens the reply. Some chat templates put the opening tag in the prompt, so
 # the reply starts with the reasoning and only its closing tag shows, alone at the end of a line.
-_REASONING_OPEN = re.compile(r"\s*<(think|thinking|reasoning)>", re.I)
-_REASONING_CLOSE_LINE = re.compile(r"</(?:think|thinking|reasoning)>[ \t]*(?:\n|$)", re.I)
+_REASONING_TAGS = "think|thinking|reasoning"
+_REASONING_OPEN = re.compile(rf"\s*<({_REASONING_TAGS})>", re.I)
+_REASONING_ANY_OPEN = re.compile(rf"<(?:{_REASONING_TAGS})>", re.I)
+_REASONING_CLOSE_LINE = re.compile(rf"</(?:{_REASONING_TAGS})>[ \t]*(?:\n|$)", re.I)
 
 
 def reasoning_split(text: str | None) -> str | None:
@@ -56,7 +58,7 @@ def reasoning_split(text: str | None) -> str | None:
         # with the tag itself, unclosed, is read the same way: far rarer than a cut-off reply)
         return text[opened.end() + closed.end() :].strip() if closed else None
     closed = _REASONING_CLOSE_LINE.search(text)
-    if closed and not re.search(r"<(?:think|thinking|reasoning)>", text[: closed.start()], re.I):
+    if closed and not _REASONING_ANY_OPEN.search(text, 0, closed.start()):
         return text[closed.end() :].strip()
     return text.strip()
 

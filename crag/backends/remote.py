@@ -73,7 +73,7 @@ def retry_after_s(exc: BaseException) -> float | None:
         return max(0.0, parsed.timestamp() - time.time()) if parsed else None
 
 
-def _call_with_deadline(fn: Callable[[], T], timeout_s: float, name: str) -> T:
+def call_with_deadline(fn: Callable[[], T], timeout_s: float, name: str) -> T:
     """fn() on a daemon thread, given up after timeout_s. The thread is abandoned, not killed: being a
     daemon, a call that never answers cannot keep the process from exiting (a pool's threads would be
     waited for at exit, and `crag` would hang after printing its error)."""
@@ -173,7 +173,7 @@ class Endpoint:
             if not self.hard_timeout:
                 return fn()
             # On a timeout the request thread is abandoned, and its slot is released now.
-            return _call_with_deadline(fn, self.policy.timeout_s, self.name)
+            return call_with_deadline(fn, self.policy.timeout_s, self.name)
 
 
 def on_databricks() -> bool:

@@ -69,8 +69,12 @@ def sync_vector_index(cfg: VectorSearchRetrieverConfig, secrets: dict[str, str] 
         )
     client = vector_search_client(cfg, secrets)
     endpoint = Endpoint(f"vector_search:{cfg.index_name}", cfg.policy, hard_timeout=True)
+
+    def opened():
+        return endpoint.call(lambda: client.get_index(endpoint_name=cfg.endpoint, index_name=cfg.index_name))
+
     try:
-        index = endpoint.call(lambda: client.get_index(endpoint_name=cfg.endpoint, index_name=cfg.index_name))
+        index = opened()
     except Exception as exc:
         if type(exc).__name__ != "NotFound":
             raise unusable(cfg, client, exc) from None
@@ -92,7 +96,7 @@ def sync_vector_index(cfg: VectorSearchRetrieverConfig, secrets: dict[str, str] 
             # 409: the index is there, made by a creation whose reply was lost (a timeout or a 5xx after
             # the service had created it, then retried) or by another build at the same moment, which
             # may have begun its first sync before this build wrote the chunk table: sync it.
-            index = endpoint.call(lambda: client.get_index(endpoint_name=cfg.endpoint, index_name=cfg.index_name))
+            index = opened()
         else:
             return "created"
     endpoint.call(index.sync)
