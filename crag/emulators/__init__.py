@@ -4,7 +4,7 @@ pointed at them: by the tests, by the benchmarks, and by `crag emulate` for tryi
 on a laptop.
 
 One server answers all of them:
-    GET  /.well-known/databricks-config                     404 (the Databricks SDK asks first)
+    GET  /.well-known/databricks-config                     host metadata (the Databricks SDK asks first)
     POST /serving-endpoints/{name}/invocations              chat completions, or the batch shape
                                                             {"inputs": [{"prompt"}], "params"} -> {"predictions"}
     POST /serving-endpoints/chat/completions, /v1/chat/completions   OpenAI-compatible chat

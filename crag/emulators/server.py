@@ -27,6 +27,8 @@ SERVICES = ("serving", "vector_search", "tavily")
 # malformed: a reply in no requested format; prose: the right reply wrapped in chatter and a code fence;
 # blocks: the right chat reply as a list of content blocks, reasoning first (as gpt-oss models give it)
 FAULTS = ("429", "500", "hang", "malformed", "prose", "blocks")
+# What a workspace's host metadata gives as its id (the SDK fills Config.workspace_id from it).
+WORKSPACE_ID = "1234567890123456"
 
 
 @dataclass
@@ -220,8 +222,8 @@ def _handler(emulator: Emulator):
             except json.JSONDecodeError:
                 body = raw.decode("utf-8", "replace")
             path = self.path.split("?")[0]
-            if path == "/.well-known/databricks-config":
-                return self._reply(404, {"error_code": "NOT_FOUND", "message": "no such config"})
+            if path == "/.well-known/databricks-config":  # the Databricks SDK's first request to a host
+                return self._reply(200, {"oidc_endpoint": f"{emulator.url}/oidc", "workspace_id": WORKSPACE_ID})
             service = _service_of(path)
             if service is None:
                 return self._reply(404, {"error_code": "ENDPOINT_NOT_FOUND", "message": f"no route {path}"})

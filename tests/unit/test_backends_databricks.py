@@ -238,3 +238,19 @@ def test_sections_left_to_the_runtime_get_the_jobs_own_credentials_for_the_worke
     assert "dapi-RUNTIME" not in scrub("Authorization: Bearer dapi-RUNTIME")  # masked like any credential
     assert secret("DATABRICKS_HOST", None, "retriever", own) == RUNTIME_HOST
     assert secret("DATABRICKS_TOKEN", "crag/grader_token", "retriever", own) == "dapi-GRADER"
+
+
+def test_the_databricks_sdk_reads_the_emulators_host_metadata(emulator, caplog):
+    """databricks-sdk asks a workspace for /.well-known/databricks-config before anything else (mlflow's
+    default path builds a client per request): the emulator answers as a workspace does, not with a
+    failure the SDK logs as a warning each time."""
+    import logging
+
+    from databricks.sdk.core import Config
+
+    from crag.emulators.server import WORKSPACE_ID
+
+    with caplog.at_level(logging.WARNING, logger="databricks.sdk"):
+        config = Config(host=emulator.url, token=TOKEN)
+    assert config.workspace_id == WORKSPACE_ID
+    assert not [r for r in caplog.records if r.name.startswith("databricks.sdk")]
