@@ -8,7 +8,6 @@ workers (`check_rows`, a pure function over a pandas frame) and marks repeated i
 
 from __future__ import annotations
 
-import json
 import re
 import unicodedata
 from pathlib import Path
@@ -19,7 +18,7 @@ import pyarrow as pa
 
 from crag import schema
 from crag.errors import InputError, describe
-from crag.text import encodable
+from crag.text import encodable, parse_json_line
 
 REQUIRED = ("question_id", "question")
 # Optional columns that say what the right outcome is, for `crag eval`.
@@ -225,24 +224,6 @@ def gold_of(row: dict) -> dict:
     return gold
 
 
-def _parse_line(raw: bytes | str) -> tuple[dict | None, str | None]:
-    try:
-        line = raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw
-    except UnicodeDecodeError:
-        return None, "line is not valid UTF-8"
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as exc:
-        return None, f"line is not valid JSON ({exc.msg} at column {exc.colno})"
-    except RecursionError:
-        return None, "line is not readable JSON: it is nested too deeply"
-    except ValueError as exc:  # valid JSON Python will not convert, such as an integer of over 4300 digits
-        return None, f"line is not readable JSON ({describe(exc, limit=200, with_type=False)})"
-    if not isinstance(row, dict):
-        return None, f"line is not a JSON object (got {type(row).__name__})"
-    return row, None
-
-
 def check_rows(frame: pd.DataFrame, max_chars: int) -> pd.DataFrame:
     """Check each raw row on its own (repeated ids are a question for the whole table: see
     `validate`). `frame` has either a JSONL line column or the question columns, and `input_row`.
@@ -267,7 +248,7 @@ def check_rows(frame: pd.DataFrame, max_chars: int) -> pd.DataFrame:
 def _checked(record: dict, max_chars: int) -> dict:
     """One raw row checked: a CHECKED row."""
     row, reason = (
-        _parse_line(record[JSONL_LINE])
+        parse_json_line(record[JSONL_LINE])
         if JSONL_LINE in record
         else ({k: v for k, v in record.items() if k != "input_row"}, None)
     )

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -13,7 +12,8 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from crag.errors import InputError, describe
+from crag.errors import InputError
+from crag.text import parse_json_line
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
@@ -23,20 +23,9 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
-            try:
-                row = json.loads(raw.decode("utf-8"))
-            except UnicodeDecodeError:
-                raise InputError(f"{path}:{lineno}: not valid UTF-8") from None
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-            except RecursionError:
-                raise InputError(f"{path}:{lineno}: JSON nested too deeply to read") from None
-            except ValueError as exc:  # valid JSON Python will not convert: an integer of over 4300 digits
-                raise InputError(
-                    f"{path}:{lineno}: JSON not readable ({describe(exc, limit=200, with_type=False)})"
-                ) from None
-            if not isinstance(row, dict):
-                raise InputError(f"{path}:{lineno}: expected a JSON object per line")
+            row, problem = parse_json_line(raw)
+            if problem:
+                raise InputError(f"{path}:{lineno}: {problem}")
             yield lineno, row
 
 

@@ -1,4 +1,4 @@
-"""Text handling shared by indexing, the lexical backends and evaluation.
+"""Text handling shared by indexing, the lexical backends and evaluation, and the reading of JSON lines.
 
 One tokenizer serves English and Japanese without language detection: runs of Latin letters and
 digits become lower-cased words (English stop words dropped); runs of Japanese characters go either to
@@ -10,6 +10,7 @@ JSQuAD/JaQuAD: equal recall, so the default is the one without a dictionary (fig
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
 import threading
@@ -18,6 +19,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 import Stemmer
+
+from crag.errors import describe
 
 # Kanji, hiragana, katakana (incl. half-width and the prolonged-sound mark), CJK compatibility ideographs.
 _CJK = r"\u3005\u3041-\u3096\u309d-\u309f\u30a1-\u30fa\u30fc-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"
@@ -212,3 +215,22 @@ class TermWeights:
         for tokens in corpus_tokens:
             df.update(set(tokens))
         return cls(dict(df), len(corpus_tokens))
+
+
+def parse_json_line(raw: bytes | str) -> tuple[dict | None, str | None]:
+    """One JSON Lines line read as an object: (the object, None), or (None, what is wrong with the line)."""
+    try:
+        line = raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw
+    except UnicodeDecodeError:
+        return None, "line is not valid UTF-8"
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return None, f"line is not valid JSON ({exc.msg} at column {exc.colno})"
+    except RecursionError:
+        return None, "line is not readable JSON: it is nested too deeply"
+    except ValueError as exc:  # valid JSON Python will not convert, such as an integer of over 4300 digits
+        return None, f"line is not readable JSON ({describe(exc, limit=200, with_type=False)})"
+    if not isinstance(row, dict):
+        return None, f"line is not a JSON object (got {type(row).__name__})"
+    return row, None

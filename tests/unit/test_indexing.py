@@ -96,11 +96,16 @@ def test_jsonl_documents_and_their_errors(tmp_path):
     cases = {
         b'{"doc_id": "a", "text": ""}\n': "missing or empty string field",
         b'{"doc_id": "a"\n': "not valid JSON",
-        b'["a"]\n': "expected a JSON object per line",
+        b'["a"]\n': "line is not a JSON object \\(got list\\)",
         b'{"doc_id": "a", "text": "caf\xe9"}\n': "not valid UTF-8",
         b'{"doc_id": "a", "text": "x"}\n{"doc_id": "a", "text": "y"}\n': "duplicate doc_id 'a'",
-        b'{"doc_id": "a", "text": "x", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n": ":1: JSON nested too deeply",
-        b'{"doc_id": "a", "text": "x", "n": ' + b"9" * 5000 + b"}\n": r":1: JSON not readable \(Exceeds the limit",
+        b'{"doc_id": "a", "text": "x", "x": '
+        + b"[" * 100_000
+        + b"]" * 100_000
+        + b"}\n": ":1: line is not readable JSON: it is nested too deeply",
+        b'{"doc_id": "a", "text": "x", "n": '
+        + b"9" * 5000
+        + b"}\n": r":1: line is not readable JSON \(Exceeds the limit",
         b'{"doc_id": "a", "text": "x", "url": 5}\n': ":1: url must be a string \\(got int\\)",
         b'{"doc_id": "a\\ud800", "text": "x"}\n': ":1: doc_id is not valid text \\(it holds a lone surrogate",
     }
