@@ -157,8 +157,9 @@ class StageCache:
         return result
 
 
-def _doc_inputs(docs: list[dict]) -> list:
-    return [[d.get("source"), d.get("doc_id"), d.get("parent_id"), d.get("title"), d.get("text")] for d in docs]
+def _doc_inputs(docs: list[dict], relevance: bool = False) -> list:
+    fields = ("source", "doc_id", "parent_id", "title", "text", *(("relevance",) if relevance else ()))
+    return [[d.get(f) for f in fields] for d in docs]
 
 
 def _same(value: Any) -> Any:
@@ -259,7 +260,7 @@ class CachedGenerator(_Wrapper):
 
     def generate(self, question, context, usage):
         return self._cached(
-            [question, _doc_inputs(context)],
+            [question, _doc_inputs(context, self._inner.reads_relevance)],
             usage,
             question,
             lambda: self._inner.generate(question, context, usage),

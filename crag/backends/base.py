@@ -126,6 +126,9 @@ class WebSearch(Protocol):
 class Generator(Protocol):
     name: str
     concurrency: int
+    # Whether an answer depends on the context documents' relevance as well as on their text (the
+    # stage cache's key must then hold it: a grader variant changes relevances, not documents)
+    reads_relevance: bool
 
     def generate(self, question: str, context: list[Document], usage: Usage) -> Answer:
         """An answer grounded in the context, citing the documents it used."""

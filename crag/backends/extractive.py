@@ -40,6 +40,7 @@ class ExtractiveGenerator:
         self.max_sentences = max_sentences
         self.min_sentence_score = min_sentence_score
         self.name = "extractive"
+        self.reads_relevance = document_weight > 0 or answer_from_best_document
 
     def generate(self, question: str, context: list[Document], usage: Usage) -> Answer:
         terms = self.scorer.terms(question)

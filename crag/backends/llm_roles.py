@@ -194,6 +194,8 @@ class LLMRewriter(_Role):
 
 
 class LLMGenerator(_Role):
+    reads_relevance = False  # the prompt shows the documents, not their grades
+
     def __init__(self, model: ChatModel, cfg: LLMGeneratorConfig):
         super().__init__(model, cfg, "generator")
         self.cfg: LLMGeneratorConfig = cfg

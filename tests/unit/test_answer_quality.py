@@ -184,3 +184,24 @@ def test_calibrate_fits_one_exponent_per_language_so_that_one_cut_serves_both():
     assert result["routing"].accuracy == 1.0  # on the refitted relevance one cut separates both languages
     text = report(result)
     assert f"--set grader.exponents.en={en['exponent']}" in text and "--set grader.exponents.ja=" in text
+
+
+def test_the_stage_cache_keeps_apart_answers_from_the_same_documents_graded_otherwise():
+    """The extractive answer weighs each sentence by its document's relevance: a grader variant that
+    returns the same documents with other relevances gets an answer of its own, not the cached one."""
+    from crag.cache import CachedGenerator, StageCache
+
+    question = "Which city hosted the Olympics, and where does the Rhine flow?"
+    docs = [{"source": "internal", "doc_id": f"d{i}", "text": CORPUS[i]} for i in (0, 2)]
+    first = [{**docs[0], "relevance": 0.9}, {**docs[1], "relevance": 0.1}]
+    second = [{**docs[0], "relevance": 0.1}, {**docs[1], "relevance": 0.9}]
+    generator = ExtractiveGenerator(_scorer(), 1, 0.0, 0.7)
+    fresh = [generator.generate(question, context, Usage()).text for context in (first, second)]
+    assert fresh[0] != fresh[1]  # the relevances decide which sentence answers
+    cached = CachedGenerator(generator, StageCache({}), "generator")
+    assert [cached.generate(question, context, Usage()).text for context in (first, second)] == fresh
+    # without a document weight the relevances are not read, and an LLM's prompt holds no grades:
+    # their answers stay shared across grader variants
+    from crag.backends.llm_roles import LLMGenerator
+
+    assert not ExtractiveGenerator(_scorer(), 1, 0.0, 0.0).reads_relevance and not LLMGenerator.reads_relevance

@@ -82,7 +82,7 @@ class Web:
 
 
 class Generator:
-    name, concurrency = "fake-generator", 1
+    name, concurrency, reads_relevance = "fake-generator", 1, False
 
     def __init__(self, decline=False):
         self.decline, self.calls = decline, []
