@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from crag.errors import ConfigError, describe
@@ -337,6 +337,16 @@ class NoWebSearchConfig(WebSearchCommon):
     backend: Literal["none"]
 
 
+def _worded(message: str) -> str:
+    # A reply counts as a refusal when its words start with these words: none would make every reply one
+    if not re.search(r"\w", message):
+        raise ValueError("must hold words: a reply is taken as a refusal when it starts with them")
+    return message
+
+
+RefusalMessage = Annotated[str, AfterValidator(_worded)]
+
+
 class ExtractiveGeneratorConfig(Section):
     backend: Literal["extractive"] = "extractive"
     max_sentences: int = Field(2, ge=1, le=3)
@@ -345,13 +355,13 @@ class ExtractiveGeneratorConfig(Section):
     # no sentence reaches min_sentence_score: answer from the most relevant document's best sentences
     # instead of refusing (the context holds only documents graded relevant)
     answer_from_best_document: bool = True
-    refusal_message: str = DEFAULT_REFUSAL
+    refusal_message: RefusalMessage = DEFAULT_REFUSAL
 
 
 class LLMGeneratorConfig(LLMConfig):
     prompt: str = "prompts/answer_concise.yaml"
     reply_language: str | None = None  # e.g. Japanese: adds "Reply in Japanese." to the prompt
-    refusal_message: str = DEFAULT_REFUSAL
+    refusal_message: RefusalMessage = DEFAULT_REFUSAL
     max_tokens: int = Field(300, gt=0)
 
 

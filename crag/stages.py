@@ -358,6 +358,8 @@ def _route_by_policy(graded: list[Document], routing: RoutingConfig) -> Route:
     n, n_rel = len(graded), sum(d.get("grade") == "yes" for d in graded)
     counted = f"{n_rel} of {n} documents relevant"
     policy = routing.policy
+    if n == 0:
+        return Route("incorrect", True, False, [], f"nothing retrieved; policy {policy}: web search")
     if policy == "thresholds":
         scores = [d.get("relevance", 0.0) for d in graded]
         best = max(scores, default=0.0)
@@ -389,9 +391,7 @@ def _route_by_policy(graded: list[Document], routing: RoutingConfig) -> Route:
             relevant,
             f"best relevance {best:.2f} between {routing.lower} and {routing.upper}; policy thresholds -> internal documents and web search",
         )
-    action = "correct" if n and n_rel == n else "incorrect" if n_rel == 0 else "ambiguous"
-    if n == 0 and policy != "min_context_chars":
-        return Route("incorrect", True, True, [], f"nothing retrieved; policy {policy}: web search")
+    action = "correct" if n_rel == n else "incorrect" if n_rel == 0 else "ambiguous"
     if policy == "any_irrelevant":
         needs_web = action != "correct"
         why = "all relevant -> answer from them" if not needs_web else f"{n - n_rel} irrelevant -> web search"
@@ -401,9 +401,13 @@ def _route_by_policy(graded: list[Document], routing: RoutingConfig) -> Route:
         why = "none relevant -> web search" if needs_web else "some relevant -> answer from them"
     else:  # min_context_chars
         chars = sum(len(d["text"]) for d in relevant)
-        needs_web = chars < routing.min_context_chars
+        needs_web = n_rel == 0 or chars < routing.min_context_chars  # none relevant: the web, whatever the length
         action = "correct" if not needs_web else "incorrect" if n_rel == 0 else "ambiguous"
-        why = f"relevant context {chars} chars {'<' if needs_web else '>='} {routing.min_context_chars} -> {'web search' if needs_web else 'answer from it'}"
+        why = (
+            "none relevant -> web search"
+            if n_rel == 0
+            else f"relevant context {chars} chars {'<' if needs_web else '>='} {routing.min_context_chars} -> {'web search' if needs_web else 'answer from it'}"
+        )
     return Route(action, needs_web, True, relevant, f"{counted}; policy {policy}: {why}")
 
 

@@ -23,7 +23,7 @@ MIDDLE = docs(("no", 0.45), ("no", 0.2))
         ("any_irrelevant", ALL, "correct", False, True),
         ("any_irrelevant", SOME, "ambiguous", True, True),
         ("any_irrelevant", NONE, "incorrect", True, True),
-        ("any_irrelevant", [], "incorrect", True, True),
+        ("any_irrelevant", [], "incorrect", True, False),  # nothing retrieved: no internal document to use
         ("all_irrelevant", SOME, "correct", False, True),
         ("all_irrelevant", NONE, "incorrect", True, True),
         ("thresholds", SOME, "correct", False, True),
@@ -64,6 +64,20 @@ def test_thresholds_policy_uses_the_documents_above_upper_even_if_graded_no():
 
 def test_nothing_retrieved_goes_to_the_web():
     assert route_question([], RoutingConfig()).reason == "nothing retrieved; policy any_irrelevant: web search"
+    # under every policy and any threshold: at the lowest settings, no document would still be "enough"
+    for routing in (
+        RoutingConfig(policy="min_context_chars", min_context_chars=0),
+        RoutingConfig(policy="thresholds", upper=0, lower=0),
+        RoutingConfig(policy="all_irrelevant"),
+    ):
+        route = route_question([], routing)
+        assert (route.action, route.needs_web) == ("incorrect", True), routing.policy
+
+
+def test_with_no_relevant_document_the_min_context_chars_policy_searches_the_web_at_any_length():
+    route = route_question(NONE, RoutingConfig(policy="min_context_chars", min_context_chars=0))
+    assert (route.action, route.needs_web) == ("incorrect", True)
+    assert route.reason.endswith("none relevant -> web search")
 
 
 def test_reason_is_readable():
