@@ -319,3 +319,14 @@ def test_databricks_serving_endpoints_share_the_longest_timeout():
     assert timeouts == {cfg.grader.endpoint: 150, cfg.generator.endpoint: 150}
     openai = load_config(REPO / "conf" / "openai.yaml", ["grader.endpoint=small", "grader.policy.timeout_s=45"])
     assert {key[1]: p.timeout_s for key, p in shared_policies(openai).items()}["small"] == 45  # clients of their own
+
+
+@pytest.mark.parametrize("conf", [LOCAL_CONF, DBX])
+@pytest.mark.parametrize("message", ["''", "'...'", "'  '"])
+def test_a_refusal_message_without_words_is_refused(conf, message):
+    """A reply is a refusal when its words start with the refusal's words: with none, every reply is one."""
+    with pytest.raises(ConfigError, match="generator.refusal_message.*must hold words"):
+        load_config(conf, [f"generator.refusal_message={message}"])
+    assert (
+        load_config(conf, ["generator.refusal_message='わかりません。'"]).generator.refusal_message == "わかりません。"
+    )
