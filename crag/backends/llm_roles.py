@@ -85,12 +85,18 @@ def defused(text: str) -> str:
     return "".join(out) + text[last:]
 
 
+# Letters that show nothing (Unicode's default-ignorable Hangul fillers); the other invisible characters
+# are format characters (Cf) or marks (Mn, Me: a mark has nothing to sit on inside a tag)
+_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0")
+
+
 def _folded(text: str) -> tuple[str, list[int]]:
-    """`text` NFKC-normalised character by character, with format characters (zero-width spaces and
-    joiners, bidi marks) left out, and for each character of the result the index it came from."""
+    """`text` NFKC-normalised character by character, with the characters that show nothing inside a
+    tag left out (zero-width spaces and joiners, bidi marks, the grapheme joiner, variation selectors,
+    combining marks, Hangul fillers), and for each character of the result the index it came from."""
     chars, origin = [], []
     for i, char in enumerate(text):
-        if unicodedata.category(char) == "Cf":
+        if unicodedata.category(char) in ("Cf", "Mn", "Me") or char in _BLANK_LETTERS:
             continue
         for folded in unicodedata.normalize("NFKC", char):
             chars.append(folded)
