@@ -17,12 +17,12 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from crag.backends import Backends, secrets_for
 from crag.backends.base import Answer, Grade
+from crag.backends.bm25 import build_identity
 from crag.backends.parsing import READING_VERSION
 from crag.backends.remote import on_databricks
 from crag.config import CragConfig, LLMConfig, stable_hash
@@ -30,18 +30,6 @@ from crag.config import CragConfig, LLMConfig, stable_hash
 
 def question_key(question: str) -> str:
     return hashlib.sha256(question.encode("utf-8")).hexdigest()[:24]
-
-
-def _index_identity(path: str | None) -> str | None:
-    """A local index's build time: rebuilding an index at the same path invalidates its cache."""
-    if not path:
-        return None
-
-    manifest = Path(path) / "manifest.json"
-    if not manifest.is_file():
-        return None
-    built = json.loads(manifest.read_text())
-    return f"{built.get('built_at')}/{built.get('data')}"
 
 
 def service_url(url: str | None) -> str | None:
@@ -84,8 +72,8 @@ def role_slices(cfg: CragConfig, secrets: dict[str, str] | None = None) -> dict[
     if secrets is None:
         secrets = secrets_for(cfg)
     indexes = {
-        "kb": _index_identity(getattr(cfg.retriever, "index", None)),
-        "web": _index_identity(getattr(cfg.web_search, "index", None)),
+        "kb": build_identity(getattr(cfg.retriever, "index", None)),
+        "web": build_identity(getattr(cfg.web_search, "index", None)),
         "tokenizer": cfg.indexing.tokenizer,
     }
 

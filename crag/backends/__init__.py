@@ -12,7 +12,7 @@ from functools import cached_property
 from typing import Any
 
 from crag.backends.base import Backends
-from crag.backends.bm25 import BM25Retriever, OfflineCorpusSearch
+from crag.backends.bm25 import BM25Retriever, OfflineCorpusSearch, build_identity
 from crag.backends.databricks_serving import DatabricksServing
 from crag.backends.extractive import ExtractiveGenerator
 from crag.backends.hybrid import HybridRetriever
@@ -384,8 +384,10 @@ def cached_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, conc
     """One set of backends per config per Python process: Spark reuses its Python workers across
     tasks, so indexes and clients are built once per executor process, not once per partition."""
     # The credentials are part of the key: they name the workspace (DATABRICKS_HOST), which the config
-    # does not, so a run pointed at another workspace in the same worker process gets new clients.
-    key = (cfg.hash(), concurrent_tasks, stable_hash(sorted((secrets or {}).items())))
+    # does not, so a run pointed at another workspace in the same worker process gets new clients. So
+    # are the builds of the local indexes: one rebuilt in the same folder gets backends that read it.
+    builds = tuple(build_identity(getattr(section, "index", None)) for section in (cfg.retriever, cfg.web_search))
+    key = (cfg.hash(), concurrent_tasks, stable_hash(sorted((secrets or {}).items())), builds)
     _SECRETS[cfg.hash()] = dict(secrets or {})
     if key not in _CACHE:
         if len(_CACHE) >= KEPT_BACKENDS:

@@ -294,9 +294,29 @@ class LexicalIndex:
         return [(self._chunks.slice(c, 1).to_pylist()[0], s) for c, s in self._top_chunks([query], k)[0]]
 
 
-@functools.lru_cache(maxsize=8)
+def build_identity(path: str | None) -> str | None:
+    """Which build of a local index a folder holds now (its manifest's build time and folder), None
+    for no index there: what a cache of anything read from the index must be keyed on."""
+    if not path:
+        return None
+    manifest = Path(path) / "manifest.json"
+    if not manifest.is_file():
+        return None
+    try:
+        built = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # loading the index names the problem
+    return f"{built.get('built_at')}/{built.get('data')}" if isinstance(built, dict) else None
+
+
 def load_index(path: str) -> LexicalIndex:
-    """One load per index per Python process: Spark reuses its Python workers across tasks."""
+    """One load per build of an index per Python process: Spark reuses its Python workers across
+    tasks and runs, and an index rebuilt in the same folder is loaded again."""
+    return _load_build(path, build_identity(path))
+
+
+@functools.lru_cache(maxsize=8)
+def _load_build(path: str, build: str | None) -> LexicalIndex:
     return LexicalIndex(path)
 
 

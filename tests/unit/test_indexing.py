@@ -233,3 +233,28 @@ def test_a_chunk_table_is_written_whole_elsewhere_and_copied_into_a_new_folder_o
     with pytest.raises(FileExistsError, match="writes new tables only"):
         write_table(tmp_path / "chunks", table)
     assert DeltaTable(str(tmp_path / "chunks")).version() == 0
+
+
+def test_an_index_rebuilt_in_its_folder_is_read_again_by_a_process_that_read_it(tmp_path):
+    """Spark reuses its Python workers across runs: a worker that loaded an index (and built backends
+    on it) must read the new build after `crag index` rebuilt the same folder."""
+    from crag.backends import cached_backends
+    from crag.config import load_config
+    from tests.support import LOCAL_CONF
+
+    docs = tmp_path / "docs.jsonl"
+
+    def build(colour: str) -> None:
+        docs.write_text(json.dumps({"doc_id": "w", "text": f"The widget colour is {colour}."}) + "\n")
+        build_index(docs, tmp_path / "kb", IndexingConfig())
+
+    cfg = load_config(LOCAL_CONF, [f"retriever.index={tmp_path / 'kb'}", "web_search.backend=none"])
+
+    def found() -> str:
+        (docs_found,) = cached_backends(cfg).retriever.search(["widget colour"], 1)
+        return docs_found[0]["text"]
+
+    build("red")
+    assert found() == "The widget colour is red."
+    build("blue")
+    assert found() == "The widget colour is blue."
