@@ -123,6 +123,13 @@ def _read_text_file(file: Path, root: Path) -> SourceDocument:
     )
 
 
+# Elements that end a line of text (headings h1-h3 become Markdown headings instead)
+_HTML_BLOCKS = [
+    *("p", "li", "tr", "div", "br", "dt", "dd", "h4", "h5", "h6", "pre", "blockquote", "table", "caption"),
+    *("section", "article", "main", "aside", "figure", "figcaption", "address", "ul", "ol", "dl", "hr"),
+]
+
+
 def html_to_markdown(page: str) -> tuple[str | None, str]:
     """(title, text) of an HTML page: scripts, styles and navigation dropped, headings h1-h3 turned
     into Markdown headings so that the page is split into sections like a Markdown file."""
@@ -133,8 +140,10 @@ def html_to_markdown(page: str) -> tuple[str | None, str]:
     for level in (1, 2, 3):
         for heading in soup.find_all(f"h{level}"):
             heading.replace_with(f"\n\n{'#' * level} {heading.get_text(' ', strip=True)}\n\n")
-    for block in soup.find_all(["p", "li", "tr", "div", "br"]):
+    for block in soup.find_all(_HTML_BLOCKS):
         block.insert_after("\n")
+    for cell in soup.find_all(["td", "th"]):  # cells of a row: words of their own, on the row's line
+        cell.insert_after(" ")
     body = soup.body or soup
     text = re.sub(r"\n{3,}", "\n\n", re.sub(r"[ \t]+", " ", body.get_text()))
     return title, "\n".join(line.strip() for line in text.splitlines()).strip()

@@ -58,6 +58,29 @@ def test_each_file_type(tmp_path):
     assert chunk_documents(docs / "data.jsonl", IndexingConfig()).to_pylist()[0]["doc_id"] == "j1"
 
 
+def test_html_cells_terms_and_small_headings_keep_their_words_apart():
+    from crag.indexing import html_to_markdown
+    from crag.text import tokenize
+
+    _, text = html_to_markdown(
+        "<h2>Specs</h2><table><tr><th>Weight</th><th>Noise</th></tr><tr><td>5.2 kg</td><td>22 dB</td></tr></table>"
+        "<dl><dt>Power</dt><dd>40 W</dd></dl><h4>Deep</h4><p>A <b>bold</b> word and <a href='#'>link</a>s.</p>"
+    )
+    assert text.splitlines() == [
+        "## Specs",
+        "",
+        "Weight Noise",
+        "5.2 kg 22 dB",
+        "",
+        "Power",
+        "40 W",
+        "",
+        "Deep",
+        "A bold word and links.",
+    ]
+    assert {"weight", "nois", "power", "deep"} <= set(tokenize(text))
+
+
 def test_flat_chunks_of_reference_flow_3(tmp_path):
     (tmp_path / "long.txt").write_text(" ".join(f"Sentence number {i} of the policy." for i in range(200)))
     rows = chunk_documents(
