@@ -166,7 +166,7 @@ def question_scores(answers: pd.DataFrame, grades: pd.DataFrame, gold: pd.DataFr
                 row["recall_at_k"] = float(bool(gold_docs & internal.get(r.question_id, set())))
             # Web results are stored (in grades) only when they are graded: with web_search.grade_results
             # off, a question that found some has nothing to look for the gold in, which is no miss.
-            if expected == "web" and searched and (r.question_id in web or not getattr(r, "n_web", 0)):
+            if expected == "web" and searched and (r.question_id in web or not r.n_web):
                 row["web_recall"] = float(bool(gold_docs & web.get(r.question_id, set())))
         rows.append(row)
     return pd.DataFrame(rows)
@@ -290,7 +290,7 @@ def read_run(warehouse, run_id: str, names=("answers", "grades", "gold")) -> dic
 
 
 # What question_scores reads of an answer row.
-_ANSWER_COLUMNS = ("question_id", "question", "answer", "action", "route", "refused", "web_query", "sources")
+_ANSWER_COLUMNS = ("question_id", "question", "answer", "action", "route", "refused", "web_query", "n_web", "sources")
 
 
 def evaluate_run(

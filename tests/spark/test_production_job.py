@@ -47,6 +47,17 @@ def test_databricks_services_end_to_end(databricks_run):
     assert dict(runs.loc[0, "counts"])["llm_calls"] == len(emulator.of("serving"))
     fuji = answers.set_index("question_id").loc["q-web-04"]
     assert fuji["route"] in ("web", "mixed") and "3,776" in fuji["answer"]
+    # web results are not graded (grade_results: false), so not stored: web_recall counts only the
+    # web questions whose search found nothing (misses), never the ones with results it cannot see
+    gold = table(warehouse, "gold").set_index("question_id")
+    found_nothing = answers[answers["web_query"].notna() & (answers["n_web"] == 0)]["question_id"]
+    expected_web = set(gold.index[(gold["expected_route"] == "web") & gold["gold_doc_ids"].map(len).gt(0)])
+    metrics = table(warehouse, "metrics").set_index(["metric", "slice"])
+    assert expected_web and not (grades["source"] == "web").any()
+    if expected_web & set(found_nothing):
+        assert metrics.loc[("web_recall", "all"), "n"] == len(expected_web & set(found_nothing))
+    else:
+        assert ("web_recall", "all") not in metrics.index
 
 
 def test_no_credential_reaches_a_table(databricks_run):

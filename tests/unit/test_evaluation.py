@@ -62,6 +62,7 @@ def _tables():
                 action="correct",
                 refused=False,
                 web_query=None,
+                n_web=0,
                 sources=[{"source": "internal"}],
             ),
             # web question wrongly answered from the knowledge base
@@ -73,6 +74,7 @@ def _tables():
                 action="correct",
                 refused=False,
                 web_query=None,
+                n_web=0,
                 sources=[{"source": "internal"}],
             ),
             # question nobody can answer, refused
@@ -84,6 +86,7 @@ def _tables():
                 action="incorrect",
                 refused=True,
                 web_query="描いた",
+                n_web=1,
                 sources=[],
             ),
         ]
@@ -145,6 +148,7 @@ def test_action_accuracy_and_confusion_by_hand():
                 action="ambiguous",
                 refused=False,
                 web_query="loud",
+                n_web=1,
                 sources=[{"source": "internal"}],
             ),
             # web question sent to the web only: the right action
@@ -156,6 +160,7 @@ def test_action_accuracy_and_confusion_by_hand():
                 action="incorrect",
                 refused=False,
                 web_query="founded",
+                n_web=1,
                 sources=[{"source": "web"}],
             ),
         ]
