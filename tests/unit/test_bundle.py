@@ -217,9 +217,24 @@ def test_the_bundle_overrides_load_with_the_production_config():
 
 
 def test_the_schedule_is_paused_in_development():
+    """Development mode pauses only a schedule whose pause_status is not set (the CLI's apply-presets
+    step): a job that sets one keeps it in every target."""
     bundle = yaml.safe_load((REPO / "databricks.yml").read_text())
     assert bundle["targets"]["dev"]["mode"] == "development" and bundle["targets"]["prod"]["mode"] == "production"
     assert JOBS["crag_batch"]["schedule"]["quartz_cron_expression"] == "${var.schedule_cron}"
+    for name, job in JOBS.items():
+        for trigger in ("schedule", "trigger", "continuous"):
+            assert "pause_status" not in job.get(trigger, {}), (name, trigger)
+    for target in bundle["targets"].values():  # nor does a target set it for development
+        assert "resources" not in target or "jobs" not in target["resources"]
+
+
+def test_workspace_paths_are_the_bundles_own_variables():
+    """${workspace.file_path} already starts with /Workspace: a "/Workspace${workspace.file_path}" is
+    rewritten by the CLI with a warning at every validate and deploy."""
+    text = "\n".join(p.read_text() for p in [REPO / "databricks.yml", *(REPO / "resources").glob("*.yml")])
+    assert "${workspace.file_path}" in text
+    assert not re.search(r"/Workspace/?\$\{workspace\.(root|file|artifact|state|resource)_path\}", text)
 
 
 def job_script(job: str) -> Path:
@@ -231,7 +246,7 @@ def local_task(job: str, values: dict[str, str], variables: dict[str, str]) -> t
     """The task's script and its parameter list, with the bundle's substitutions made for a laptop."""
     out = []
     for p in JOBS[job]["tasks"][0]["spark_python_task"]["parameters"]:
-        p = p.replace("/Workspace${workspace.file_path}", str(REPO))
+        p = p.replace("${workspace.file_path}", str(REPO))
         p = re.sub(r"\$\{var\.(\w+)\}", lambda m: variables[m.group(1)], p)
         p = re.sub(r"\{\{job\.parameters\.(\w+)\}\}", lambda m: values[m.group(1)], p)
         out.append(p.replace("{{job.run_id}}", "local1"))
