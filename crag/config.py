@@ -428,6 +428,14 @@ class IndexingConfig(Section):
     # semantic grader: a model shipped in a package (crag.backends.embedding), or none
     embedding: Literal["none", "multilingual-e5-small", "use-multilingual-v3"] = "none"
 
+    @model_validator(mode="after")
+    def _overlap_inside_a_chunk(self) -> IndexingConfig:
+        if self.child_overlap >= self.child_chars:
+            raise ValueError(
+                f"indexing.child_overlap ({self.child_overlap}) must be smaller than indexing.child_chars ({self.child_chars})"
+            )
+        return self
+
 
 # local, local[N], local[N,F] (F: task failures allowed), local[*]: Spark's local masters
 LOCAL_MASTER = re.compile(r"local(?:\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?")
@@ -789,5 +797,7 @@ def describe_validation_error(exc: ValidationError) -> str:
             lines.append(f"config key {key!r} is required here")
         else:
             where = f"config key {key!r}: " if key else "config: "
-            lines.append(f"{where}{err['msg']} (got {err['input']!r})")
+            # a check across a section's keys names the keys and their values itself: not the whole section
+            got = "" if isinstance(err["input"], dict) else f" (got {err['input']!r})"
+            lines.append(f"{where}{err['msg']}{got}")
     return "; ".join(lines)

@@ -330,3 +330,16 @@ def test_a_refusal_message_without_words_is_refused(conf, message):
     assert (
         load_config(conf, ["generator.refusal_message='わかりません。'"]).generator.refusal_message == "わかりません。"
     )
+
+
+def test_a_child_overlap_as_long_as_a_chunk_is_one_line(tmp_path, capsys):
+    """The splitter refuses an overlap not shorter than its chunks: the config says so first, in one line."""
+    docs = _write(tmp_path, '{"doc_id": "a", "text": "alpha"}\n', "docs.jsonl")
+    argv = ["index", "--conf", str(LOCAL_CONF), "--docs", str(docs), "--out", str(tmp_path / "idx")]
+    assert main([*argv, "--set", "indexing.child_overlap=300"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "crag: error: config key 'indexing': Value error, "
+        "indexing.child_overlap (300) must be smaller than indexing.child_chars (300)"
+    )
+    assert not (tmp_path / "idx").exists()
