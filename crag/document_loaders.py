@@ -126,11 +126,14 @@ def load_file(file: Path, doc_id: str) -> list[LoadedDocument]:
 
 def _load_table(loaders, file: Path, doc_id: str, stem_title: str, delimiter: str) -> list[LoadedDocument]:
     try:
-        with file.open(encoding="utf-8", newline="") as f:
+        # utf-8-sig: a byte-order mark (Excel's "CSV UTF-8") is not part of the first column's name
+        with file.open(encoding="utf-8-sig", newline="") as f:
             header = next(csv.reader(f, delimiter=delimiter), [])
         field_columns = [c for c in _FIELD_COLUMNS if c in header]
+        # a short row's missing cells are empty, a long row's extra cells are kept under "more"
+        csv_args = {"delimiter": delimiter, "restval": "", "restkey": "more"}
         rows = loaders.CSVLoader(
-            str(file), metadata_columns=field_columns, encoding="utf-8", csv_args={"delimiter": delimiter}
+            str(file), metadata_columns=field_columns, encoding="utf-8-sig", csv_args=csv_args
         ).load()
     except UnicodeDecodeError:
         raise InputError(f"{file}: not valid UTF-8") from None

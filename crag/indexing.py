@@ -105,7 +105,7 @@ def _read_text_file(file: Path, root: Path) -> SourceDocument:
     if suffix == ".pdf":
         return _read_pdf(file, doc_id)
     try:
-        text = file.read_text(encoding="utf-8")
+        text = file.read_text(encoding="utf-8-sig")  # a byte-order mark is no part of the text (or its title)
     except UnicodeDecodeError:
         raise InputError(f"{file}: not valid UTF-8") from None
     title = None

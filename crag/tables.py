@@ -21,6 +21,8 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
     InputError naming the file and line."""
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, 1):
+            if lineno == 1:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark
             if not raw.strip():
                 continue
             row, problem = parse_json_line(raw)

@@ -132,6 +132,22 @@ def test_tsv_without_field_columns(tmp_path):
     ]
 
 
+def test_a_byte_order_mark_and_ragged_rows(tmp_path):
+    """Excel's "CSV UTF-8" starts with a byte-order mark; a short row lacks cells, a long one has more."""
+    file = tmp_path / "bom.csv"
+    file.write_bytes("doc_id,title,body\nd1,First,the widget spins,about turbines\nd2,Second\n".encode("utf-8-sig"))
+    docs = list(read_documents(file))
+    assert [(d.doc_id, d.title) for d in docs] == [("d1", "First")]  # d2 has no text: skipped like an empty row
+    assert docs[0].text == "body: the widget spins\nmore: about turbines"
+
+
+def test_markdown_and_jsonl_with_a_byte_order_mark(tmp_path):
+    (tmp_path / "bom.md").write_bytes("# Real Title\n\nText.\n".encode("utf-8-sig"))
+    (tmp_path / "bom.jsonl").write_bytes('{"doc_id": "j", "text": "from jsonl"}\n'.encode("utf-8-sig"))
+    assert [d.title for d in read_documents(tmp_path / "bom.md")] == ["Real Title"]
+    assert [d.doc_id for d in read_documents(tmp_path / "bom.jsonl")] == ["j"]
+
+
 def test_a_folder_mixes_every_format(tmp_path):
     (tmp_path / "kb" / "sub").mkdir(parents=True)
     (tmp_path / "kb" / "intro.md").write_text("# Intro\n\nThe AQ-7 purifier.", encoding="utf-8")
