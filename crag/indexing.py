@@ -55,9 +55,20 @@ def read_documents(path: str | Path) -> Iterator[SourceDocument]:
     if not path.exists():
         raise InputError(f"documents not found: {path}")
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.suffix.lower() in DOCUMENT_SUFFIXES and p.is_file())
+        found = sorted(p for p in path.rglob("*") if p.is_file())
+        files = [p for p in found if p.suffix.lower() in DOCUMENT_SUFFIXES]
         if not files:
             raise InputError(f"no document files under {path}: expected {_KINDS.replace('.jsonl, ', '')}")
+        # left out, and said so (hidden files aside: .DS_Store, .gitkeep)
+        other = [p for p in found if p.suffix.lower() not in DOCUMENT_SUFFIXES and not p.name.startswith(".")]
+        if other:
+            jsonl = (
+                " (a .jsonl file is read on its own: give it as --docs)"
+                if any(p.suffix == ".jsonl" for p in other)
+                else ""
+            )
+            skipped = _named([p.relative_to(path).as_posix() for p in other], "file")
+            print(f"crag index: skipped {skipped}: not a document kind{jsonl}", file=sys.stderr)
         for file in files:
             yield from _read_file(file, path)
     elif path.suffix.lower() == ".jsonl":
@@ -66,6 +77,11 @@ def read_documents(path: str | Path) -> Iterator[SourceDocument]:
         yield from _read_file(path, path.parent)
     else:
         raise InputError(f"unsupported documents file {path}: expected {_KINDS} or a folder of them")
+
+
+def _named(names: list[str], noun: str, shown: int = 5) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{len(names)} {noun}{'s' if len(names) > 1 else ''} ({', '.join(names[:shown])}{more})"
 
 
 def _read_jsonl(path: Path) -> Iterator[SourceDocument]:
@@ -205,13 +221,19 @@ def chunk_documents(path: str | Path, cfg: IndexingConfig) -> pa.Table:
     chunker = Chunker(cfg)
     rows: list[dict] = []
     seen: set[str] = set()
+    without_text: list[str] = []
     for doc in read_documents(path):
         if doc.doc_id in seen:
             raise InputError(f"duplicate doc_id {doc.doc_id!r} in {doc.source_path}")
         seen.add(doc.doc_id)
+        before = len(rows)
         rows.extend(chunker.rows(doc))
+        if len(rows) == before:
+            without_text.append(doc.doc_id)
     if not rows:
         raise InputError(f"no text found in {path}")
+    if without_text:
+        print(f"crag index: left out {_named(without_text, 'document')}: no text in them", file=sys.stderr)
     return pa.Table.from_pylist(rows, schema=schema.CHUNKS)
 
 

@@ -258,3 +258,21 @@ def test_an_index_rebuilt_in_its_folder_is_read_again_by_a_process_that_read_it(
     assert found() == "The widget colour is red."
     build("blue")
     assert found() == "The widget colour is blue."
+
+
+def test_a_folder_says_which_files_it_left_out(tmp_path, capsys):
+    docs = tmp_path / "docs"
+    (docs / "sub").mkdir(parents=True)
+    (docs / "page.md").write_text("# T\n\nhello world\n")
+    (docs / "empty.md").write_text("")
+    (docs / "guide.rst").write_text("words")
+    (docs / "kb.jsonl").write_text('{"doc_id": "a", "text": "b"}\n')
+    (docs / "sub" / "x.txt").write_text("hi there")
+    (docs / ".DS_Store").write_bytes(b"\0")
+    assert {r["doc_id"] for r in chunk_documents(docs, IndexingConfig()).to_pylist()} == {"page", "sub/x"}
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "crag index: skipped 2 files (guide.rst, kb.jsonl): not a document kind "
+        "(a .jsonl file is read on its own: give it as --docs)",
+        "crag index: left out 1 document (empty): no text in them",
+    ]
