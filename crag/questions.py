@@ -74,7 +74,7 @@ def read_questions(spark, source: str):
         if suffix == ".parquet":
             if path.stat().st_size == 0:
                 raise InputError(f"{path} is empty: not a Parquet file")
-            return _require_columns(spark.read.parquet(literal), source)
+            return _require_columns(_read_parquet(spark, path, literal), source)
         if suffix == ".csv":
             frame = spark.read.options(header=True, inferSchema=False, multiLine=True, escape='"').csv(literal)
             return _require_columns(frame, source)
@@ -83,6 +83,25 @@ def read_questions(spark, source: str):
     raise InputError(
         f"unsupported questions file {source}: expected a Delta folder or {', '.join(QUESTION_FILE_SUFFIXES)}"
     )
+
+
+def _read_parquet(spark, path: Path, literal: str):
+    """A Parquet file's question and gold columns only: Spark reads a file's whole schema when it infers
+    it, and refuses some types it does not need (pandas' nanosecond timestamps), which would make an
+    unrelated column fail the file. Given the columns it reads (their types from the file's footer),
+    it reads no other."""
+    import pyarrow.parquet as pq  # noqa: PLC0415
+    from pyspark.sql.pandas.types import from_arrow_type  # noqa: PLC0415
+    from pyspark.sql.types import StructField, StructType  # noqa: PLC0415
+
+    try:
+        wanted = [f for f in pq.read_schema(path) if f.name in (*REQUIRED, *GOLD_COLUMNS)]
+        columns = StructType([StructField(f.name, from_arrow_type(f.type), True) for f in wanted])
+    except Exception:  # a footer pyarrow cannot read, or a type Spark has no match for: Spark says what
+        return spark.read.parquet(literal)
+    if not set(REQUIRED) <= {f.name for f in wanted}:  # _require_columns names what is missing, and what is there
+        return spark.read.parquet(literal)
+    return spark.read.schema(columns).parquet(literal)
 
 
 def _literal(path: Path) -> str:

@@ -33,6 +33,22 @@ def test_every_format_reads_the_same_rows(spark, tmp_path):
         assert list(out["input_row"]) == [0, 1], name
 
 
+def test_a_parquet_file_is_read_for_its_question_and_gold_columns_only(spark, tmp_path):
+    """pandas writes datetimes as nanosecond timestamps, a Parquet type Spark refuses: a column crag does
+    not read must not make the file unreadable."""
+    pd.DataFrame(
+        {
+            "question_id": [1, 2],
+            "question": ["one?", "two?"],
+            "expected_route": ["web", None],
+            "created": pd.to_datetime(["2024-01-01", "2024-01-02"]),
+        }
+    ).to_parquet(tmp_path / "q.parquet")
+    out = _validated(spark, tmp_path / "q.parquet")
+    assert list(out["question_id"]) == ["1", "2"] and list(out["expected_route"]) == ["web", None]
+    assert out["reason"].isna().all()
+
+
 def test_rows_are_numbered_in_input_order_across_partitions(spark, tmp_path):
     rows = [{"question_id": f"q{i:05d}", "question": f"question {i}?"} for i in range(3000)]
     path = tmp_path / "many.jsonl"
