@@ -8,8 +8,10 @@ workers (`check_rows`, a pure function over a pandas frame) and marks repeated i
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +41,12 @@ CHECKED = pa.schema([f for f in schema.RUN_INPUTS if f.name != "run_id"] + [pa.f
 
 
 def _catalog_name(source: str) -> bool:
-    return bool(re.fullmatch(r"[\w`]+(\.[\w`]+){1,2}", source)) and not Path(source).exists()
+    """catalog.schema.table or schema.table, not a file (nor a missing file's name: questions.jsonl)."""
+    return (
+        bool(re.fullmatch(r"[\w`]+(\.[\w`]+){1,2}", source))
+        and not Path(source).exists()
+        and Path(source).suffix.lower() not in QUESTION_FILE_SUFFIXES
+    )
 
 
 def read_questions(spark, source: str):
@@ -158,8 +165,8 @@ def _id_text(value) -> str | None:
     integer lose their ".0"."""
     if _is_missing(value):
         return None
-    if isinstance(value, (float, np.floating)) and float(value).is_integer():
-        value = int(value)
+    if isinstance(value, (float, np.floating, Decimal)) and math.isfinite(value) and value == int(value):
+        value = int(value)  # Spark reads an unsigned 64-bit integer as a decimal
     if isinstance(value, (str, int, np.integer)) and not isinstance(value, (bool, np.bool_)):
         text = str(value).strip()
         return text or None
@@ -173,6 +180,8 @@ def _id_problem(raw, qid: str | None) -> str | None:
         return f"question_id is not text or an integer (got {type(raw).__name__})"
     if not encodable(qid):
         return "question_id is not valid text (it holds a lone surrogate)"
+    if "\ufffd" in qid:  # undecodable bytes of different ids would read as the same id
+        return "question_id holds U+FFFD, the replacement character: the input was probably not UTF-8"
     if _CONTROL.search(qid):
         return "question_id contains a control character"
     return None
@@ -187,10 +196,12 @@ def question_problem(question, max_chars: int) -> str | None:
         return "question is empty"
     if not question.strip():
         return "question is only whitespace"
+    if not "".join(c for c in question if unicodedata.category(c) != "Cf").strip():
+        return "question has no visible character (only format characters such as zero-width spaces)"
     if not encodable(question):
         return "question is not valid text: it holds a lone surrogate (an unpaired \\ud800-\\udfff escape)"
     if "\ufffd" in question:
-        return "question holds U+FFFD: the input was not valid UTF-8"
+        return "question holds U+FFFD, the replacement character: the input was probably not UTF-8"
     if len(question) > max_chars:
         return f"question is {len(question)} characters; the limit is {max_chars} (input.max_question_chars)"
     control = _CONTROL.search(question)

@@ -226,7 +226,7 @@ def parse_json_line(raw: bytes | str) -> tuple[dict | None, str | None]:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
-        return None, f"line is not valid JSON ({exc.msg} at column {exc.colno})"
+        return None, f"line is not valid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})"
     except RecursionError:
         return None, "line is not readable JSON: it is nested too deeply"
     except ValueError as exc:  # valid JSON Python will not convert, such as an integer of over 4300 digits

@@ -145,7 +145,7 @@ UNREADABLE = {
     "invalid UTF-8 in CSV": (
         "q.csv",
         b"question_id,question\n1,caf\xe9\n",
-        "question holds U+FFFD: the input was not valid UTF-8",
+        "question holds U+FFFD, the replacement character: the input was probably not UTF-8",
     ),
     "missing question field": ("q.jsonl", b'{"question_id": "1", "text": "?"}\n', "question is missing (null)"),
     "missing id field": ("q.jsonl", b'{"question": "?"}\n', "question_id is missing"),

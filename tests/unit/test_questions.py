@@ -1,6 +1,7 @@
 """Row checks of the question table (crag.questions.check_rows): pure, no Spark."""
 
 import json
+from decimal import Decimal
 
 import numpy as np
 import pandas as pd
@@ -28,7 +29,8 @@ def _check(questions, ids=None, max_chars=50):
         ("bell\x07", "question contains control character U+0007 (unnamed) at position 4"),
         (42, "question is not text (got int)"),
         ("half a pair \ud800", "question is not valid text: it holds a lone surrogate"),
-        ("mojibake \ufffd", "question holds U+FFFD: the input was not valid UTF-8"),
+        ("mojibake \ufffd", "question holds U+FFFD, the replacement character: the input was probably not UTF-8"),
+        ("\u200b\ufeff", "question has no visible character"),
     ],
 )
 def test_bad_questions_get_their_reason_and_good_ones_none(question, reason):
@@ -50,10 +52,20 @@ def test_tabs_newlines_and_japanese_at_the_limit_are_accepted():
 
 
 def test_ids_integers_become_text_and_missing_ids_are_marked():
-    checked = _check(["a?", "b?", "c?", "d?", "e?"], ids=[7, 8.0, None, " ", "007"])
+    checked = _check(["a?", "b?", "c?", "d?", "e?", "f?"], ids=[7, 8.0, None, " ", "007", Decimal("9")])
     assert list(checked["question_id"][:2]) == ["7", "8"] and checked.loc[4, "question_id"] == "007"
+    assert checked.loc[5, "question_id"] == "9"  # Spark reads an unsigned 64-bit integer as a decimal
     assert list(checked["reason"][2:4]) == ["question_id is missing", "question_id is missing"]
-    assert list(checked["id_problem"]) == [False, False, True, True, False]
+    assert list(checked["id_problem"]) == [False, False, True, True, False, False]
+
+
+def test_an_id_that_was_not_utf8_is_rejected_not_merged_with_another():
+    """café and cafè in Latin-1 both read as caf\ufffd: taken as ids they would be one id."""
+    checked = _check(["a?", "b?"], ids=["caf\ufffd", "caf\ufffd"])
+    assert list(checked["id_problem"]) == [True, True]
+    assert set(checked["reason"]) == {
+        "question_id holds U+FFFD, the replacement character: the input was probably not UTF-8"
+    }
 
 
 def test_jsonl_lines_are_parsed_one_by_one():
@@ -156,3 +168,20 @@ def test_resuming_an_unknown_run_in_a_folder_is_one_line_before_spark(tmp_path, 
     code = main(crag_run_args(tmp_path, "--resume", "ghost", overrides=index_overrides))
     assert code == 2
     assert capsys.readouterr().err.strip().endswith(f"crag: error: no run 'ghost' to resume in {tmp_path}")
+
+
+def test_a_missing_file_is_not_taken_for_a_table_name(tmp_path):
+    from crag.questions import _catalog_name
+
+    assert _catalog_name("main.crag.questions") and _catalog_name("crag.questions")
+    assert not _catalog_name(str(tmp_path / "questions.jsonl")) and not _catalog_name("questions.jsonl")
+    assert not _catalog_name("questions.CSV")
+
+
+def test_a_control_character_in_a_jsonl_line_is_described_once():
+    from crag.text import parse_json_line
+
+    assert (
+        parse_json_line(b'{"question": "a\x00b"}')[1]
+        == "line is not valid JSON (Invalid control character at column 16)"
+    )
