@@ -310,7 +310,7 @@ def _checked(record: dict, max_chars: int) -> dict:
 def validate(spark, raw, max_chars: int):
     """The checked rows of the whole table (RUN_INPUTS without run_id), in Spark: each row numbered by
     its position in the input (0-based; blank JSONL lines not counted), checked on its own, and of rows
-    sharing a question_id the first kept and the later ones rejected."""
+    sharing a question_id the first that passes its checks kept and the later ones rejected."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
@@ -322,7 +322,10 @@ def validate(spark, raw, max_chars: int):
             yield check_rows(frame, max_chars)
 
     checked = numbered.mapInPandas(check, from_arrow_schema(CHECKED))
-    first = F.min("input_row").over(Window.partitionBy("question_id"))
+    # The row kept is the first that passes its own checks (a row rejected for itself must not cost its
+    # id the answer of a good row after it)
+    same_id = Window.partitionBy("question_id")
+    first = F.min(F.when(F.col("reason").isNull(), F.col("input_row"))).over(same_id)
     duplicate = F.concat(
         F.lit("duplicate question_id '"),
         F.col("question_id"),
@@ -333,9 +336,9 @@ def validate(spark, raw, max_chars: int):
         checked.withColumn("first_row", F.when(~F.col("id_problem"), first))
         .withColumn(
             "reason",
-            F.when(~F.col("id_problem") & (F.col("input_row") > F.col("first_row")), duplicate).otherwise(
-                F.col("reason")
-            ),
+            F.when(
+                ~F.col("id_problem") & F.col("reason").isNull() & (F.col("input_row") > F.col("first_row")), duplicate
+            ).otherwise(F.col("reason")),
         )
         .drop("first_row", "id_problem")
     )

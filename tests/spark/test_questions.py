@@ -66,6 +66,10 @@ def test_duplicates_keep_the_first_and_every_row_is_accounted_for(spark, tmp_pat
         {"question_id": "x", "question": "c?"},
         {"question_id": "z", "question": ""},
         {"question_id": "x", "question": "d?"},
+        # the id's first row is rejected for itself: the next good row is the one kept
+        {"question_id": "w", "question": ""},
+        {"question_id": "w", "question": "e?"},
+        {"question_id": "w", "question": "f?"},
     ]
     path = tmp_path / "dup.jsonl"
     path.write_text("\n\n".join(json.dumps(r) for r in rows) + "\n")  # blank lines are not rows
@@ -77,8 +81,11 @@ def test_duplicates_keep_the_first_and_every_row_is_accounted_for(spark, tmp_pat
         "duplicate question_id 'x': first seen at input row 0",
         "question is empty",
         "duplicate question_id 'x': first seen at input row 0",
+        "question is empty",
+        None,
+        "duplicate question_id 'w': first seen at input row 6",
     ]
-    assert list(out.loc[out["reason"].isna(), "question"]) == ["a?", "b?"]
+    assert list(out.loc[out["reason"].isna(), "question"]) == ["a?", "b?", "e?"]
 
 
 def test_csv_ids_and_questions_are_text(spark, tmp_path):
