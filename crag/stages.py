@@ -527,7 +527,8 @@ def web_search(df: pd.DataFrame, backends: Backends, cfg: WebStageConfig) -> dic
                     )
                 )
                 seen = {d["parent_id"] for d in results}
-                more = [d for d in search_once(row, query, len(results) + 1, log, tally) if d["parent_id"] not in seen]
+                # ranked after every result the first search may have found (k), kept or not: no rank twice
+                more = [d for d in search_once(row, query, w.k + 1, log, tally) if d["parent_id"] not in seen]
                 results = results + more
         return query, results, log
 

@@ -409,3 +409,37 @@ def test_a_worker_process_keeps_a_bounded_number_of_backend_sets(monkeypatch):
     assert len(built) == 7 and len(crag.backends._CACHE) == crag.backends.KEPT_BACKENDS
     assert crag.backends.cached_backends(cfg, {"DATABRICKS_TOKEN": "dapi-run-6"}) is sets[6]  # kept: not built again
     assert len(built) == 7
+
+
+def test_the_two_stage_fallback_ranks_every_result_once_when_the_source_check_drops_some():
+    """The second search's results rank after all the first may have found: the source check leaving
+    out some of the first's must not hand their ranks out again."""
+
+    class PerQuery(Web):
+        def search(self, query, k, usage=None, *, question=None):
+            self.calls.append(query)
+            tag = "b" if query.startswith("web:") else "a"
+            return [
+                {**doc(i, f"no {tag}{i}", "web"), "doc_id": f"{tag}{i}", "parent_id": f"{tag}{i}"} for i in range(3)
+            ]
+
+    class KeepLastOfFirst:
+        name, concurrency = "fake-check", 1
+
+        def verify(self, question, results, usage):
+            return [d["doc_id"] != "a0" and d["doc_id"] != "a1" for d in results]
+
+    backends = make_backends(CORPUS)
+    backends = Backends(
+        retriever=backends.retriever,
+        grader=backends.grader,
+        rewriter=backends.rewriter,
+        web_search=PerQuery([]),
+        generator=backends.generator,
+        source_check=KeepLastOfFirst(),
+    )
+    cfg = load_config(None, ["web_search.fallback=two_stage", "web_search.k=3"])
+    out = stages.run_pipeline(questions("none relevant?"), backends, cfg)
+    ranks = [(d["doc_id"], d["rank"]) for d in out.loc[0, "web_results"]]
+    assert [doc_id for doc_id, _ in ranks] == ["a2", "b0", "b1", "b2"]
+    assert len({rank for _, rank in ranks}) == len(ranks) and [r for _, r in ranks] == sorted(r for _, r in ranks)
