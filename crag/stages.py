@@ -657,7 +657,9 @@ def generate(df: pd.DataFrame, backends: Backends, cfg: GeneratorConfig) -> dict
             texts.append(answer.text)
             refused.append(False)
             routes.append(_route(context))
-            sources.append([{k: d.get(k) for k in ("source", "doc_id", "title", "url")} for d in cited])
+            # a source is a document: two cited sections (parents) of one document name it once
+            named = [{k: d.get(k) for k in ("source", "doc_id", "title", "url")} for d in cited]
+            sources.append([n for i, n in enumerate(named) if n not in named[:i]])
             log.append(
                 (
                     "generate",

@@ -443,3 +443,26 @@ def test_the_two_stage_fallback_ranks_every_result_once_when_the_source_check_dr
     ranks = [(d["doc_id"], d["rank"]) for d in out.loc[0, "web_results"]]
     assert [doc_id for doc_id, _ in ranks] == ["a2", "b0", "b1", "b2"]
     assert len({rank for _, rank in ranks}) == len(ranks) and [r for _, r in ranks] == sorted(r for _, r in ranks)
+
+
+def test_two_cited_sections_of_one_document_name_it_once_in_the_sources():
+    class CitesAll(Generator):
+        def generate(self, question, context, usage):
+            return Answer("from both sections", cited=list(range(len(context))))
+
+    sections = [{**doc(0, "yes one"), "parent_id": "manual#p0"}, {**doc(0, "yes two"), "parent_id": "manual#p3"}]
+
+    class TwoSections(Retriever):
+        def search(self, queries, k, usages=None):
+            return [list(sections) for _ in queries]
+
+    backends = make_backends(CORPUS)
+    backends = Backends(
+        retriever=TwoSections({}),
+        grader=backends.grader,
+        rewriter=backends.rewriter,
+        web_search=backends.web_search,
+        generator=CitesAll(),
+    )
+    out = stages.run_pipeline(questions("all relevant?"), backends, CragConfig())
+    assert [s["doc_id"] for s in out.loc[0, "sources"]] == ["internal-0"]
