@@ -287,6 +287,15 @@ class LLMGraderConfig(LLMConfig):
                 "guided_regex and structured_output each constrain the output, and vLLM and SGLang refuse a "
                 "request with both: set structured_output: false to send the regex"
             )
+        # crag's own grading prompts each ask for one format: the other one's reply would be unreadable
+        # (every document graded irrelevant). A prompt of one's own is the user's to match.
+        shipped = {"binary": "grade_binary.yaml", "score": "grade_score.yaml"}
+        for fmt, prompt in shipped.items():
+            if Path(self.prompt).name == prompt and self.format != fmt:
+                raise ValueError(
+                    f"grader.format is {self.format}, but its prompt {self.prompt} asks for the {fmt} format: "
+                    f"set grader.prompt=prompts/{shipped[self.format]} too"
+                )
         return self
 
 

@@ -343,3 +343,13 @@ def test_a_child_overlap_as_long_as_a_chunk_is_one_line(tmp_path, capsys):
         "indexing.child_overlap (300) must be smaller than indexing.child_chars (300)"
     )
     assert not (tmp_path / "idx").exists()
+
+
+def test_a_grading_format_its_shipped_prompt_does_not_ask_for_is_refused():
+    """prompts/grade_binary.yaml asks for {"grade": ...}: read as a score, every grade would be unreadable."""
+    with pytest.raises(ConfigError, match="grader.format is score, but its prompt prompts/grade_binary.yaml"):
+        load_config(REPO / "conf" / "openai.yaml", ["grader.format=score"])
+    fixed = load_config(
+        REPO / "conf" / "openai.yaml", ["grader.format=score", "grader.prompt=prompts/grade_score.yaml"]
+    )
+    assert fixed.grader.format == "score" and "Score" in fixed.grader.prompt_text
