@@ -50,8 +50,15 @@ def _overrides(args) -> list[str]:
     return [*args.overrides, *(item.strip() for item in args.override_list.split(";") if item.strip())]
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line, like every error crag can name (argparse prints the usage first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"crag: error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(prog="crag", description="Batch Corrective RAG on Spark and Delta Lake.")
+    root = _Parser(prog="crag", description="Batch Corrective RAG on Spark and Delta Lake.")
     sub = root.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("index", help="build a chunk table and BM25 index from documents")
@@ -476,6 +483,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).addFilter(quiet)
     try:
         return _run_command(args)
+    except BrokenPipeError:  # the reader went away (crag sql ... | head): nothing more to say, to no one
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at exit, when stdout is flushed
+        return 141  # as a process ended by SIGPIPE
     except KeyboardInterrupt as exc:
         return _say_interrupted(args, exc)
     except Exception as exc:

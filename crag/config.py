@@ -548,7 +548,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     """`a.b.c=value` -> (["a","b","c"], value parsed as YAML, so numbers, booleans and lists work)."""
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
-        raise ConfigError(f"--set expects key=value, got {item!r}")
+        raise ConfigError(f"an override (--set, or one of --overrides) must be key=value, got {item!r}")
     try:
         value = safe_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -87,18 +88,18 @@ def _words(kind: str) -> str:
 
 
 def _find_writing(node: Any) -> str | None:
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key in _WRITING_NODES:
-                return key
-            found = _find_writing(value)
-            if found:
-                return found
-    elif isinstance(node, list):
-        for value in node:
-            found = _find_writing(value)
-            if found:
-                return found
+    """The first node of the parsed statement that writes, searched without recursion: a query of a
+    few thousand UNIONs nests deeper than Python's recursion limit."""
+    pending = [node]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            for key in node:
+                if key in _WRITING_NODES:
+                    return key
+            pending.extend(reversed(list(node.values())))
+        elif isinstance(node, list):
+            pending.extend(reversed(node))
     return None
 
 
@@ -128,7 +129,15 @@ def query(warehouse: str | Path, sql: str, timeout_s: float = DEFAULT_TIMEOUT_S)
         raise InputError(f"SQL stopped after {timeout_s:g} s (the time limit; raise it with --timeout)") from None
     if child.returncode != 0:
         lines = child.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise InputError(lines[-1] if lines else f"SQL failed: the query process ended with code {child.returncode}")
+        if lines:
+            raise InputError(lines[-1])
+        if child.returncode < 0:  # killed by a signal: DataFusion overflows its stack on very deep queries
+            name = signal.Signals(-child.returncode).name
+            raise InputError(
+                f"SQL failed: the query process was killed by {name} (a query nested very deeply, such as "
+                "thousands of UNIONs, can exhaust the query engine's stack)"
+            )
+        raise InputError(f"SQL failed: the query process ended with code {child.returncode}")
     for line in child.stderr.decode("utf-8", "replace").splitlines():
         if line.startswith(_NOTE):
             log.warning("%s", line.removeprefix(_NOTE))

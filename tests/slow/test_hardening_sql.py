@@ -234,3 +234,35 @@ def test_a_table_that_cannot_be_opened_fails_only_its_own_queries(warehouse, cap
     assert "left out table run_inputs__killed_0123abcd: it cannot be opened" in caplog.text
     with pytest.raises(InputError, match=r"left out, unreadable: run_inputs__killed_0123abcd\)"):
         query(warehouse, "SELECT * FROM run_inputs__killed_0123abcd")
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(warehouse):
+    """crag sql ... | head: the pipe closes early; no traceback, no error line, SIGPIPE's exit status."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "crag.cli", "sql", "--warehouse", str(warehouse), "--format", "csv"]
+    rows = "SELECT value AS n FROM generate_series(1, 200000)"  # more than a pipe's buffer holds
+    with subprocess.Popen([*command, rows], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stdout.readline().strip() == b"n"
+        proc.stdout.close()  # as head does after its lines
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=120) == 141 and err == "", err
+
+
+def test_a_usage_error_is_one_line(capsys):
+    with pytest.raises(SystemExit) as ended:
+        main(["sql", "--timeout", "abc", "SELECT 1"])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == (
+        "crag: error: crag sql: argument --timeout: invalid float value: 'abc' (see crag sql --help)\n"
+    )
+
+
+def test_a_query_of_hundreds_of_unions_is_checked_and_run(warehouse, capsys):
+    """The read-only check walks the parsed query without recursion (600 UNIONs nest deeper than
+    Python's limit: the check itself ended in a RecursionError traceback)."""
+    rows = " UNION ALL ".join(f"SELECT {i} AS n" for i in range(600))
+    assert main(["sql", "--warehouse", str(warehouse), "--format", "csv", rows]) == 0
+    header, *values = capsys.readouterr().out.split()
+    assert header == "n" and sorted(map(int, values)) == list(range(600))

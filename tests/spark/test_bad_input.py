@@ -108,7 +108,10 @@ ERRORS = {
         lambda t: ["--set", "routing.lower=0.9", "--set", "routing.upper=0.1"],
         "must not exceed",
     ),
-    "bad --set": (lambda t: ["--set", "retriever.k"], "--set expects key=value"),
+    "bad --set": (
+        lambda t: ["--set", "retriever.k"],
+        "an override (--set, or one of --overrides) must be key=value",
+    ),
     "unknown variant": (lambda t: ["--variant", "nope"], "unknown variant 'nope'"),
     "unset env var": (
         lambda t: ["--conf", _write(t, "c.yaml", b"input:\n  max_question_chars: ${CRAG_NO_SUCH_VAR}\n")],
