@@ -271,16 +271,6 @@ def evaluate(answers: pd.DataFrame, grades: pd.DataFrame, gold: pd.DataFrame) ->
     return pd.DataFrame(out, columns=["metric", "slice", "value", "n"])
 
 
-def metrics_table(metrics: pd.DataFrame, slices: Iterable[str] = ("all",)) -> str:
-    """A readable metric x slice table."""
-    wanted = metrics[metrics["slice"].isin(list(slices))]
-    if wanted.empty:
-        return "(no metrics)"
-    pivot = wanted.pivot(index="metric", columns="slice", values="value").reindex(columns=list(slices))
-    order = [m for m in (*QUESTION_METRICS, "grader_precision", "grader_recall") if m in pivot.index]
-    return pivot.loc[order].to_string(float_format=lambda v: f"{v:.3f}", na_rep="-")
-
-
 def read_run(warehouse, run_id: str, names=("answers", "grades", "gold")) -> dict[str, pd.DataFrame]:
     """Tables of one run as pandas frames (a comparison or a calibration reads one run's rows)."""
     parts = {name: warehouse.load_run(name, run_id).toPandas() for name in names}

@@ -35,8 +35,9 @@ from crag import schema
 from crag.backends import build_backends, resolve_credentials, smallest_budget
 from crag.backends.remote import call_with_deadline
 from crag.config import CragConfig, load_config, redacted
+from crag.console import render_metrics
 from crag.errors import CragError, InputError, describe
-from crag.evaluation import ACTIONS, evaluate_run, metrics_table
+from crag.evaluation import ACTIONS, evaluate_run
 from crag.ids import check_run_id
 from crag.progress import ProgressReporter
 from crag.questions import read_questions, validate
@@ -167,7 +168,7 @@ class RunResult:
         ]
         if self.metrics is not None and not self.metrics.empty:
             slices = ["all"] + sorted(s for s in self.metrics["slice"].unique() if s.startswith("language="))
-            lines += ["", "quality against the gold columns (crag eval):", metrics_table(self.metrics, slices)]
+            lines += ["", "quality against the gold columns (crag eval):", render_metrics(self.metrics, slices)]
         return "\n".join(lines)
 
 
