@@ -118,6 +118,7 @@ def _run(run_id: str, which: int) -> dict[str, pd.DataFrame]:
                 "route": route,
                 "refused": refused,
                 "web_query": question if web else None,
+                "n_web": 1 if web else 0,
                 "n_relevant": 0 if refused else 1,
                 "sources": []
                 if refused
