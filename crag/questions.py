@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from crag import schema
 from crag.errors import InputError, describe
-from crag.text import encodable, parse_json_line
+from crag.text import encodable, invisible, parse_json_line
 
 REQUIRED = ("question_id", "question")
 # Optional columns that say what the right outcome is, for `crag eval`.
@@ -41,12 +41,11 @@ CHECKED = pa.schema([f for f in schema.RUN_INPUTS if f.name != "run_id"] + [pa.f
 
 
 def _catalog_name(source: str) -> bool:
-    """catalog.schema.table or schema.table, not a file (nor a missing file's name: questions.jsonl)."""
-    return (
-        bool(re.fullmatch(r"[\w`]+(\.[\w`]+){1,2}", source))
-        and not Path(source).exists()
-        and Path(source).suffix.lower() not in QUESTION_FILE_SUFFIXES
-    )
+    """catalog.schema.table or schema.table, not a file; a missing file's name (questions.jsonl) is no
+    schema.table either (catalog.schema.parquet still is a table)."""
+    if not re.fullmatch(r"[\w`]+(\.[\w`]+){1,2}", source) or Path(source).exists():
+        return False
+    return source.count(".") == 2 or Path(source).suffix.lower() not in QUESTION_FILE_SUFFIXES
 
 
 def read_questions(spark, source: str):
@@ -81,7 +80,7 @@ def read_questions(spark, source: str):
         if suffix == ".parquet":
             if path.stat().st_size == 0:
                 raise InputError(f"{path} is empty: not a Parquet file")
-            return _require_columns(_read_parquet(spark, path, literal), source)
+            return _require_columns(_read_parquet(spark, path, literal, source), source)
         if suffix == ".csv":
             frame = spark.read.options(header=True, inferSchema=False, multiLine=True, escape='"').csv(literal)
             return _require_columns(frame, source)
@@ -92,23 +91,63 @@ def read_questions(spark, source: str):
     )
 
 
-def _read_parquet(spark, path: Path, literal: str):
+def _read_parquet(spark, path: Path, literal: str, source: str):
     """A Parquet file's question and gold columns only: Spark reads a file's whole schema when it infers
     it, and refuses some types it does not need (pandas' nanosecond timestamps), which would make an
     unrelated column fail the file. Given the columns it reads (their types from the file's footer),
     it reads no other."""
     import pyarrow.parquet as pq  # noqa: PLC0415
-    from pyspark.sql.pandas.types import from_arrow_type  # noqa: PLC0415
     from pyspark.sql.types import StructField, StructType  # noqa: PLC0415
 
     try:
         wanted = [f for f in pq.read_schema(path) if f.name in (*REQUIRED, *GOLD_COLUMNS)]
-        columns = StructType([StructField(f.name, from_arrow_type(f.type), True) for f in wanted])
-    except Exception:  # a footer pyarrow cannot read, or a type Spark has no match for: Spark says what
+    except Exception:  # a footer pyarrow cannot read: Spark says what is wrong with the file
         return spark.read.parquet(literal)
     if not set(REQUIRED) <= {f.name for f in wanted}:  # _require_columns names what is missing, and what is there
         return spark.read.parquet(literal)
-    return spark.read.schema(columns).parquet(literal)
+    fields = []
+    for f in wanted:
+        try:
+            spark_type = _spark_type(f.type)
+        except LookupError:  # a type pyspark has no match for: Spark's own reading of the file decides
+            return spark.read.parquet(literal)
+        if spark_type is None:  # read lazily, it would fail only once the run has started
+            raise InputError(
+                f"cannot read questions from {source}: column {f.name} is {f.type}, which Spark does not read"
+            )
+        fields.append(StructField(f.name, spark_type, True))
+    return spark.read.schema(StructType(fields)).parquet(literal)
+
+
+def _spark_type(arrow_type: pa.DataType):
+    """The Spark type a Parquet column of `arrow_type` is read as, None when Spark refuses it (LookupError
+    when pyspark knows no match)."""
+    from pyspark.sql.pandas.types import from_arrow_type  # noqa: PLC0415
+    from pyspark.sql.types import ArrayType, DecimalType, IntegerType, LongType, ShortType, StringType  # noqa: PLC0415
+
+    unsigned = {
+        pa.uint8(): ShortType(),
+        pa.uint16(): IntegerType(),
+        pa.uint32(): LongType(),
+        pa.uint64(): DecimalType(20, 0),
+    }
+    if arrow_type in unsigned:  # as Spark reads Parquet's unsigned integers
+        return unsigned[arrow_type]
+    if pa.types.is_timestamp(arrow_type) and arrow_type.unit == "ns":
+        return None
+    if pa.types.is_string_view(arrow_type):
+        return StringType()
+    if pa.types.is_dictionary(arrow_type):  # pandas' categoricals: Parquet stores their values
+        return _spark_type(arrow_type.value_type)
+    if pa.types.is_null(arrow_type):  # a column of nulls only: Spark reads it as it sees fit
+        raise LookupError(arrow_type)
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
+        element = _spark_type(arrow_type.value_type)
+        return None if element is None else ArrayType(element, True)
+    try:
+        return from_arrow_type(arrow_type)
+    except Exception as exc:
+        raise LookupError(arrow_type) from exc
 
 
 def _literal(path: Path) -> str:
@@ -196,8 +235,8 @@ def question_problem(question, max_chars: int) -> str | None:
         return "question is empty"
     if not question.strip():
         return "question is only whitespace"
-    if not "".join(c for c in question if unicodedata.category(c) != "Cf").strip():
-        return "question has no visible character (only format characters such as zero-width spaces)"
+    if not any(not c.isspace() and not invisible(c) for c in question):
+        return "question has no visible character (only characters that show nothing, such as zero-width spaces)"
     if not encodable(question):
         return "question is not valid text: it holds a lone surrogate (an unpaired \\ud800-\\udfff escape)"
     if "\ufffd" in question:

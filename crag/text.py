@@ -234,3 +234,14 @@ def parse_json_line(raw: bytes | str) -> tuple[dict | None, str | None]:
     if not isinstance(row, dict):
         return None, f"line is not a JSON object (got {type(row).__name__})"
     return row, None
+
+
+# Letters and symbols that show nothing: the default-ignorable Hangul fillers and the braille blank
+_BLANK_CHARACTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+
+
+def invisible(char: str) -> bool:
+    """A character that shows nothing on its own: format characters (zero-width spaces and joiners,
+    bidi marks), marks (combining marks, the grapheme joiner, variation selectors: nothing to sit on),
+    and blank letters (Hangul fillers)."""
+    return unicodedata.category(char) in ("Cf", "Mn", "Me") or char in _BLANK_CHARACTERS

@@ -18,6 +18,7 @@ from crag.backends.base import Answer, ChatModel, Document, Grade, Usage
 from crag.backends.parsing import clean_query, parse_answer, parse_binary, parse_score, parse_yes_no
 from crag.config import LLMConfig, LLMGeneratorConfig, LLMGraderConfig, SourceCheckConfig, safe_yaml, stable_hash
 from crag.errors import ConfigError
+from crag.text import invisible
 
 GRADE_SCHEMA = {
     "name": "relevance_grade",
@@ -85,18 +86,13 @@ def defused(text: str) -> str:
     return "".join(out) + text[last:]
 
 
-# Letters that show nothing (Unicode's default-ignorable Hangul fillers); the other invisible characters
-# are format characters (Cf) or marks (Mn, Me: a mark has nothing to sit on inside a tag)
-_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0")
-
-
 def _folded(text: str) -> tuple[str, list[int]]:
     """`text` NFKC-normalised character by character, with the characters that show nothing inside a
     tag left out (zero-width spaces and joiners, bidi marks, the grapheme joiner, variation selectors,
     combining marks, Hangul fillers), and for each character of the result the index it came from."""
     chars, origin = [], []
     for i, char in enumerate(text):
-        if unicodedata.category(char) in ("Cf", "Mn", "Me") or char in _BLANK_LETTERS:
+        if invisible(char):
             continue
         for folded in unicodedata.normalize("NFKC", char):
             chars.append(folded)

@@ -4,6 +4,8 @@ read as text, and every input row accounted for."""
 import json
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from crag.errors import InputError
@@ -47,6 +49,26 @@ def test_a_parquet_file_is_read_for_its_question_and_gold_columns_only(spark, tm
     out = _validated(spark, tmp_path / "q.parquet")
     assert list(out["question_id"]) == ["1", "2"] and list(out["expected_route"]) == ["web", None]
     assert out["reason"].isna().all()
+    # unsigned ids as Spark reads them (uint64: a decimal), a categorical question, beside the timestamps
+    pq.write_table(
+        pa.table(
+            {
+                "question_id": pa.array([7, 8], pa.uint64()),
+                "question": pa.array(["one?", "two?"]).dictionary_encode(),
+                "created": pa.array([0, 1], pa.timestamp("ns")),
+            }
+        ),
+        tmp_path / "u.parquet",
+    )
+    out = _validated(spark, tmp_path / "u.parquet")
+    assert list(out["question_id"]) == ["7", "8"] and list(out["question"]) == ["one?", "two?"]
+    # a column crag reads, of a type Spark refuses: said before the run starts, naming the column
+    pq.write_table(
+        pa.table({"question_id": ["q1"], "question": ["a?"], "answers": pa.array([1], pa.timestamp("ns"))}),
+        tmp_path / "bad.parquet",
+    )
+    with pytest.raises(InputError, match="column answers is timestamp\\[ns\\], which Spark does not read"):
+        read_questions(spark, str(tmp_path / "bad.parquet"))
 
 
 def test_rows_are_numbered_in_input_order_across_partitions(spark, tmp_path):

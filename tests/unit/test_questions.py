@@ -31,6 +31,7 @@ def _check(questions, ids=None, max_chars=50):
         ("half a pair \ud800", "question is not valid text: it holds a lone surrogate"),
         ("mojibake \ufffd", "question holds U+FFFD, the replacement character: the input was probably not UTF-8"),
         ("\u200b\ufeff", "question has no visible character"),
+        ("\u3164 \u034f\ufe0f\u2800", "question has no visible character"),
     ],
 )
 def test_bad_questions_get_their_reason_and_good_ones_none(question, reason):
@@ -176,6 +177,7 @@ def test_a_missing_file_is_not_taken_for_a_table_name(tmp_path):
     assert _catalog_name("main.crag.questions") and _catalog_name("crag.questions")
     assert not _catalog_name(str(tmp_path / "questions.jsonl")) and not _catalog_name("questions.jsonl")
     assert not _catalog_name("questions.CSV")
+    assert _catalog_name("main.raw.parquet")  # three parts: a catalog's table, whatever its name
 
 
 def test_a_control_character_in_a_jsonl_line_is_described_once():
