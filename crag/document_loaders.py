@@ -130,8 +130,12 @@ def _load_table(loaders, file: Path, doc_id: str, stem_title: str, delimiter: st
         with file.open(encoding="utf-8-sig", newline="") as f:
             header = next(csv.reader(f, delimiter=delimiter), [])
         field_columns = [c for c in _FIELD_COLUMNS if c in header]
-        # a short row's missing cells are empty, a long row's extra cells are kept under "more"
-        csv_args = {"delimiter": delimiter, "restval": "", "restkey": "more"}
+        # a short row's missing cells are empty, a long row's extra cells are kept under "more" (or, when
+        # the header has that column, a name it does not have)
+        more = "more"
+        while more in header:
+            more = f"_{more}"
+        csv_args = {"delimiter": delimiter, "restval": "", "restkey": more}
         rows = loaders.CSVLoader(
             str(file), metadata_columns=field_columns, encoding="utf-8-sig", csv_args=csv_args
         ).load()

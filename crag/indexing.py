@@ -59,12 +59,17 @@ def read_documents(path: str | Path) -> Iterator[SourceDocument]:
         files = [p for p in found if p.suffix.lower() in DOCUMENT_SUFFIXES]
         if not files:
             raise InputError(f"no document files under {path}: expected {_KINDS.replace('.jsonl, ', '')}")
-        # left out, and said so (hidden files aside: .DS_Store, .gitkeep)
-        other = [p for p in found if p.suffix.lower() not in DOCUMENT_SUFFIXES and not p.name.startswith(".")]
+        # left out, and said so (hidden files and folders aside: .DS_Store, .git/)
+        other = [
+            p
+            for p in found
+            if p.suffix.lower() not in DOCUMENT_SUFFIXES
+            and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        ]
         if other:
             jsonl = (
                 " (a .jsonl file is read on its own: give it as --docs)"
-                if any(p.suffix == ".jsonl" for p in other)
+                if any(p.suffix.lower() == ".jsonl" for p in other)
                 else ""
             )
             skipped = _named([p.relative_to(path).as_posix() for p in other], "file")
@@ -143,6 +148,7 @@ def _read_text_file(file: Path, root: Path) -> SourceDocument:
 _HTML_BLOCKS = [
     *("p", "li", "tr", "div", "br", "dt", "dd", "h4", "h5", "h6", "pre", "blockquote", "table", "caption"),
     *("section", "article", "main", "aside", "figure", "figcaption", "address", "ul", "ol", "dl", "hr"),
+    *("details", "summary", "fieldset", "legend", "label", "option"),
 ]
 
 
@@ -156,13 +162,16 @@ def html_to_markdown(page: str) -> tuple[str | None, str]:
     for level in (1, 2, 3):
         for heading in soup.find_all(f"h{level}"):
             heading.replace_with(f"\n\n{'#' * level} {heading.get_text(' ', strip=True)}\n\n")
-    for block in soup.find_all(_HTML_BLOCKS):
+    for block in soup.find_all(_HTML_BLOCKS):  # a block starts and ends a line, also inside another
+        block.insert_before("\n")
         block.insert_after("\n")
     for cell in soup.find_all(["td", "th"]):  # cells of a row: words of their own, on the row's line
         cell.insert_after(" ")
     body = soup.body or soup
-    text = re.sub(r"\n{3,}", "\n\n", re.sub(r"[ \t]+", " ", body.get_text()))
-    return title, "\n".join(line.strip() for line in text.splitlines()).strip()
+    lines = [line.strip() for line in re.sub(r"[ \t]+", " ", body.get_text()).splitlines()]
+    # one block per line, a blank line before each heading (blocks nested in blocks gave several)
+    text = "\n".join(line for line in lines if line)
+    return title, re.sub(r"\n(#{1,3} )", r"\n\n\1", text)
 
 
 def _read_pdf(file: Path, doc_id: str) -> SourceDocument:
@@ -233,7 +242,7 @@ def chunk_documents(path: str | Path, cfg: IndexingConfig) -> pa.Table:
     if not rows:
         raise InputError(f"no text found in {path}")
     if without_text:
-        print(f"crag index: left out {_named(without_text, 'document')}: no text in them", file=sys.stderr)
+        print(f"crag index: left out {_named(without_text, 'document')} without text", file=sys.stderr)
     return pa.Table.from_pylist(rows, schema=schema.CHUNKS)
 
 

@@ -139,6 +139,9 @@ def test_a_byte_order_mark_and_ragged_rows(tmp_path):
     docs = list(read_documents(file))
     assert [(d.doc_id, d.title) for d in docs] == [("d1", "First")]  # d2 has no text: skipped like an empty row
     assert docs[0].text == "body: the widget spins\nmore: about turbines"
+    # a column of that name keeps its cell; the extra cells go under another name
+    file.write_text("doc_id,text,more\n1,hello world,real value,extra cell\n", encoding="utf-8")
+    assert [d.text for d in read_documents(file)] == ["text: hello world\nmore: real value\n_more: extra cell"]
 
 
 def test_markdown_and_jsonl_with_a_byte_order_mark(tmp_path):

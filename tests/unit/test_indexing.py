@@ -266,13 +266,15 @@ def test_a_folder_says_which_files_it_left_out(tmp_path, capsys):
     (docs / "page.md").write_text("# T\n\nhello world\n")
     (docs / "empty.md").write_text("")
     (docs / "guide.rst").write_text("words")
-    (docs / "kb.jsonl").write_text('{"doc_id": "a", "text": "b"}\n')
+    (docs / "sub" / "kb.JSONL").write_text('{"doc_id": "a", "text": "b"}\n')
     (docs / "sub" / "x.txt").write_text("hi there")
     (docs / ".DS_Store").write_bytes(b"\0")
+    (docs / ".git").mkdir()
+    (docs / ".git" / "config").write_text("[core]")
     assert {r["doc_id"] for r in chunk_documents(docs, IndexingConfig()).to_pylist()} == {"page", "sub/x"}
     err = capsys.readouterr().err.splitlines()
     assert err == [
-        "crag index: skipped 2 files (guide.rst, kb.jsonl): not a document kind "
+        "crag index: skipped 2 files (guide.rst, sub/kb.JSONL): not a document kind "
         "(a .jsonl file is read on its own: give it as --docs)",
-        "crag index: left out 1 document (empty): no text in them",
+        "crag index: left out 1 document (empty) without text",
     ]

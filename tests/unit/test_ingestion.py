@@ -58,27 +58,23 @@ def test_each_file_type(tmp_path):
     assert chunk_documents(docs / "data.jsonl", IndexingConfig()).to_pylist()[0]["doc_id"] == "j1"
 
 
-def test_html_cells_terms_and_small_headings_keep_their_words_apart():
+def test_html_blocks_keep_their_words_apart():
+    """Cells, terms, small headings, nested blocks and form labels each end their words: run together
+    ("WeightNoise", "ParentChild") no search could find them."""
     from crag.indexing import html_to_markdown
     from crag.text import tokenize
 
     _, text = html_to_markdown(
         "<h2>Specs</h2><table><tr><th>Weight</th><th>Noise</th></tr><tr><td>5.2 kg</td><td>22 dB</td></tr></table>"
         "<dl><dt>Power</dt><dd>40 W</dd></dl><h4>Deep</h4><p>A <b>bold</b> word and <a href='#'>link</a>s.</p>"
+        "<ul><li>Parent<ul><li>Child</li></ul></li></ul><div>Intro<p>Para</p></div>"
+        "<details><summary>Filter</summary>HEPA</details><label>Colour</label><select><option>Red</option></select>"
     )
     assert text.splitlines() == [
-        "## Specs",
-        "",
-        "Weight Noise",
-        "5.2 kg 22 dB",
-        "",
-        "Power",
-        "40 W",
-        "",
-        "Deep",
-        "A bold word and links.",
+        *("## Specs", "Weight Noise", "5.2 kg 22 dB", "Power", "40 W", "Deep", "A bold word and links."),
+        *("Parent", "Child", "Intro", "Para", "Filter", "HEPA", "Colour", "Red"),
     ]
-    assert {"weight", "nois", "power", "deep"} <= set(tokenize(text))
+    assert {"weight", "nois", "power", "deep", "parent", "child", "intro", "filter", "colour"} <= set(tokenize(text))
 
 
 def test_flat_chunks_of_reference_flow_3(tmp_path):
