@@ -53,13 +53,25 @@ def _overrides(args) -> list[str]:
 class _Parser(argparse.ArgumentParser):
     """A usage error is one line, like every error crag can name (argparse prints the usage first)."""
 
+    commands: dict[str, argparse.ArgumentParser] = {}
+
     def error(self, message: str):
         self.exit(2, f"crag: error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        # arguments no parser took are reported by the command's own parser (argparse: by the root's)
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            self.commands.get(getattr(parsed, "command", None), self).error(
+                f"unrecognized arguments: {' '.join(extra)}"
+            )
+        return parsed
 
 
 def parser() -> argparse.ArgumentParser:
     root = _Parser(prog="crag", description="Batch Corrective RAG on Spark and Delta Lake.")
     sub = root.add_subparsers(dest="command", required=True)
+    root.commands = sub.choices
 
     p = sub.add_parser("index", help="build a chunk table and BM25 index from documents")
     _conf_args(p)
@@ -483,8 +495,12 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).addFilter(quiet)
     try:
         return _run_command(args)
-    except BrokenPipeError:  # the reader went away (crag sql ... | head): nothing more to say, to no one
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at exit, when stdout is flushed
+    except BrokenPipeError as exc:
+        if not _stdout_gone():  # another pipe or socket: a failure like any other
+            print(f"crag: error: {describe(exc, limit=500)}", file=sys.stderr)
+            return 2
+        # the reader went away (crag sql ... | head): nothing more to say, to no one, nor at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # as a process ended by SIGPIPE
     except KeyboardInterrupt as exc:
         return _say_interrupted(args, exc)
@@ -503,6 +519,18 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger(name).removeFilter(quiet)
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _stdout_gone() -> bool:
+    """Whether standard output is a pipe whose reader has closed it (poll reports an error on it)."""
+    import select  # noqa: PLC0415
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll here, or no file behind stdout
+        return False
 
 
 def _say_interrupted(args, exc: KeyboardInterrupt) -> int:

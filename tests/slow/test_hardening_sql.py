@@ -250,6 +250,25 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(warehouse):
         assert proc.wait(timeout=120) == 141 and err == "", err
 
 
+def test_a_broken_pipe_that_is_not_stdout_is_an_error(monkeypatch, capsys):
+    """Only a closed standard output ends the command quietly: a broken socket is a failure to report."""
+    from crag import cli
+
+    def broken(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "_run_command", broken)
+    assert main(["sql", "--warehouse", ".", "SELECT 1"]) == 2
+    assert capsys.readouterr().err == "crag: error: BrokenPipeError: [Errno 32] Broken pipe\n"
+
+
+def test_an_unknown_option_is_reported_by_its_command(capsys):
+    with pytest.raises(SystemExit) as ended:
+        main(["sql", "--bogus", "--warehouse", ".", "SELECT 1"])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == "crag: error: crag sql: unrecognized arguments: --bogus (see crag sql --help)\n"
+
+
 def test_a_usage_error_is_one_line(capsys):
     with pytest.raises(SystemExit) as ended:
         main(["sql", "--timeout", "abc", "SELECT 1"])
