@@ -287,15 +287,6 @@ class LLMGraderConfig(LLMConfig):
                 "guided_regex and structured_output each constrain the output, and vLLM and SGLang refuse a "
                 "request with both: set structured_output: false to send the regex"
             )
-        # crag's own grading prompts each ask for one format: the other one's reply would be unreadable
-        # (every document graded irrelevant). A prompt of one's own is the user's to match.
-        shipped = {"binary": "grade_binary.yaml", "score": "grade_score.yaml"}
-        for fmt, prompt in shipped.items():
-            if Path(self.prompt).name == prompt and self.format != fmt:
-                raise ValueError(
-                    f"grader.format is {self.format}, but its prompt {self.prompt} asks for the {fmt} format: "
-                    f"set grader.prompt=prompts/{shipped[self.format]} too"
-                )
         return self
 
 
@@ -751,6 +742,25 @@ def load_prompts(cfg: CragConfig, base: Path) -> None:
         if not path.is_file():
             raise ConfigError(f"config key '{name}.prompt': prompt template not found: {path}")
         role.prompt_text = path.read_text(encoding="utf-8")
+    grader = cfg.grader
+    if isinstance(grader, LLMGraderConfig):
+        _check_grading_prompt(grader)
+
+
+# crag's own grading prompts, each asking for one format
+_GRADING_PROMPTS = {"binary": "grade_binary.yaml", "score": "grade_score.yaml"}
+
+
+def _check_grading_prompt(grader: LLMGraderConfig) -> None:
+    """crag's own grading prompt of the other format (a copy too) would make every reply unreadable:
+    every document graded irrelevant. A prompt of one's own is the user's to match."""
+    for fmt, file in _GRADING_PROMPTS.items():
+        shipped = PACKAGED_CONF / "prompts" / file
+        if fmt != grader.format and shipped.is_file() and grader.prompt_text == shipped.read_text(encoding="utf-8"):
+            raise ConfigError(
+                f"config key 'grader.format': {grader.format}, but its prompt {grader.prompt} is crag's "
+                f"{file}, which asks for the {fmt} format: set grader.prompt=prompts/{_GRADING_PROMPTS[grader.format]} too"
+            )
 
 
 def _walk(loc: tuple) -> tuple[str, type[BaseModel] | None]:

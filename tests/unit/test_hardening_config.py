@@ -347,9 +347,21 @@ def test_a_child_overlap_as_long_as_a_chunk_is_one_line(tmp_path, capsys):
 
 def test_a_grading_format_its_shipped_prompt_does_not_ask_for_is_refused():
     """prompts/grade_binary.yaml asks for {"grade": ...}: read as a score, every grade would be unreadable."""
-    with pytest.raises(ConfigError, match="grader.format is score, but its prompt prompts/grade_binary.yaml"):
+    with pytest.raises(ConfigError, match="'grader.format': score, but its prompt prompts/grade_binary.yaml is crag's"):
         load_config(REPO / "conf" / "openai.yaml", ["grader.format=score"])
     fixed = load_config(
         REPO / "conf" / "openai.yaml", ["grader.format=score", "grader.prompt=prompts/grade_score.yaml"]
     )
     assert fixed.grader.format == "score" and "Score" in fixed.grader.prompt_text
+
+
+def test_a_grading_prompt_of_ones_own_is_not_judged_by_its_file_name(tmp_path):
+    """Only crag's own prompts (or copies of them) are known to ask for one format."""
+    own = tmp_path / "grade_binary.yaml"  # a score prompt of one's own, under the shipped binary's name
+    own.write_text((REPO / "conf" / "prompts" / "grade_score.yaml").read_text().replace("Reason", "Why"))
+    cfg = load_config(REPO / "conf" / "openai.yaml", ["grader.format=score", f"grader.prompt={own}"])
+    assert cfg.grader.format == "score"
+    copy = tmp_path / "mine.yaml"  # a copy of the shipped binary prompt, renamed
+    copy.write_text((REPO / "conf" / "prompts" / "grade_binary.yaml").read_text())
+    with pytest.raises(ConfigError, match="is crag's grade_binary.yaml, which asks for the binary format"):
+        load_config(REPO / "conf" / "openai.yaml", ["grader.format=score", f"grader.prompt={copy}"])
