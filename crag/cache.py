@@ -248,7 +248,8 @@ class CachedGenerator(_Wrapper):
 
     def generate(self, question, context, usage):
         return self._cached(
-            [question, _doc_inputs(context, self._inner.reads_relevance)],
+            # a generator that does not say whether it reads relevances is taken to read them
+            [question, _doc_inputs(context, getattr(self._inner, "reads_relevance", True))],
             usage,
             question,
             lambda: self._inner.generate(question, context, usage),
