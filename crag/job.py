@@ -206,12 +206,21 @@ def prepare(
     raw = read_questions(wh.spark, questions)
     checked = validate(wh.spark, raw, cfg.input.max_question_chars)
     if previous is not None:  # resumed
+        from pyspark.sql import functions as F
+
         plan.started = previous["started_at"]
-        _check_same_input(checked, wh.load(plan.inputs), run_id)
+        # The input is committed in one append into its table, created empty at the claim: a run that
+        # stopped in between committed nothing, and its input is checked and written now
+        committed = bool(wh.load(plan.inputs).limit(1).count())
+        if committed:
+            _check_same_input(checked, wh.load(plan.inputs), run_id)
         claim_run(plan, previous)
         plan.fresh = False
         with failure_recorded(plan):
-            totals = wh.load(plan.inputs).agg(*_input_totals()).collect()[0].asDict()
+            if committed:
+                totals = wh.load(plan.inputs).agg(*_input_totals()).collect()[0].asDict()
+            else:
+                totals = wh.append_observed(plan.inputs, checked.withColumn("run_id", F.lit(run_id)), _input_totals())
     else:
         from pyspark.sql import functions as F
 

@@ -100,8 +100,8 @@ def test_a_failure_while_the_input_is_checked_leaves_the_run_failed_not_running(
     spark, tmp_path, index_overrides, monkeypatch
 ):
     """The run id is claimed before its input is read and checked (as Spark writes it): a failure
-    there records `failed`, also over an earlier succeeded run of the same id, and `--resume` is
-    refused with the reason."""
+    there records `failed`, also over an earlier succeeded run of the same id, and `--resume` checks and
+    writes the input then (it was never committed: no 'other questions' to refuse)."""
     from crag.warehouse import Warehouse
 
     run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r6", overrides=index_overrides, spark=spark)
@@ -118,6 +118,12 @@ def test_a_failure_while_the_input_is_checked_leaves_the_run_failed_not_running(
     runs = table(tmp_path, "runs")
     assert list(runs["status"]) == ["failed"] and runs.loc[0, "finished_at"] is not None
     assert len(table(tmp_path, "answers")) == 49  # the earlier run's answers are kept
+    monkeypatch.undo()
+    result = run(
+        str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r6", overrides=index_overrides, spark=spark, resume=True
+    )
+    assert (result.counts["input_rows"], result.counts["accepted"], result.counts["rejected"]) == (51, 49, 2)
+    assert list(table(tmp_path, "runs")["status"]) == ["succeeded"] and len(table(tmp_path, "answers")) == 49
 
 
 def test_a_batch_committed_after_its_process_stopped_is_kept_once(
