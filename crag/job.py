@@ -641,7 +641,10 @@ def finalise(plan: RunPlan, status: str = "succeeded") -> RunResult:
     # append when the run id is new, or the table is, which need not look for rows to replace; a table
     # the new run has no rows for, known from the input's counts, only has to exist: no empty version
     # in its log).
-    with ThreadPoolExecutor(max_workers=len(derived) + 1, thread_name_prefix="crag-commit") as pool:
+    # The run stays held while its tables are written (minutes for a large run): without a beat it
+    # would look stale to another process, which could take it over in the middle
+    heartbeat = Heartbeat(lambda: plan.record("running"), plan.cfg.tables.stale_run_after_s / 3)
+    with heartbeat, ThreadPoolExecutor(max_workers=len(derived) + 1, thread_name_prefix="crag-commit") as pool:
         if plan.fresh:
             without_rows = {name for name, rows in (("rejects", plan.rejected), ("gold", plan.gold_rows)) if not rows}
             writes = [

@@ -278,3 +278,35 @@ def test_sigkill_of_the_driver_then_resume(emulator, sample_indexes, tmp_path):
     grades = DeltaTable(str(warehouse / "grades")).to_pandas()
     assert not grades.duplicated(["question_id", "source", "rank"]).any()
     assert DeltaTable(str(warehouse / "runs")).to_pandas().loc[0, "status"] == "succeeded"
+
+
+def test_the_heartbeat_goes_on_while_the_run_writes_its_tables(spark, tmp_path, index_overrides, monkeypatch):
+    """Writing a large run's tables takes minutes: the run must not look stale to another process then
+    (which could take it over in the middle), so the heartbeat goes on until its outcome is recorded."""
+    import threading
+
+    from crag.job import RunPlan
+    from crag.warehouse import Warehouse
+
+    record, append = RunPlan.record, Warehouse.append
+    events: list[tuple[str, float]] = []
+
+    def recorded(self, status, *args, **kwargs):
+        record(self, status, *args, **kwargs)
+        events.append((status, time.perf_counter()))
+
+    def slow(self, table, df):
+        append(self, table, df)
+        if table == "answers":
+            events.append(("answers written", time.perf_counter()))
+            threading.Event().wait(2.5)  # a long write: longer than a beat and its commit
+            events.append(("answers done", time.perf_counter()))
+
+    monkeypatch.setattr(RunPlan, "record", recorded)
+    monkeypatch.setattr(Warehouse, "append", slow)
+    overrides = [*index_overrides, "tables.stale_run_after_s=0.6"]  # a beat every 0.2 s
+    run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="hb", overrides=overrides, spark=spark)
+    times = dict(events)
+    beats = [t for status, t in events if status == "running" and times["answers written"] < t < times["answers done"]]
+    assert beats, events
+    assert events[-1][0] == "succeeded"  # no beat after the outcome
