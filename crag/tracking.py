@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 from crag.backends.remote import on_databricks
 from crag.config import CragConfig, TrackingConfig
@@ -21,7 +22,8 @@ def tracking_uri(cfg: TrackingConfig, warehouse: str) -> str:
         return cfg.tracking_uri
     if on_databricks():
         return "databricks"
-    return f"sqlite:///{(Path(warehouse) / 'mlflow' / 'mlflow.db').resolve()}"
+    # percent-encoded: a '%' or '#' in the folder's path would otherwise be read as part of the URL
+    return f"sqlite:///{quote(str((Path(warehouse) / 'mlflow' / 'mlflow.db').resolve()))}"
 
 
 def _client(cfg: TrackingConfig, warehouse: str):
@@ -31,7 +33,7 @@ def _client(cfg: TrackingConfig, warehouse: str):
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     uri = tracking_uri(cfg, warehouse)
     if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+        Path(unquote(uri[len("sqlite:///") :])).parent.mkdir(parents=True, exist_ok=True)
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name(cfg.experiment)
     if experiment is not None:
