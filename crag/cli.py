@@ -119,6 +119,11 @@ def parser() -> argparse.ArgumentParser:
         help="slices to show, e.g. language=en,language=ja or language (all of its slices); "
         "default: all, then every slice",
     )
+    p.add_argument(
+        "--allow-unfinished",
+        action="store_true",
+        help="evaluate a run that has not succeeded (still running or failed) from the rows it has",
+    )
     _format_arg(p)
     _session_args(p)
 
@@ -328,9 +333,11 @@ def _run_command(args) -> int:
             print(result.summary())
         elif args.command == "eval":
             from crag.console import render_metrics
-            from crag.evaluation import evaluate_run
+            from crag.evaluation import evaluate_run, run_record
 
-            metrics = evaluate_run(_warehouse(args), check_run_id(args.run_id))
+            warehouse = _warehouse(args)
+            run_record(warehouse, check_run_id(args.run_id), args.allow_unfinished, "evaluate")
+            metrics = evaluate_run(warehouse, args.run_id)
             print(
                 f"crag: run {args.run_id}: {len(metrics)} metric values written to the metrics table", file=sys.stderr
             )

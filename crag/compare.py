@@ -24,7 +24,15 @@ from pyspark.sql import functions as F
 from crag import schema
 from crag.config import TrackingConfig
 from crag.errors import InputError, describe
-from crag.evaluation import METRIC_DIRECTIONS, answer_units, is_cjk, normalize_answer, question_scores, read_run
+from crag.evaluation import (
+    METRIC_DIRECTIONS,
+    answer_units,
+    is_cjk,
+    normalize_answer,
+    question_scores,
+    read_run,
+    run_record,
+)
 from crag.ids import check_run_id
 from crag.tracking import log_report
 
@@ -416,16 +424,9 @@ def compare(
     runs, configs = {}, {}
     for run_id in (base_id, candidate_id):
         check_run_id(run_id)
-        record = warehouse.load_run("runs", run_id).select("status", "config").collect()
-        if not record:
-            raise InputError(f"no run {run_id!r} in {warehouse.location}")
-        if record[0]["status"] != "succeeded" and not allow_unfinished:
-            raise InputError(
-                f"run {run_id!r} has not finished (status {record[0]['status']}): compare it when it "
-                f"has succeeded, or pass --allow-unfinished to compare the rows it has"
-            )
+        record = run_record(warehouse, run_id, allow_unfinished, "compare")
         runs[run_id] = read_run(warehouse, run_id, ("answers", "grades", "gold", "metrics"))
-        configs[run_id] = json.loads(record[0]["config"])
+        configs[run_id] = json.loads(record["config"])
     base, candidate = runs[base_id], runs[candidate_id]
     scores = None
     if not base["gold"].empty and not candidate["gold"].empty:

@@ -271,6 +271,20 @@ def evaluate(answers: pd.DataFrame, grades: pd.DataFrame, gold: pd.DataFrame) ->
     return pd.DataFrame(out, columns=["metric", "slice", "value", "n"])
 
 
+def run_record(warehouse, run_id: str, allow_unfinished: bool, doing: str):
+    """The run's `runs` row (status, config). A run that has not succeeded (still running, or failed:
+    its tables may hold an earlier attempt's rows) is refused unless `allow_unfinished`."""
+    record = warehouse.load_run("runs", run_id).select("status", "config").collect()
+    if not record:
+        raise InputError(f"no run {run_id!r} in {warehouse.location}")
+    if record[0]["status"] != "succeeded" and not allow_unfinished:
+        raise InputError(
+            f"run {run_id!r} has not finished (status {record[0]['status']}): {doing} it when it "
+            f"has succeeded, or pass --allow-unfinished to {doing} the rows it has"
+        )
+    return record[0]
+
+
 def read_run(warehouse, run_id: str, names=("answers", "grades", "gold")) -> dict[str, pd.DataFrame]:
     """Tables of one run as pandas frames (a comparison or a calibration reads one run's rows)."""
     parts = {name: warehouse.load_run(name, run_id).toPandas() for name in names}

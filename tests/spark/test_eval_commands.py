@@ -22,6 +22,22 @@ def test_eval_and_calibrate_commands_on_the_sample(spark, tmp_path, index_overri
     assert main(["calibrate", "--warehouse", str(tmp_path), "--run", "nosuch"]) == 2
     assert capsys.readouterr().err == f"crag: error: no run 'nosuch' in {tmp_path}\n"
 
+    # a run that has not succeeded (a failed re-run keeps the earlier attempt's rows): refused unless asked
+    DeltaTable(str(tmp_path / "runs")).update({"status": "'failed'"}, predicate="run_id = 'gold'")
+    assert main(["eval", "--warehouse", str(tmp_path), "--run", "gold"]) == 2
+    assert capsys.readouterr().err == (
+        "crag: error: run 'gold' has not finished (status failed): evaluate it when it has succeeded, "
+        "or pass --allow-unfinished to evaluate the rows it has\n"
+    )
+    assert main(["eval", "--warehouse", str(tmp_path), "--run", "gold", "--allow-unfinished"]) == 0
+    assert "routing_accuracy" in capsys.readouterr().out
+    report = str(tmp_path / "r.html")
+    assert (
+        main(["compare", "--warehouse", str(tmp_path), "--base", "gold", "--candidate", "gold", "--report", report])
+        == 2
+    )
+    assert "has not finished (status failed): compare it when" in capsys.readouterr().err
+
 
 def test_eval_without_gold_is_a_clear_error(spark, tmp_path, index_overrides, capsys):
     questions = tmp_path / "q.jsonl"
