@@ -291,7 +291,12 @@ def _run_to_resume(plan: RunPlan):
             f"this one is {plan.cfg.hash()} (variant {plan.variant}): resume with the same --conf, --variant and --set"
         )
     if previous["status"] == "succeeded":
-        raise CragError(f"run {plan.run_id!r} has already succeeded: nothing to resume")
+        # a process stopped between recording the run and dropping its work tables left them behind
+        left = [t for t in (plan.inputs, plan.staging) if plan.warehouse.exists(t)]
+        for table in left:
+            plan.warehouse.drop(table)
+        removed = " (the work tables it had left behind are removed)" if left else ""
+        raise CragError(f"run {plan.run_id!r} has already succeeded: nothing to resume{removed}")
     if not plan.warehouse.exists(plan.inputs):
         raise CragError(
             f"run {plan.run_id!r} left no record of its input to resume from: start it again without --resume"

@@ -174,7 +174,7 @@ def test_resume_refuses_a_different_config(spark, tmp_path, index_overrides):
             spark=spark,
             resume=True,
         )
-    with pytest.raises(CragError, match="has already succeeded: nothing to resume"):
+    with pytest.raises(CragError, match="has already succeeded: nothing to resume$"):
         run(
             str(LOCAL_CONF),
             str(QUESTIONS),
@@ -184,6 +184,25 @@ def test_resume_refuses_a_different_config(spark, tmp_path, index_overrides):
             spark=spark,
             resume=True,
         )
+    # a process stopped after recording its success and before dropping its work tables: a resume of
+    # the run says it succeeded and removes what was left
+    from crag.warehouse import Warehouse
+
+    wh = Warehouse(spark, str(tmp_path))
+    work = [Warehouse.staging(kind, "r2") for kind in ("run_inputs", "run_staging")]
+    for name in work:
+        wh.ensure(name)
+    with pytest.raises(CragError, match="nothing to resume \\(the work tables it had left behind are removed\\)"):
+        run(
+            str(LOCAL_CONF),
+            str(QUESTIONS),
+            str(tmp_path),
+            run_id="r2",
+            overrides=index_overrides,
+            spark=spark,
+            resume=True,
+        )
+    assert not any(wh.exists(name) for name in work) and not any((tmp_path / name).exists() for name in work)
 
 
 def test_resume_refuses_other_questions(spark, tmp_path, index_overrides, monkeypatch):
