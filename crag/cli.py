@@ -11,6 +11,7 @@ import signal
 import sys
 import textwrap
 import threading
+from collections.abc import Mapping
 
 from crag.errors import CragError, describe
 from crag.ids import check_run_id
@@ -53,7 +54,7 @@ def _overrides(args) -> list[str]:
 class _Parser(argparse.ArgumentParser):
     """A usage error is one line, like every error crag can name (argparse prints the usage first)."""
 
-    commands: dict[str, argparse.ArgumentParser] = {}
+    commands: Mapping[str, argparse.ArgumentParser] = {}
 
     def error(self, message: str):
         self.exit(2, f"crag: error: {self.prog}: {message} (see {self.prog} --help)\n")

@@ -26,7 +26,7 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
             if not raw.strip():
                 continue
             row, problem = parse_json_line(raw)
-            if problem:
+            if row is None:
                 raise InputError(f"{path}:{lineno}: {problem}")
             yield lineno, row
 
