@@ -25,6 +25,17 @@ def table(warehouse, name):
     return DeltaTable(str(warehouse / name)).to_pandas()
 
 
+def run_sample(spark, warehouse, run_id: str, overrides: list[str], questions=QUESTIONS, resume: bool = False):
+    """crag run of conf/local.yaml on `questions` (the sample's) into `warehouse`."""
+    return run(
+        str(LOCAL_CONF), str(questions), str(warehouse), run_id=run_id, overrides=overrides, spark=spark, resume=resume
+    )
+
+
+def resume_sample(spark, warehouse, run_id: str, overrides: list[str], questions=QUESTIONS):
+    return run_sample(spark, warehouse, run_id, overrides, questions, resume=True)
+
+
 def run_stages_dying_on(batch_number: int, sent: list[list[str]]):
     """crag.job.run_stages that raises "driver lost" when it is given its `batch_number`-th batch, once;
     `sent` gets each batch's question ids."""
@@ -45,7 +56,7 @@ def test_resume_after_a_failure_mid_run(spark, tmp_path, index_overrides, monkey
     monkeypatch.setattr(crag_job, "run_stages", run_stages_dying_on(3, sent))
     sets = [*index_overrides, "spark.batch_questions=10"]
     with pytest.raises(RuntimeError, match="driver lost"):
-        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r1", overrides=sets, spark=spark)
+        run_sample(spark, tmp_path, "r1", sets)
     assert table(tmp_path, "runs").loc[0, "status"] == "failed"
     answered = set(
         DeltaTable(str(staging_folder(tmp_path, "r1"))).to_pandas()["question_id"]
@@ -54,7 +65,7 @@ def test_resume_after_a_failure_mid_run(spark, tmp_path, index_overrides, monkey
     assert not (tmp_path / "answers").exists()  # nothing half-done reaches the final tables
 
     sent.clear()
-    result = run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r1", overrides=sets, spark=spark, resume=True)
+    result = resume_sample(spark, tmp_path, "r1", sets)
     resent = {q for batch in sent for q in batch}
     assert not resent & answered  # nothing already stored went to the backends again
     assert len(resent) == 49 - len(answered)
@@ -80,14 +91,12 @@ def test_resume_after_a_failure_while_finalising(spark, tmp_path, index_override
 
     monkeypatch.setattr(Warehouse, "append", append)
     with pytest.raises(RuntimeError, match="driver lost"):
-        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r5", overrides=index_overrides, spark=spark)
+        run_sample(spark, tmp_path, "r5", index_overrides)
     monkeypatch.undo()
     assert len(table(tmp_path, "answers")) == 49 and not (tmp_path / "grades").exists()
     decided = len(table(tmp_path, "decisions"))
 
-    run(
-        str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r5", overrides=index_overrides, spark=spark, resume=True
-    )
+    resume_sample(spark, tmp_path, "r5", index_overrides)
     answers, grades, decisions = (table(tmp_path, name) for name in ("answers", "grades", "decisions"))
     assert len(answers) == 49 and answers["question_id"].is_unique
     assert len(grades) and not grades.duplicated(["question_id", "source", "rank"]).any()
@@ -104,7 +113,7 @@ def test_a_failure_while_the_input_is_checked_leaves_the_run_failed_not_running(
     writes the input then (it was never committed: no 'other questions' to refuse)."""
     from crag.warehouse import Warehouse
 
-    run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r6", overrides=index_overrides, spark=spark)
+    run_sample(spark, tmp_path, "r6", index_overrides)
     real = Warehouse.append_observed
 
     def append_observed(self, table, df, aggregates):
@@ -114,14 +123,12 @@ def test_a_failure_while_the_input_is_checked_leaves_the_run_failed_not_running(
 
     monkeypatch.setattr(Warehouse, "append_observed", append_observed)
     with pytest.raises(RuntimeError, match="worker lost"):
-        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r6", overrides=index_overrides, spark=spark)
+        run_sample(spark, tmp_path, "r6", index_overrides)
     runs = table(tmp_path, "runs")
     assert list(runs["status"]) == ["failed"] and runs.loc[0, "finished_at"] is not None
     assert len(table(tmp_path, "answers")) == 49  # the earlier run's answers are kept
     monkeypatch.undo()
-    result = run(
-        str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r6", overrides=index_overrides, spark=spark, resume=True
-    )
+    result = resume_sample(spark, tmp_path, "r6", index_overrides)
     assert (result.counts["input_rows"], result.counts["accepted"], result.counts["rejected"]) == (51, 49, 2)
     assert list(table(tmp_path, "runs")["status"]) == ["succeeded"] and len(table(tmp_path, "answers")) == 49
 
@@ -136,15 +143,13 @@ def test_a_batch_committed_after_its_process_stopped_is_kept_once(
     monkeypatch.setattr(crag_job, "run_stages", run_stages_dying_on(2, []))
     sets = [*index_overrides, "spark.batch_questions=25"]
     with pytest.raises(RuntimeError, match="driver lost"):
-        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="z1", overrides=sets, spark=spark)
+        run_sample(spark, tmp_path, "z1", sets)
     wh = Warehouse(spark, str(tmp_path))
     staging = Warehouse.staging("run_staging", "z1")
     late = wh.load(staging).limit(3).toArrow()  # the same questions, committed once more
     wh.append(staging, spark.createDataFrame(late))
     with caplog.at_level(logging.WARNING, logger="crag"):
-        result = run(
-            str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="z1", overrides=sets, spark=spark, resume=True
-        )
+        result = resume_sample(spark, tmp_path, "z1", sets)
     assert "3 questions were staged twice" in caplog.text
     answers = table(tmp_path, "answers")
     assert len(answers) == 49 and answers["question_id"].is_unique
@@ -153,37 +158,13 @@ def test_a_batch_committed_after_its_process_stopped_is_kept_once(
 
 
 def test_resume_refuses_a_different_config(spark, tmp_path, index_overrides):
-    run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r2", overrides=index_overrides, spark=spark)
+    run_sample(spark, tmp_path, "r2", index_overrides)
     with pytest.raises(CragError, match="was started with config .* resume with the same --conf"):
-        run(
-            str(LOCAL_CONF),
-            str(QUESTIONS),
-            str(tmp_path),
-            run_id="r2",
-            overrides=[*index_overrides, "retriever.k=3"],
-            spark=spark,
-            resume=True,
-        )
+        resume_sample(spark, tmp_path, "r2", [*index_overrides, "retriever.k=3"])
     with pytest.raises(CragError, match="no run 'nope' to resume"):
-        run(
-            str(LOCAL_CONF),
-            str(QUESTIONS),
-            str(tmp_path),
-            run_id="nope",
-            overrides=index_overrides,
-            spark=spark,
-            resume=True,
-        )
+        resume_sample(spark, tmp_path, "nope", index_overrides)
     with pytest.raises(CragError, match="has already succeeded: nothing to resume$"):
-        run(
-            str(LOCAL_CONF),
-            str(QUESTIONS),
-            str(tmp_path),
-            run_id="r2",
-            overrides=index_overrides,
-            spark=spark,
-            resume=True,
-        )
+        resume_sample(spark, tmp_path, "r2", index_overrides)
     # a process stopped after recording its success and before dropping its work tables: a resume of
     # the run says it succeeded and removes what was left
     from crag.warehouse import Warehouse
@@ -193,15 +174,7 @@ def test_resume_refuses_a_different_config(spark, tmp_path, index_overrides):
     for name in work:
         wh.ensure(name)
     with pytest.raises(CragError, match="nothing to resume \\(the work tables it had left behind are removed\\)"):
-        run(
-            str(LOCAL_CONF),
-            str(QUESTIONS),
-            str(tmp_path),
-            run_id="r2",
-            overrides=index_overrides,
-            spark=spark,
-            resume=True,
-        )
+        resume_sample(spark, tmp_path, "r2", index_overrides)
     assert not any(wh.exists(name) for name in work) and not any((tmp_path / name).exists() for name in work)
 
 
@@ -213,7 +186,7 @@ def test_resume_refuses_other_questions(spark, tmp_path, index_overrides, monkey
 
     monkeypatch.setattr(crag_job, "run_stages", dies)
     with pytest.raises(RuntimeError):
-        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r3", overrides=index_overrides, spark=spark)
+        run_sample(spark, tmp_path, "r3", index_overrides)
     monkeypatch.undo()
     rows = [json.loads(line) for line in QUESTIONS.read_text().splitlines() if line.strip()]
     edited = tmp_path / "edited.jsonl"
@@ -222,18 +195,8 @@ def test_resume_refuses_other_questions(spark, tmp_path, index_overrides, monkey
     with pytest.raises(
         CragError, match=r"started on other questions: 1 row\(s\) here are not in its input and 2 of its rows"
     ):
-        run(
-            str(LOCAL_CONF),
-            str(edited),
-            str(tmp_path),
-            run_id="r3",
-            overrides=index_overrides,
-            spark=spark,
-            resume=True,
-        )
-    result = run(
-        str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="r3", overrides=index_overrides, spark=spark, resume=True
-    )
+        resume_sample(spark, tmp_path, "r3", index_overrides, questions=edited)
+    result = resume_sample(spark, tmp_path, "r3", index_overrides)
     assert result.counts["accepted"] == 49
 
 
@@ -324,7 +287,7 @@ def test_the_heartbeat_goes_on_while_the_run_writes_its_tables(spark, tmp_path, 
     monkeypatch.setattr(RunPlan, "record", recorded)
     monkeypatch.setattr(Warehouse, "append", slow)
     overrides = [*index_overrides, "tables.stale_run_after_s=0.6"]  # a beat every 0.2 s
-    run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="hb", overrides=overrides, spark=spark)
+    run_sample(spark, tmp_path, "hb", overrides)
     times = dict(events)
     beats = [t for status, t in events if status == "running" and times["answers written"] < t < times["answers done"]]
     assert beats, events
