@@ -211,14 +211,15 @@ def prepare(
         plan.started = previous["started_at"]
         # The input is committed in one append into its table, created empty at the claim: a run that
         # stopped in between committed nothing, and its input is checked and written now
-        committed = bool(wh.load(plan.inputs).limit(1).count())
+        stored = wh.load(plan.inputs)
+        committed = bool(stored.limit(1).count())
         if committed:
-            _check_same_input(checked, wh.load(plan.inputs), run_id)
+            _check_same_input(checked, stored, run_id)
         claim_run(plan, previous)
         plan.fresh = False
         with failure_recorded(plan):
             if committed:
-                totals = wh.load(plan.inputs).agg(*_input_totals()).collect()[0].asDict()
+                totals = stored.agg(*_input_totals()).collect()[0].asDict()
             else:
                 totals = wh.append_observed(plan.inputs, checked.withColumn("run_id", F.lit(run_id)), _input_totals())
     else:

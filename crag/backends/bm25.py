@@ -297,16 +297,8 @@ class LexicalIndex:
 def build_identity(path: str | None) -> str | None:
     """Which build of a local index a folder holds now (its manifest's build time and folder), None
     for no index there: what a cache of anything read from the index must be keyed on."""
-    if not path:
-        return None
-    manifest = Path(path) / "manifest.json"
-    if not manifest.is_file():
-        return None
-    try:
-        built = json.loads(manifest.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # loading the index names the problem
-    return f"{built.get('built_at')}/{built.get('data')}" if isinstance(built, dict) else None
+    built = _read_manifest(Path(path)) if path else {}  # an unreadable one: loading the index names the problem
+    return f"{built.get('built_at')}/{built.get('data')}" if isinstance(built, dict) and built else None
 
 
 def load_index(path: str) -> LexicalIndex:
