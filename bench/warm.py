@@ -1,6 +1,6 @@
 """A warm cluster for the benchmarks: the JVM's first Delta commits are slow.
 
-A new JVM spends seconds on its first MERGE, conditional replace and table creation (loading and
+A new JVM spends seconds on its first MERGE, append and table creation (loading and
 compiling Delta's code); a cluster that has run a job before has paid that. The benchmarks time a run
 after this warm-up and report its seconds apart, as they report Spark's start-up. It touches no index
 and starts no Python worker, so nothing a run itself loads is warmed for it.
@@ -27,7 +27,7 @@ def warm_up_delta(spark, folder: Path) -> float:
     wh = Warehouse(spark, str(folder))
     plan = RunPlan(CragConfig(), "warm-up", "base", wh, {}, uuid.uuid4().hex, datetime.now(UTC))
     claim_run(plan)  # creates `runs`, then an insert-only MERGE
-    plan.record("succeeded")  # conditional replace
+    plan.record("succeeded")  # a MERGE that updates
     again = RunPlan(CragConfig(), "warm-up", "base", wh, {}, uuid.uuid4().hex, datetime.now(UTC))
     claim_run(again)  # an insert-only MERGE that inserts nothing, then one that updates
     row = {name: None for name in schema.REJECTS.names} | {"run_id": "warm-up", "question_id": "q", "reason": "-"}

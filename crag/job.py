@@ -90,6 +90,19 @@ class RunPlan:
     t0: float = field(default_factory=time.perf_counter)
     fresh: bool = True  # no earlier rows of this run id in the run tables: appends need not replace
     fresh_staging: bool = False  # this attempt created the staging table: no batch was committed before
+    held_at: float = 0.0  # time.monotonic() of the last write that found the run this attempt's
+
+    def heartbeat(self) -> Heartbeat:
+        """Beats that keep the run this attempt's while a long step runs (three per stale period)."""
+        return Heartbeat(lambda: self.record("running"), self.cfg.tables.stale_run_after_s / 3)
+
+    def check_held(self) -> None:
+        """Before a step that writes the run's rows: when this attempt has not proven its hold on the
+        run for half the stale period (a process paused, a beat that could not commit), another
+        process may have taken the run over, so a beat is recorded now (RunTakenOver if so). Within
+        that time no other process can have found the run stale: nothing is read or written."""
+        if time.monotonic() - self.held_at > self.cfg.tables.stale_run_after_s / 2:
+            self.record("running")
 
     @property
     def inputs(self) -> str:
@@ -123,13 +136,31 @@ class RunPlan:
         )
 
     def record(self, status: str, counts: dict[str, int] | None = None, finished: datetime | None = None) -> None:
-        from pyspark.sql import functions as F
-
-        self.warehouse.replace(
+        """The run's row in `runs` rewritten, only while it is still this attempt's: a MERGE on the run
+        id and this attempt. A process that found this one stale and took the run over (claim_run) has
+        put its own attempt there; then nothing is written, and RunTakenOver says so."""
+        wh = self.warehouse
+        columns = schema.RUNS.names
+        result = wh.merge(
             "runs",
-            self.warehouse.frame("runs", self.runs_row(status, counts, finished)),
-            F.col("run_id") == F.lit(self.run_id),
+            wh.frame("runs", self.runs_row(status, counts, finished)),
+            on="t.run_id = s.run_id AND t.attempt = s.attempt",
+            clauses="WHEN MATCHED THEN UPDATE SET " + ", ".join(f"t.{quote(c)} = s.{quote(c)}" for c in columns),
         )
+        held = result is not None and result["num_affected_rows"] == 1
+        rows = [] if held else wh.load_run("runs", self.run_id).collect()
+        if held or (result is None and rows and rows[0]["attempt"] == self.attempt and rows[0]["status"] == status):
+            self.held_at = time.monotonic()  # (without row counts, the row read back says it)
+            return
+        holder = f"{rows[0]['owner']}, attempt {rows[0]['attempt']}" if rows else "its row is gone"
+        raise RunTakenOver(
+            f"run {self.run_id!r} was taken over by another crag process ({holder}) after this one looked "
+            f"stale (no heartbeat for tables.stale_run_after_s): this process stops without writing more"
+        )
+
+
+class RunTakenOver(CragError):
+    """The run is no longer this attempt's: another process claimed it after this one looked stale."""
 
 
 def _owner() -> str:
@@ -348,6 +379,7 @@ def claim_run(plan: RunPlan, previous=None) -> bool:
         try:
             inserted = _merge_claim(plan, takeover, new_run=previous is None)
             if inserted is not None:
+                plan.held_at = time.monotonic()
                 return inserted
         except Exception as exc:
             if not is_conflict(exc):
@@ -355,6 +387,7 @@ def claim_run(plan: RunPlan, previous=None) -> bool:
         rows = wh.load_run("runs", plan.run_id).collect()
         previous = rows[0] if rows else None
         if previous is not None and previous["attempt"] == plan.attempt:  # committed, though no reply said so
+            plan.held_at = time.monotonic()
             return False  # new or not, unknown: the run's rows are replaced, which is right either way
         time.sleep(0.2)
     raise CragError(f"could not claim run {plan.run_id!r}: the runs table kept changing under this process")
@@ -408,10 +441,14 @@ def _record_failure(plan: RunPlan) -> None:
     try:
         record()
         return
+    except RunTakenOver:
+        return  # the run is another process's now: its row is that process's to write
     except Exception:
         log.debug("could not record the failed run from the main thread", exc_info=True)
     try:
         call_with_deadline(record, 120, "recording the failed run")
+    except RunTakenOver:
+        return
     except Exception as exc:
         log.warning(
             "run %s could not be recorded as failed (%s): it shows as running until resumed", plan.run_id, describe(exc)
@@ -439,10 +476,6 @@ def _merge_claim(plan: RunPlan, takeover: str | None, new_run: bool) -> bool | N
     row = plan.runs_row("running")
     if not wh.ensure("runs"):  # another process is creating it: claim_run looks again shortly
         return None
-    view = f"crag_claim_{plan.attempt}"
-    wh.spark.createDataFrame(row.append_column("takeover", pa.array([takeover], pa.string()))).createOrReplaceTempView(
-        view
-    )
     columns = schema.RUNS.names
     names = ", ".join(quote(c) for c in columns)
     values = ", ".join(f"s.{quote(c)}" for c in columns)
@@ -450,14 +483,16 @@ def _merge_claim(plan: RunPlan, takeover: str | None, new_run: bool) -> bool | N
     if not new_run:
         assign = ", ".join(f"t.{quote(c)} = s.{quote(c)}" for c in columns)
         update = f"WHEN MATCHED AND (t.status <> 'running' OR t.attempt <=> s.takeover) THEN UPDATE SET {assign} "
-    result = wh.spark.sql(
-        f"MERGE INTO {wh.name('runs')} AS t USING {quote(view)} AS s ON t.run_id = s.run_id "
-        f"{update}WHEN NOT MATCHED THEN INSERT ({names}) VALUES ({values})"
-    ).collect()
+    result = wh.merge(
+        "runs",
+        wh.spark.createDataFrame(row.append_column("takeover", pa.array([takeover], pa.string()))),
+        on="t.run_id = s.run_id",
+        clauses=f"{update}WHEN NOT MATCHED THEN INSERT ({names}) VALUES ({values})",
+    )
     # Delta's MERGE returns its row counts; without them, claim_run reads the run's row back
-    if not result or result[0]["num_affected_rows"] != 1:
+    if result is None or result["num_affected_rows"] != 1:
         return None
-    return bool(result[0]["num_inserted_rows"])
+    return bool(result["num_inserted_rows"])
 
 
 # ------------------------------------------------------------------ answer
@@ -467,27 +502,38 @@ class Heartbeat:
     """Calls `beat` every `every_s` seconds on a thread of its own until the block ends, so that a
     long batch never makes a live run look stale to another process (tables.stale_run_after_s), and
     the heartbeat's commit never stands between two batches. A failed beat is logged; the next one
-    tries again."""
+    tries again. A beat that finds the run taken over (RunTakenOver) ends the beats, and the run with
+    them: `check` raises it between batches, and so does the block's end."""
 
     def __init__(self, beat: Callable[[], None], every_s: float):
         self._beat, self._every_s = beat, every_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="crag-heartbeat", daemon=True)
+        self.lost: RunTakenOver | None = None
 
     def _loop(self) -> None:
         while not self._stop.wait(self._every_s):
             try:
                 self._beat()
+            except RunTakenOver as exc:
+                self.lost = exc
+                return
             except Exception as exc:  # the run goes on; a beat missed is a beat late
                 log.warning("heartbeat not recorded (%s): the next one tries again", scrub(str(exc))[:200])
+
+    def check(self) -> None:
+        if self.lost is not None:
+            raise self.lost
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         self._stop.set()
         self._thread.join()  # a beat in progress ends before the run records its outcome
+        if exc_type is None:
+            self.check()
 
 
 def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
@@ -548,13 +594,14 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
         # Batches are hash buckets of about equal size: progress is estimated, not counted again.
         return round(remaining * (i + 1) / batches)
 
-    heartbeat = Heartbeat(lambda: plan.record("running"), cfg.tables.stale_run_after_s / 3)
-    with heartbeat:
+    with plan.heartbeat() as heartbeat:
         for i in range(batches):
+            plan.check_held()
             observed = wh.append_observed(plan.staging, staged(i), _count_aggregates())
             for key, value in observed.items():
                 counted[key] = counted.get(key, 0) + int(value or 0)
             reporter.advance(answered_after(i) - answered_after(i - 1))
+            heartbeat.check()
             if not reporter.enabled:  # the bar says it on a terminal; a log line says it elsewhere
                 log.info(
                     "batch %d/%d committed: about %d of %d questions answered",
@@ -649,8 +696,8 @@ def finalise(plan: RunPlan, status: str = "succeeded") -> RunResult:
     # in its log).
     # The run stays held while its tables are written (minutes for a large run): without a beat it
     # would look stale to another process, which could take it over in the middle
-    heartbeat = Heartbeat(lambda: plan.record("running"), plan.cfg.tables.stale_run_after_s / 3)
-    with heartbeat, ThreadPoolExecutor(max_workers=len(derived) + 1, thread_name_prefix="crag-commit") as pool:
+    plan.check_held()
+    with plan.heartbeat(), ThreadPoolExecutor(max_workers=len(derived) + 1, thread_name_prefix="crag-commit") as pool:
         if plan.fresh:
             without_rows = {name for name, rows in (("rejects", plan.rejected), ("gold", plan.gold_rows)) if not rows}
             writes = [

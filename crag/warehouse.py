@@ -217,6 +217,27 @@ class Warehouse:
         """Atomically replace the rows matching `condition` (a Column) with `df`'s rows."""
         self._write(table, df, lambda writer: writer.overwrite(condition))
 
+    def merge(self, table: str, rows, on: str, clauses: str):
+        """MERGE `rows` (a small DataFrame) into the table as source `s`, target `t`; `on` and
+        `clauses` are SQL over those two aliases and column names only, every value comes from `rows`.
+        Retried when another writer commits first. Delta's row counts of the MERGE (a Row with
+        num_affected_rows, num_inserted_rows, ...), or None when the session gives none."""
+        view = f"crag_merge_{uuid.uuid4().hex}"
+        rows.createOrReplaceTempView(view)
+        try:
+            for attempt in range(8):
+                try:
+                    result = self.spark.sql(
+                        f"MERGE INTO {self.name(table)} AS t USING {quote(view)} AS s ON {on} {clauses}"
+                    ).collect()
+                    return result[0] if result else None
+                except Exception as exc:
+                    if not is_conflict(exc) or attempt == 7:
+                        raise
+                time.sleep(0.05 * 2**attempt * (1 + random.random()))
+        finally:
+            self.spark.catalog.dropTempView(view)
+
     def drop(self, table: str) -> None:
         """Remove a table and its data (a run's work tables, once the run is finalised)."""
         if self.exists(table):

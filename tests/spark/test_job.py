@@ -264,6 +264,35 @@ def test_a_claim_says_whether_the_run_id_was_new_and_refuses_a_live_holder(spark
     assert rows["attempt"].tolist() == [second.attempt] and rows["status"].tolist() == ["running"]
 
 
+def test_a_run_taken_over_by_another_process_keeps_that_process_row(spark, tmp_path):
+    """A process that looked stale and was taken over writes nothing more into `runs`: not a beat, not
+    its failure, not its outcome (each would have put the run back in its name over the new holder's)."""
+    wh = Warehouse(spark, str(tmp_path))
+
+    def attempt():
+        return crag_job.RunPlan(CragConfig(), "held", "base", wh, {}, uuid.uuid4().hex, datetime.now(UTC))
+
+    first = attempt()
+    crag_job.claim_run(first)
+    first.record("failed")  # as another process would see a stale run: not running
+    second = attempt()
+    crag_job.claim_run(second)
+    for status in ("running", "failed", "succeeded"):
+        with pytest.raises(crag_job.RunTakenOver, match="was taken over by another crag process"):
+            first.record(status)
+    crag_job._record_failure(first)  # quietly: the run is not its to record
+    rows = table(tmp_path, "runs")
+    assert rows["attempt"].tolist() == [second.attempt] and rows["status"].tolist() == ["running"]
+    version = DeltaTable(str(tmp_path / "runs")).version()
+    second.check_held()  # held a moment ago: nothing to prove, nothing written
+    assert DeltaTable(str(tmp_path / "runs")).version() == version
+    first.held_at = second.held_at = 0.0  # as after a pause longer than half the stale period
+    second.check_held()
+    assert DeltaTable(str(tmp_path / "runs")).version() == version + 1
+    with pytest.raises(crag_job.RunTakenOver):
+        first.check_held()
+
+
 def test_a_new_run_with_no_rejects_or_gold_still_leaves_those_tables(spark, index_overrides, tmp_path):
     """A new run commits nothing to a table it has no rows for, yet every table is there to query."""
     questions = tmp_path / "clean.jsonl"

@@ -7,13 +7,18 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import uuid
+from datetime import UTC, datetime
 
 import pandas as pd
 import pytest
 from deltalake import DeltaTable
+from pyspark.sql import functions as F
 
 from crag import job as crag_job
+from crag.config import CragConfig
 from crag.errors import CragError
 from crag.job import run
 from tests.support import LOCAL_CONF, REPO, SAMPLE, crag_run_args, staged_questions, staging_folder
@@ -262,11 +267,37 @@ def test_sigkill_of_the_driver_then_resume(emulator, sample_indexes, tmp_path):
     assert DeltaTable(str(warehouse / "runs")).to_pandas().loc[0, "status"] == "succeeded"
 
 
+def test_a_run_taken_over_while_it_answers_stops_before_writing_its_tables(
+    spark, tmp_path, index_overrides, monkeypatch
+):
+    """Another process takes the run over while a batch runs (this one looked stale to it): the next beat
+    finds out, and the run stops after the batch instead of writing the run's tables and its outcome
+    over the new holder's."""
+    from crag.job import RunPlan, RunTakenOver
+    from crag.warehouse import Warehouse
+
+    append_observed = Warehouse.append_observed
+    taken_by = []
+
+    def taken_over_meanwhile(self, table, df, aggregates):
+        if table.startswith("run_staging") and not taken_by:
+            other = RunPlan(CragConfig(), "taken", "base", self, {}, uuid.uuid4().hex, datetime.now(UTC))
+            self.replace("runs", self.frame("runs", other.runs_row("running")), F.col("run_id") == "taken")
+            taken_by.append(other.attempt)
+            threading.Event().wait(1.5)  # several beats (every 0.2 s) while the batch runs
+        return append_observed(self, table, df, aggregates)
+
+    monkeypatch.setattr(Warehouse, "append_observed", taken_over_meanwhile)
+    with pytest.raises(RunTakenOver, match="'taken' was taken over by another crag process"):
+        run_sample(spark, tmp_path, "taken", [*index_overrides, "tables.stale_run_after_s=0.6"])
+    runs = DeltaTable(str(tmp_path / "runs")).to_pandas()
+    assert runs["attempt"].tolist() == taken_by and runs["status"].tolist() == ["running"]
+    assert not (tmp_path / "answers").exists() or DeltaTable(str(tmp_path / "answers")).to_pandas().empty
+
+
 def test_the_heartbeat_goes_on_while_the_run_writes_its_tables(spark, tmp_path, index_overrides, monkeypatch):
     """Writing a large run's tables takes minutes: the run must not look stale to another process then
     (which could take it over in the middle), so the heartbeat goes on until its outcome is recorded."""
-    import threading
-
     from crag.job import RunPlan
     from crag.warehouse import Warehouse
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import logging
 import threading
 
-from crag.job import Heartbeat
+import pytest
+
+from crag.job import Heartbeat, RunTakenOver
 
 WAIT_S = 30  # generous: the machine may be busy; the waits end as soon as the beats happen
 
@@ -53,3 +55,29 @@ def test_leaving_the_block_waits_for_a_beat_in_progress():
     with Heartbeat(slow_beat, every_s=0.01):
         assert started.wait(WAIT_S)
     assert finished.is_set()
+
+
+def test_a_beat_that_finds_the_run_taken_over_ends_the_beats_and_the_block_raises_it():
+    calls = []
+
+    def beat():
+        calls.append(1)
+        raise RunTakenOver("run 'r' was taken over by another crag process")
+
+    heartbeat = Heartbeat(beat, every_s=0.01)
+    with pytest.raises(RunTakenOver), heartbeat:
+        for _ in range(WAIT_S * 100):
+            if heartbeat.lost is not None:
+                break
+            threading.Event().wait(0.01)
+        threading.Event().wait(0.1)
+        assert calls == [1]  # no beat after it
+        heartbeat.check()
+    with pytest.raises(RunTakenOver), Heartbeat(beat, every_s=0.01) as other:
+        while other.lost is None:
+            threading.Event().wait(0.01)
+    # the block's own exception is the one that propagates
+    with pytest.raises(KeyError), Heartbeat(beat, every_s=0.01) as third:
+        while third.lost is None:
+            threading.Event().wait(0.01)
+        raise KeyError("the batch failed")
