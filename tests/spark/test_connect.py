@@ -223,8 +223,8 @@ def test_a_question_id_built_to_inject_sql_touches_no_other_run(connect_url, spa
 
 def test_the_heartbeat_commits_while_a_batch_holds_its_tasks_on_connect(connect_url, emulator, tmp_path):
     """As on classic Spark (test_production_job): the server keeps a task slot beside the batch's, so
-    the heartbeat's commits land while the batch runs. Each one is a conditional write in `runs`'
-    log; the claim is a MERGE."""
+    the heartbeat's commits land while the batch runs. Each one is a MERGE in `runs`' log, as the
+    claim is (which commits before the first request)."""
     emulator.behaviour["serving"].latency_s = 0.3  # a batch of about 10 s
     overrides = [
         "tables.stale_run_after_s=1.2",  # a beat every 0.4 s
@@ -242,6 +242,6 @@ def test_the_heartbeat_commits_while_a_batch_holds_its_tasks_on_connect(connect_
     first_request = now_ms - (now - min(admitted for _, admitted, _ in emulator.spans)) * 1000
     last_reply = now_ms - (now - max(released for _, _, released in emulator.spans)) * 1000
     assert last_reply - first_request > 8000  # the batch took long enough for several beats
-    writes = [c["timestamp"] for c in DeltaTable(str(tmp_path / "runs")).history() if c["operation"] == "WRITE"]
+    writes = [c["timestamp"] for c in DeltaTable(str(tmp_path / "runs")).history() if c["operation"] == "MERGE"]
     # a beat committed while every task of the batch ran (a first one may slip in before they start)
     assert [t for t in writes if first_request + 2000 < t < last_reply - 1000], (writes, first_request, last_reply)
