@@ -26,6 +26,7 @@ from crag.backends.bm25 import build_identity
 from crag.backends.parsing import READING_VERSION
 from crag.backends.remote import on_databricks
 from crag.config import CragConfig, LLMConfig, stable_hash
+from crag.secrets import masked
 
 
 def question_key(question: str) -> str:
@@ -80,7 +81,11 @@ def role_slices(cfg: CragConfig, secrets: dict[str, str] | None = None) -> dict[
     def dump(section):
         if section is None:
             return None
-        return {**section.model_dump(mode="json", exclude={"policy"}), "service": endpoint_identity(section, secrets)}
+        # masked: the hashes are stored (stage_cache.key), and must not confirm a guess at a secret
+        return {
+            **masked(section.model_dump(mode="json", exclude={"policy"})),
+            "service": endpoint_identity(section, secrets),
+        }
 
     def reading(section):
         """How a model's output is read into a grade, a query or an answer (model roles only)."""

@@ -14,13 +14,14 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
+from urllib.parse import unquote, urlparse
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from crag.errors import ConfigError, describe
-from crag.secrets import redact_config
+from crag.secrets import is_secret_key, masked, redact_config, remember, scrub
 from crag.text import TOKENIZERS
 
 DEFAULT_REFUSAL = "I don't know: the available documents do not answer this question."
@@ -65,10 +66,39 @@ class EndpointPolicy(Section):
     backoff_max_s: float = Field(30, ge=0, le=DAY_S)
 
 
+def _env_name(value: str) -> str:
+    if not ENV_NAME.fullmatch(value):  # a credential typed where its variable's name belongs: not shown
+        raise PydanticCustomError(
+            "env_name",
+            "not an environment variable's name (letters, digits and _): is the credential itself here? "
+            "Put it in the environment and name the variable",
+        )
+    return value
+
+
+def _secret_ref(value: str | None) -> str | None:
+    if value is not None and not SECRET_REF.fullmatch(value):
+        raise PydanticCustomError(
+            "secret_ref",
+            "not a Databricks secret reference 'scope/key': is the credential itself here? Put it in a "
+            "secret scope and name it",
+        )
+    return value
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SECRET_REF = re.compile(r"[\w.@\-]+/[\w.\-]+")  # Databricks scope and key names
+# Where a credential comes from, checked in every section whether its backend reads it or not: a
+# credential typed into one of these would otherwise be stored with the config (`*_env` values are
+# not masked: they are names)
+EnvName = Annotated[str, AfterValidator(_env_name)]
+SecretRef = Annotated[str | None, AfterValidator(_secret_ref)]
+
+
 class DatabricksAuth(Section):
-    host_env: str = "DATABRICKS_HOST"
-    token_env: str = "DATABRICKS_TOKEN"
-    token_secret: str | None = None  # "scope/key" of a Databricks secret scope, used when token_env is unset
+    host_env: EnvName = "DATABRICKS_HOST"
+    token_env: EnvName = "DATABRICKS_TOKEN"
+    token_secret: SecretRef = None  # "scope/key" of a Databricks secret scope, used when token_env is unset
 
 
 class LLMConfig(DatabricksAuth):
@@ -78,8 +108,8 @@ class LLMConfig(DatabricksAuth):
     backend: Literal["databricks", "openai"]
     endpoint: str  # databricks: serving endpoint name; openai: model name
     base_url: str | None = None  # openai: e.g. http://localhost:8000/v1 (None: api.openai.com)
-    api_key_env: str = "OPENAI_API_KEY"  # openai
-    api_key_secret: str | None = None  # openai: "scope/key" fallback
+    api_key_env: EnvName = "OPENAI_API_KEY"  # openai
+    api_key_secret: SecretRef = None  # openai: "scope/key" fallback
     temperature: float = Field(0.0, ge=0, le=2)
     max_tokens: int = Field(512, gt=0)
     prompt: str  # prompt template (YAML with system/user), relative to the config file's folder
@@ -327,8 +357,8 @@ class TavilyConfig(WebSearchCommon):
     topic: Literal["general", "news", "finance"] = "general"
     include_domains: list[str] = Field(default_factory=list)
     exclude_domains: list[str] = Field(default_factory=list)
-    api_key_env: str = "TAVILY_API_KEY"
-    api_key_secret: str | None = None
+    api_key_env: EnvName = "TAVILY_API_KEY"
+    api_key_secret: SecretRef = None
     api_base_url: str | None = None  # None: Tavily's own; set for a proxy or the local emulator
     policy: EndpointPolicy = Field(default_factory=EndpointPolicy)
 
@@ -441,6 +471,28 @@ class IndexingConfig(Section):
 LOCAL_MASTER = re.compile(r"local(?:\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?")
 
 
+def connect_url_problem(url: str) -> str | None:
+    """What pyspark's Spark Connect client would refuse in an sc:// URL (its own parsing rules), said
+    without repeating the URL; None when it is well formed. Its token and user info are remembered as
+    secrets first (crag.secrets): from here on no text carries them."""
+    parsed = urlparse("http" + url[2:])  # as pyspark parses it
+    params = parsed.params.split(";") if parsed.params else []
+    remember([url, *(unquote(p.partition("=")[2]) for p in params if p.partition("=")[0] == "token")])
+    try:
+        parsed.port  # noqa: B018  # raises on a port that is not a number
+    except ValueError:
+        return "the port of the Spark Connect URL is not a number (parameters follow '/;', as in sc://host:15002/;token=...)"
+    if parsed.path not in ("", "/"):
+        return "the Spark Connect URL has a path: it takes sc://host:port, parameters after '/;'"
+    if not parsed.hostname:
+        return "the Spark Connect URL has no host"
+    if any(p.count("=") != 1 for p in params):
+        return (
+            "a parameter of the Spark Connect URL is not name=value with one '=' (write an '=' inside a value as %3D)"
+        )
+    return None
+
+
 class SparkConfig(Section):
     master: str = "local[2]"  # classic Spark when no session is active and `remote` is not set
     # Spark Connect: a server URL (sc://host:15002) or local[N] for a local server started in-process,
@@ -461,6 +513,18 @@ class SparkConfig(Section):
         # Spark itself fails late, with a Java stack, on local[0] or local[x].
         if value is not None and value.startswith("local[") and not LOCAL_MASTER.fullmatch(value):
             raise ValueError(f"{value!r}: local mode takes local[N] or local[N,F] with N >= 1 threads, or local[*]")
+        return value
+
+    @field_validator("remote")
+    @classmethod
+    def _connect_url(cls, value: str | None) -> str | None:
+        if value is None or LOCAL_MASTER.fullmatch(value):
+            return value
+        if not value.startswith("sc://"):
+            raise PydanticCustomError("connect_url", "not a Spark Connect URL (sc://host:port) or local[N]")
+        problem = connect_url_problem(value)
+        if problem:
+            raise PydanticCustomError("connect_url", problem)
         return value
 
 
@@ -520,7 +584,9 @@ class CragConfig(Section):
         return {name: role for name, role in roles.items() if isinstance(role, LLMConfig)}
 
     def hash(self) -> str:
-        return stable_hash(self.model_dump(mode="json"))
+        """What the config computes, for the runs table and MLflow: taken over the config with its
+        secrets masked (crag.secrets.masked), so that a stored hash cannot confirm a guess at one."""
+        return stable_hash(masked(self.model_dump(mode="json")))
 
 
 def stable_hash(value: Any) -> str:
@@ -543,7 +609,8 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     try:
         value = safe_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({exc.__class__.__name__})") from None
+        # the value is not repeated: it may be a credential typed on the command line
+        raise ConfigError(f"--set {key}: its value is not valid YAML ({_yaml_problem(exc)})") from None
     return key.strip().split("."), value
 
 
@@ -607,11 +674,23 @@ def _read_yaml(path: Path, what: str) -> dict:
         raise ConfigError(f"{what} not found: {path}")
     try:
         data = safe_yaml(path.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{what} {path} is not valid YAML: {_yaml_problem(exc)}") from None
+    except UnicodeDecodeError as exc:
         raise ConfigError(f"{what} {path} is not valid YAML: {describe(exc, with_type=False)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{what} {path} must be a mapping of sections, got {type(data).__name__}")
     return data
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What PyYAML found wrong and where, without the text it quotes from the document (a value that
+    may be a credential: "found undefined alias 'p4ss'")."""
+    if not isinstance(exc, yaml.MarkedYAMLError) or not exc.problem:
+        return str(exc) if type(exc) is yaml.YAMLError else type(exc).__name__  # crag's own, or a bare class
+    problem = re.sub(r"'[^']*'|\"[^\"]*\"", "…", exc.problem)
+    mark = exc.problem_mark
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark else problem
 
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -816,7 +895,11 @@ def describe_validation_error(exc: ValidationError) -> str:
             lines.append(f"config key {key!r} is required here")
         else:
             where = f"config key {key!r}: " if key else "config: "
-            # a check across a section's keys names the keys and their values itself: not the whole section
-            got = "" if isinstance(err["input"], dict) else f" (got {err['input']!r})"
+            # a check across a section's keys names the keys and their values itself: not the whole
+            # section; nor is a value shown that may be a credential
+            hidden = isinstance(err["input"], dict) or any(
+                is_secret_key(str(part)) or str(part).endswith("_env") for part in err["loc"]
+            )
+            got = "" if hidden else f" (got {scrub(repr(err['input']))})"
             lines.append(f"{where}{err['msg']}{got}")
     return "; ".join(lines)

@@ -28,8 +28,11 @@ MIN_SECRET_CHARS = 4
 
 # scheme://userinfo@ : the userinfo runs to the last "@" before the host part ends ("/", space, quote).
 _URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/\s'\"<>@]*(?:@[^/\s'\"<>@]*)*)@")
+# name=value where the name ends like a credential's: in a URL's query or parameters (?token=, ;token=),
+# and also where a message quotes the parameter alone ("Parameter 'token=...' should be ...")
 _CREDENTIAL_PARAM = re.compile(
-    r"(?P<name>[?&;](?:[A-Za-z0-9_\-]*(?:token|secret|password|passwd|key|signature|sig|auth|code))=)(?P<value>[^&#\s'\"<>]+)",
+    r"(?P<name>(?:^|(?<=[?&;\s'\"(\[,]))[A-Za-z0-9_\-]*(?:token|(?:secret|password|passwd|pwd|passphrase|key|signature|sig|auth|code|cookie)s?)=)"
+    r"(?P<value>[^&#;\s'\"<>)\],]+)",
     re.I,
 )
 
@@ -72,12 +75,20 @@ def known() -> frozenset[str]:
         return frozenset(_known)
 
 
+def scrub_credentials(text: Any) -> Any:
+    """`text` with the credentials inside URLs masked (user:password@, ?token=...): what can be seen in
+    the text itself, whatever this process has resolved. Non-strings pass unchanged."""
+    if not isinstance(text, str) or not text:
+        return text
+    text = _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{MASK}@", text)
+    return _CREDENTIAL_PARAM.sub(lambda m: f"{m.group('name')}{MASK}", text)
+
+
 def scrub(text: Any, extra: Iterable[str] = ()) -> Any:
     """`text` with URL credentials and every known secret value masked; non-strings pass unchanged."""
     if not isinstance(text, str) or not text:
         return text
-    text = _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{MASK}@", text)
-    text = _CREDENTIAL_PARAM.sub(lambda m: f"{m.group('name')}{MASK}", text)
+    text = scrub_credentials(text)
     # Longest first, so a value that contains another is masked whole.
     for value in sorted(known() | set(extra), key=len, reverse=True):
         if value and value in text:
@@ -86,11 +97,14 @@ def scrub(text: Any, extra: Iterable[str] = ()) -> Any:
 
 
 # Keys whose value is a secret. A suffix rule on the lower-cased key: "token", "api_key", "password",
-# "secret_access_key", "Authorization" and the like at the end of the name. `max_tokens` ends in "tokens"
-# and is a number, not a secret; crag's `guided_regex_key` names a request field. Keys ending in _env
-# name an environment variable (where a secret comes from), not the secret.
+# "secret_access_key", "Authorization", "http_auth", "basic_auth", "Cookie" and the like at the end of
+# the name, and their plurals ("api_keys"; not "tokens": `max_tokens` and `prompt_tokens` are counts). crag's
+# `guided_regex_key` names a request field. Keys ending in _env name an environment variable (where a
+# secret comes from), not the secret; crag.config checks that they hold a variable's name.
 _SECRET_KEY = re.compile(
-    r"(token|secret|password|passwd|(?<!regex_)key|credentials?|authorization|connection[_-]?string)$", re.I
+    r"(token|(secret|password|passwd|pwd|passphrase|(?<!regex_)key|auth|credential|cookie)s?|authorization"
+    r"|connection[_-]?string)$",
+    re.I,
 )
 
 
@@ -118,12 +132,19 @@ def redact_config(value: Any) -> Any:
     names as credentials (token_env, api_key_env, host_env, ...)."""
     extra: set[str] = set()
     _env_secrets(value, extra)
+    return _masked(value, lambda text: scrub(text, extra))
 
-    def walk(node: Any) -> Any:
-        if isinstance(node, dict):
-            return {k: (MASK if v and is_secret_key(k) else walk(v)) for k, v in node.items()}
-        if isinstance(node, list):
-            return [walk(v) for v in node]
-        return scrub(node, extra)
 
-    return walk(value)
+def masked(value: Any) -> Any:
+    """A JSON-able config with what is secret in it masked by its own look alone (secret-named keys,
+    credentials inside URLs), the same in every process: what a hash of a config is taken over, so
+    that a stored hash cannot confirm a guess at a masked value."""
+    return _masked(value, scrub_credentials)
+
+
+def _masked(node: Any, scrub_text) -> Any:
+    if isinstance(node, dict):
+        return {k: (MASK if v and is_secret_key(k) else _masked(v, scrub_text)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_masked(v, scrub_text) for v in node]
+    return scrub_text(node)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import ssl
 import sys
 import tempfile
 import warnings
@@ -21,7 +22,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlparse
 
 import pandas as pd
 import pyarrow as pa
@@ -127,22 +128,46 @@ _PROXY_VARIABLES = ("grpc_proxy", "https_proxy", "http_proxy")
 
 
 def _check_reachable(url: str, timeout_s: float = 10) -> None:
-    """One line at once for a Spark Connect server that does not answer, where the client would retry
-    its connection for about a quarter of an hour, silently. Not probed through a proxy."""
+    """One line at once for a Spark Connect server that does not answer, or does not answer in TLS
+    when the client will speak it, where the client would retry its connection for about a quarter
+    of an hour, silently. Not probed through a proxy."""
     if any(os.environ.get(v) or os.environ.get(v.upper()) for v in _PROXY_VARIABLES):
         return
     try:
-        parts = urlsplit(url.split(";", 1)[0])
+        parts = urlparse("http" + url[2:])  # as pyspark's client parses it
         host, port = parts.hostname, parts.port or 15002
     except ValueError as exc:
         raise ConfigError(f"spark.remote is not a Spark Connect URL sc://host:port ({exc})") from None
     if not host:
         raise ConfigError("spark.remote is not a Spark Connect URL sc://host:port (no host)")
     where = f"sc://{host if ':' not in host else f'[{host}]'}:{port}"  # without user info or parameters (tokens)
+    params = dict(p.partition("=")[::2] for p in parts.params.split(";") if p)
+    # pyspark's client: TLS with use_ssl=true, or with a token to any host but "localhost"
+    tls = params.get("use_ssl", "").lower() == "true" or ("token" in params and host != "localhost")
     try:
-        socket.create_connection((host, port), timeout=timeout_s).close()
+        connection = socket.create_connection((host, port), timeout=timeout_s)
     except OSError as exc:
         raise ConfigError(f"no Spark Connect server answers at {where} ({exc})") from None
+    with connection:
+        if tls:
+            _check_tls(connection, host, where)
+
+
+def _check_tls(connection: socket.socket, host: str, where: str) -> None:
+    """Whether the server at the other end of `connection` completes a TLS handshake; the certificate
+    is gRPC's to check, not this probe's."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    try:
+        context.wrap_socket(connection, server_hostname=host).close()
+    except OSError as exc:  # ssl.SSLError, a reset, or no answer within the timeout
+        raise ConfigError(
+            f"the Spark Connect server at {where} does not answer in TLS ({type(exc).__name__}), which the client "
+            f"speaks when the URL has a token or use_ssl=true: give the server a TLS endpoint, or reach a local "
+            f"server without TLS as sc://localhost:{where.rpartition(':')[2]}"
+        ) from None
 
 
 @contextmanager

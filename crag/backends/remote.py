@@ -191,17 +191,8 @@ def secret(
     variable `env_name`, or a Databricks secret scope "scope/key". Never logged, never stored: every
     value read here is remembered by crag.secrets, which masks it in every error text and stored config.
     `optional_on_databricks`: on a Databricks cluster the workspace URL and token may be left to the
-    runtime's own authentication (None is returned)."""
-    if not _ENV_NAME.fullmatch(env_name):  # a key typed where its variable's name belongs: not shown
-        raise ConfigError(
-            f"the environment variable named for {what} is not a variable name (letters, digits and _): "
-            f"is the credential itself in a *_env setting? Put it in the environment and name the variable"
-        )
-    if secret_ref is not None and not _SECRET_REF.fullmatch(secret_ref):
-        raise ConfigError(
-            f"the secret named for {what} is not a Databricks secret reference 'scope/key': is the credential "
-            f"itself in a *_secret setting? Put it in a secret scope and name it"
-        )
+    runtime's own authentication (None is returned). `env_name` and `secret_ref` are names, checked as
+    such when the config was loaded (crag.config.EnvName, SecretRef)."""
     value = _read_secret(env_name, secret_ref, what, secrets, optional_on_databricks)
     if value is not None:
         # A key pasted or read from a file often ends in a newline; one holding a control character
@@ -213,8 +204,6 @@ def secret(
     return value
 
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_SECRET_REF = re.compile(r"[\w.@\-]+/[\w.\-]+")  # Databricks scope and key names
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 

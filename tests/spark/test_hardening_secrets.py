@@ -93,15 +93,90 @@ def test_a_credential_is_stripped_and_one_with_a_control_character_refused_unsho
     assert PASSWORD not in secrets.scrub(repr(f"Bearer {PASSWORD}\r{PASSWORD}"))  # its escaped form is known
 
 
-@pytest.mark.parametrize("env_name, ref", [("sk-proj-" + PASSWORD, None), ("OPENAI_API_KEY", "sk-proj-" + PASSWORD)])
-def test_a_key_typed_where_a_name_belongs_is_not_echoed(env_name, ref, monkeypatch):
-    from crag.backends.remote import secret
+@pytest.mark.parametrize(
+    "conf, key",
+    [
+        ("openai.yaml", "generator.api_key_env"),
+        ("openai.yaml", "generator.api_key_secret"),
+        # read by a databricks section only: an openai one must refuse them too, not store them
+        ("openai.yaml", "generator.token_env"),
+        ("openai.yaml", "generator.host_env"),
+        ("openai.yaml", "generator.token_secret"),
+        ("databricks.yaml", "grader.api_key_env"),
+        ("databricks.yaml", "web_search.api_key_env"),
+        ("databricks.yaml", "web_search.api_key_secret"),
+    ],
+)
+def test_a_key_typed_where_a_name_belongs_is_refused_unshown(conf, key):
     from crag.errors import ConfigError
 
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    with pytest.raises(ConfigError, match="is the credential itself in a") as err:
-        secret(env_name, ref, "generator")
+    with pytest.raises(ConfigError, match="is the credential itself here") as err:
+        load_config(REPO / "conf" / conf, [f"{key}=sk-proj-{PASSWORD}"])
+    assert PASSWORD not in str(err.value) and key in str(err.value)
+
+
+@pytest.mark.parametrize("value", [f"@{PASSWORD}", f"%{PASSWORD}", f"`{PASSWORD}", f"{{{PASSWORD}", f"*{PASSWORD}"])
+def test_a_set_value_that_is_not_yaml_is_not_repeated(value, capsys):
+    assert main(["ask", "--conf", str(LOCAL_CONF), "--set", f"retriever.kwargs.password={value}", "q?"]) == 2
+    err = capsys.readouterr().err
+    assert "--set retriever.kwargs.password: its value is not valid YAML" in err and PASSWORD not in err
+
+
+def test_a_config_file_that_is_not_yaml_is_not_quoted(tmp_path):
+    from crag.errors import ConfigError
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"retriever:\n  kwargs:\n    password: *{PASSWORD}\n")
+    with pytest.raises(ConfigError, match=r"is not valid YAML: found undefined alias … \(line 3, column 15\)") as err:
+        load_config(bad, [])
     assert PASSWORD not in str(err.value)
+
+
+@pytest.mark.parametrize("key", ["generator.api_key_secret", "generator.token_secret"])
+def test_a_value_of_the_wrong_type_is_not_shown_when_its_key_is_a_secret(key, capsys):
+    conf = REPO / "conf" / "openai.yaml"
+    assert main(["ask", "--conf", str(conf), "--set", f"{key}=[4929117730015523]", "q?"]) == 2
+    err = capsys.readouterr().err
+    assert key.rpartition(".")[0] in err and "4929117730015523" not in err
+
+
+def test_credential_setting_names_are_masked_in_stored_configs():
+    cfg = load_config(
+        LOCAL_CONF,
+        [
+            "retriever.backend=langchain",
+            "retriever.factory=tests.langchain_stores:faiss_store",
+            f"retriever.kwargs.http_auth=[admin, {PASSWORD}]",
+            f"retriever.kwargs.basic_auth=[elastic, {PASSWORD}]",
+            f"retriever.kwargs.headers={{Cookie: session={PASSWORD}}}",
+            f"retriever.kwargs.passphrase={PASSWORD}",
+            f"retriever.kwargs.api_keys=[{PASSWORD}]",
+            "retriever.kwargs.max_tokens=5",
+        ],
+    )
+    stored = json.dumps(redacted(cfg.model_dump(mode="json")))
+    assert PASSWORD not in stored and '"max_tokens": 5' in stored
+
+
+def test_the_config_hash_cannot_confirm_a_guess_at_a_masked_value():
+    """runs.config stores the config masked and runs.config_hash beside it: were the hash taken over the
+    config unmasked, a reader could try passwords until the hash matched."""
+
+    def config(password):
+        return load_config(
+            LOCAL_CONF,
+            [
+                "retriever.backend=langchain",
+                "retriever.factory=tests.langchain_stores:faiss_store",
+                f"retriever.kwargs.password={password}",
+                f"mlflow.tracking_uri=https://user:{password}@mlflow.example.com",
+            ],
+        )
+
+    cfg = config(PASSWORD)
+    assert PASSWORD in json.dumps(cfg.model_dump(mode="json"))
+    assert cfg.hash() == config("another-" + PASSWORD).hash()  # the hash does not depend on it
+    assert cfg.hash() != load_config(LOCAL_CONF, []).hash()  # yet it tells configs apart
 
 
 def test_a_url_credential_remembers_only_its_password():
@@ -243,3 +318,25 @@ def test_crag_run_stores_no_credential_in_errors_reasons_or_config(
         data = path.read_bytes()
         assert PASSWORD.encode() not in data and PASSWORD[::-1].encode() not in data, path
     assert PASSWORD not in out + err
+
+
+@pytest.mark.parametrize(
+    "url, problem",
+    [
+        (f"sc://127.0.0.1:15999;token=dapi{PASSWORD}", "the port of the Spark Connect URL is not a number"),
+        (f"sc://127.0.0.1:15999/;token={PASSWORD}==", "is not name=value with one '='"),
+        (f"sc://127.0.0.1:15999/path;token={PASSWORD}", "the Spark Connect URL has a path"),
+        (f"https://127.0.0.1:15999/?token={PASSWORD}", "not a Spark Connect URL (sc://host:port) or local[N]"),
+    ],
+)
+def test_a_spark_connect_url_pyspark_would_refuse_is_one_line_without_its_token(url, problem, tmp_path, capsys):
+    """pyspark's client raised a bare ValueError (a traceback) on the first, and quoted the token in the
+    second; each is refused with the config now, its token masked."""
+    assert main(["eval", "--warehouse", str(tmp_path), "--run", "r", "--set", f"spark.remote={url}"]) == 2
+    err = capsys.readouterr().err
+    assert problem in err and PASSWORD not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_token_in_a_message_that_quotes_the_parameter_alone_is_masked():
+    assert secrets.scrub(f"Parameter 'token={PASSWORD}' should be a pair") == "Parameter 'token=***' should be a pair"
+    assert secrets.scrub("max_tokens=512") == "max_tokens=512"
