@@ -235,7 +235,7 @@ def prepare(
         previous = _run_to_resume(plan) if resume else None
         backends_built.result()
     raw = read_questions(wh.spark, questions)
-    checked = validate(wh.spark, raw, cfg.input.max_question_chars)
+    checked = validate(wh.spark, raw, cfg.input.max_question_chars, questions)
     if previous is not None:  # resumed
         from pyspark.sql import functions as F
 

@@ -346,15 +346,16 @@ def _checked(record: dict, max_chars: int) -> dict:
 # ------------------------------------------------------------------ the whole table (Spark)
 
 
-def validate(spark, raw, max_chars: int):
+def validate(spark, raw, max_chars: int, source: str):
     """The checked rows of the whole table (RUN_INPUTS without run_id), in Spark: each row numbered by
     its position in the input (0-based; blank JSONL lines not counted), checked on its own, and of rows
-    sharing a question_id the first that passes its checks kept and the later ones rejected."""
+    sharing a question_id the first that passes its checks kept and the later ones rejected. `source`:
+    where the rows came from (a path or a table name), for the messages."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    numbered = _numbered(spark, raw)
+    numbered = _numbered(spark, raw, source)
 
     def check(frames):
         for frame in frames:
@@ -383,7 +384,7 @@ def validate(spark, raw, max_chars: int):
     )
 
 
-def _numbered(spark, raw):
+def _numbered(spark, raw, source: str):
     """raw with `input_row`: a row's position in the input, from each partition's row count (one small
     aggregate) and the row's offset in its partition, without moving the rows."""
     from pyspark.sql import functions as F
@@ -398,7 +399,7 @@ def _numbered(spark, raw):
         offsets.append((part, total))
         total += count
     if total == 0:
-        raise InputError("the questions table has no rows")
+        raise InputError(f"questions {source} hold no rows")
     starts = spark.createDataFrame(offsets, "_part int, _start long")
     # monotonically_increasing_id: the partition index in the upper 31 bits, the row's offset below
     position = F.col("_id") - F.shiftleft(F.col("_part").cast("long"), 33)

@@ -79,10 +79,10 @@ def _write(tmp_path, name, content: bytes):
 
 
 ERRORS = {
-    "empty table": (lambda t: ["--questions", _write(t, "q.jsonl", b"\n")], "the questions table has no rows"),
+    "empty table": (lambda t: ["--questions", _write(t, "q.jsonl", b"\n")], "q.jsonl hold no rows"),
     "empty CSV table": (
         lambda t: ["--questions", _write(t, "q.csv", b"question_id,question\n")],
-        "the questions table has no rows",
+        "q.csv hold no rows",
     ),
     "path does not exist": (lambda t: ["--questions", str(t / "nope.jsonl")], "questions not found"),
     "unsupported file": (lambda t: ["--questions", _write(t, "q.xlsx", b"x")], "unsupported questions file"),

@@ -14,7 +14,7 @@ from crag.questions import read_questions, validate
 
 def _validated(spark, path, max_chars=100) -> pd.DataFrame:
     return (
-        validate(spark, read_questions(spark, str(path)), max_chars)
+        validate(spark, read_questions(spark, str(path)), max_chars, str(path))
         .toPandas()
         .sort_values("input_row")
         .reset_index(drop=True)
@@ -76,7 +76,7 @@ def test_rows_are_numbered_in_input_order_across_partitions(spark, tmp_path):
     path = tmp_path / "many.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     raw = read_questions(spark, str(path)).repartition(3)  # rows spread over partitions
-    out = validate(spark, raw, 100).toPandas()
+    out = validate(spark, raw, 100, "the test's table").toPandas()
     assert sorted(out["input_row"]) == list(range(3000))
     assert out["reason"].isna().all()
 
@@ -149,13 +149,13 @@ def test_unreadable_inputs_are_one_line_errors(spark, tmp_path):
         read_questions(spark, str(tmp_path / "empty.parquet"))
     (tmp_path / "corrupt.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(InputError, match="cannot read questions"):
-        validate(spark, read_questions(spark, str(tmp_path / "corrupt.parquet")), 100).collect()
+        validate(spark, read_questions(spark, str(tmp_path / "corrupt.parquet")), 100, "corrupt.parquet").collect()
     pd.DataFrame({"question_id": ["a"], "text": ["?"]}).to_parquet(tmp_path / "cols.parquet")
     with pytest.raises(InputError, match=r"lack column\(s\) question \(found: question_id, text\)"):
         read_questions(spark, str(tmp_path / "cols.parquet"))
     (tmp_path / "blank.jsonl").write_text("\n\n")
     with pytest.raises(InputError, match="no rows"):
-        validate(spark, read_questions(spark, str(tmp_path / "blank.jsonl")), 100)
+        validate(spark, read_questions(spark, str(tmp_path / "blank.jsonl")), 100, "blank.jsonl")
 
 
 @pytest.mark.parametrize("name", ["batch[1].jsonl", "b{1,2}.csv", "x*y?.parquet", "back\\slash.jsonl"])
