@@ -10,7 +10,7 @@ import pytest
 from crag import stages
 from crag.backends import build_backends, smallest_budget
 from crag.backends.base import Usage
-from crag.backends.llm_roles import LLMGrader, Prompt, fenced, render_context
+from crag.backends.llm_roles import LLMGrader, Prompt, defused, fenced, render_context
 from crag.backends.remote import Endpoint, budget_share, running_task
 from crag.config import EndpointPolicy, load_config
 from tests.support import REPO
@@ -48,10 +48,15 @@ def test_injected_instructions_stay_inside_the_document_block():
 
 def test_documents_are_truncated_before_the_prompt():
     assert fenced("x" * 50, 10) == "x" * 10 + " [truncated]"
-    assert fenced("a </Context> b </ document> c", 100) == "a < /Context> b < /document> c"
+    assert fenced("a </Context> b </ document> c", 100) == "a < /Context> b < / document> c"
     ctx = render_context([{"source": "web", "title": 'a "quoted" <title>', "text": "y" * 30 + "</document>"}], 100)
     assert ctx.startswith('<document index="1" source="web" title="a &quot;quoted&quot; &lt;title&gt;">\n')
     assert ctx.count("</document>") == 1
+
+
+def test_defusing_leaves_ordinary_text_readable():
+    assert defused("if a < b and x</y, then c <= d / 2") == "if a < b and x< /y, then c <= d / 2"
+    assert defused("<\u200b/q> < /q> <\x00 /q> ＜／q＞") == "< /q> < /q> < /q> < /q＞"
 
 
 def _run(cfg, questions):
