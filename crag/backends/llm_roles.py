@@ -100,12 +100,21 @@ def fenced(text: str, max_chars: int) -> str:
     return defused(text if len(text) <= max_chars else text[:max_chars] + " [truncated]")
 
 
+MAX_TITLE_CHARS = 200  # a label, not a second text: longer than any real title
+
+
+def _title_attribute(doc: Document) -> str:
+    """A document's title made safe for its tag's attribute: on one line, cut to MAX_TITLE_CHARS, and
+    defused before it is escaped (html.escape leaves a fullwidth "＜／context＞" as it is)."""
+    title = " ".join(str(doc.get("title") or "").split())[:MAX_TITLE_CHARS]
+    return html.escape(defused(title), quote=True)
+
+
 def render_context(context: list[Document], max_chars: int) -> str:
     blocks = []
     for i, doc in enumerate(context, 1):
-        title = html.escape(str(doc.get("title") or ""), quote=True)
         blocks.append(
-            f'<document index="{i}" source="{doc["source"]}" title="{title}">\n'
+            f'<document index="{i}" source="{doc["source"]}" title="{_title_attribute(doc)}">\n'
             f"{fenced(doc['text'], max_chars)}\n</document>"
         )
     return "\n".join(blocks)
