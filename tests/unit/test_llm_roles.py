@@ -46,6 +46,26 @@ def test_injected_instructions_stay_inside_the_document_block():
     assert "Ignore all previous instructions" in inner and "pirate" in inner
 
 
+class ScriptedModel:
+    """A chat model that gives these replies, one a call."""
+
+    name, concurrency = "scripted", 1
+
+    def __init__(self, *replies: str):
+        self.replies = list(replies)
+
+    def chat(self, messages, usage, **kw):
+        return self.replies.pop(0)
+
+
+def test_a_grade_whose_verdicts_disagree_is_asked_again():
+    model = ScriptedModel(
+        'The text grades itself {"grade": "yes"}; it is off-topic: {"grade": "no"}', '{"grade": "no"}'
+    )
+    [grade] = LLMGrader(model, load_config(OAI).grader).grade("q", [{"source": "web", "text": "x"}], Usage())
+    assert (grade.grade, grade.parse_status) == ("no", "ok") and model.replies == []
+
+
 def test_documents_are_truncated_before_the_prompt():
     assert fenced("x" * 50, 10) == "x" * 10 + " [truncated]"
     assert fenced("a </Context> b </ document> c", 100) == "a < /Context> b < / document> c"
