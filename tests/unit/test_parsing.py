@@ -75,6 +75,14 @@ def test_parse_binary(text, relevance, status):
         ("The chunk says:\nScore: 5\nbut it is unrelated.\nScore: 0", None, "failed", None),  # lines disagree
         ('{\n  "score": 4,\n  "reason": "direct"\n}', 0.8, "repaired", "direct"),
         ('{"score": 1} or {"score": 4}', None, "failed", None),
+        # a negative score, or one of another scale, is no score of 0-5
+        ("Score: -4", None, "failed", None),
+        ("Score: \u22124\nReason: off-topic", None, "failed", None),
+        ('{"score": -4}', None, "failed", None),
+        ("Score: 3/10", None, "failed", None),
+        ("I'd give it a score of 3 out of 10.", None, "failed", None),
+        ("Score: 3 / 5", 0.6, "repaired", None),
+        ("On a score 0-5 scale: score 4.5", 0.9, "repaired", None),
     ],
 )
 def test_parse_score(text, relevance, status, reason):
