@@ -198,17 +198,25 @@ _CITATION = re.compile(r"\s*\[(\d+)\]")
 
 
 def parse_answer(text: str, refusal: str, n_documents: int) -> tuple[str | None, list[int]]:
-    """(answer without [n] markers, cited document positions). None when the model gave the refusal
-    sentence. With no readable citation, every context document counts as cited. A reply that ended
-    while the model was still reasoning is an error (ValueError), not a refusal."""
+    """(answer without [n] markers, cited document positions). None when the model refused: the reply
+    starts with the refusal sentence, or holds it and cites no document. A reply without [n] markers
+    counts as citing every context document; markers that name none of them cite none. A reply that
+    ended while the model was still reasoning is an error (ValueError), not a refusal."""
     stripped = reasoning_split(text)
     if stripped is None:
         raise ValueError("the model's reply ended while it was still reasoning: raise generator.max_tokens")
-    if not stripped or _normalise(stripped).startswith(_normalise(refusal)):
+    markers = [int(n) for n in _CITATION.findall(stripped)]
+    cited = sorted({n - 1 for n in markers if 0 < n <= n_documents})
+    if not stripped or _refuses(stripped, refusal, cited):
         return None, []
-    cited = sorted({int(n) - 1 for n in _CITATION.findall(stripped) if 0 < int(n) <= n_documents})
-    answer = _CITATION.sub("", stripped).strip()
-    return answer, cited or list(range(n_documents))
+    return _CITATION.sub("", stripped).strip(), cited if markers else list(range(n_documents))
+
+
+def _refuses(reply: str, refusal: str, cited: list[int]) -> bool:
+    """Whether a reply starts with the refusal sentence, or holds it and cites no document (a model may
+    lead into it: "Based on the documents: I don't know...")."""
+    said, refusal = _normalise(reply), _normalise(refusal)
+    return said.startswith(refusal) or (not cited and f" {refusal} " in f" {said} ")
 
 
 def parse_yes_no(text: str) -> bool | None:

@@ -95,7 +95,15 @@ def test_parse_answer():
     assert parse_answer("Twelve months.", "I don't know.", 2) == ("Twelve months.", [0, 1])  # no citation: all cited
     assert parse_answer("I don't know.", "I don't know.", 2) == (None, [])
     assert parse_answer("i DON'T know", "I don't know.", 2) == (None, [])
-    assert parse_answer("It is [9] here.", "x", 2) == ("It is here.", [0, 1])  # out-of-range citation ignored
+    # citations that name no document cite none: the answer has no sources, not all of them
+    assert parse_answer("The filter lasts 12 months [7].", "I don't know.", 3) == ("The filter lasts 12 months.", [])
+    assert parse_answer("It is [9] here [2].", "x", 2) == ("It is here.", [1])
+    # the refusal sentence further on, and no document cited: a refusal
+    refusal = "I don't know: the available documents do not answer this question."
+    assert parse_answer(f"Based on the documents: {refusal}", refusal, 3) == (None, [])
+    assert parse_answer(f"Sorry. {refusal} [4]", refusal, 3) == (None, [])
+    partial = f"The filter is the HEPA-13 [1]. {refusal}"  # partial coverage, cited: an answer
+    assert parse_answer(partial, refusal, 3) == (partial.replace(" [1]", ""), [0])
 
 
 def test_yes_no_and_query_cleaning():
