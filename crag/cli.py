@@ -11,6 +11,7 @@ import signal
 import sys
 import textwrap
 import threading
+import unicodedata
 from collections.abc import Mapping
 
 from crag.errors import CragError, describe
@@ -172,8 +173,8 @@ def parser() -> argparse.ArgumentParser:
 
 def _print_stage(name: str, df) -> None:
     # Error texts and reasons are scrubbed where they are made; the whole screen output is too, since
-    # it also shows what the services sent back.
-    print = _print_scrubbed  # noqa: A001
+    # it also shows what the services sent back, and so are the terminal's control codes in it.
+    print = _print_untrusted  # noqa: A001
     row = df.iloc[0]
     if row["error"] is not None and name != "generate":
         print(f"[{name}] error: {row['error']}")
@@ -202,13 +203,23 @@ def _print_stage(name: str, df) -> None:
     elif name == "generate":
         print(f"[generate] route {row['route']}" + (f", error: {row['error']}" if row["error"] else ""))
         if row["answer"] is not None:
-            print(textwrap.indent(textwrap.fill(row["answer"], 100), "    "))
+            for line in textwrap.wrap(row["answer"], 100):  # its line breaks and tabs become spaces
+                print(f"    {line}")
         for s in row["sources"]:
             print(f"    source: {s['source']} {s['doc_id']} {s['title']} {s['url'] or ''}".rstrip())
 
 
-def _print_scrubbed(*values, **kwargs) -> None:
-    print(*(scrub(str(v)) for v in values), **kwargs)
+def _print_untrusted(*values, **kwargs) -> None:
+    """Print a line that holds what documents, web pages and services said: without secrets (scrub),
+    and with their control and format characters shown as escapes ("\\x1b"), so that none clears the
+    screen, sets the terminal's title, rings its bell, reorders the text or starts a line of its own."""
+    print(*(_escaped(scrub(str(v))) for v in values), **kwargs)
+
+
+def _escaped(text: str) -> str:
+    return "".join(
+        c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) in ("Cc", "Cf") else c for c in text
+    )
 
 
 def _warehouse(args):
