@@ -213,3 +213,22 @@ def test_ask_shows_control_characters_as_escapes(capsys, index_overrides, monkey
     assert "Mount Fuji\\x1b]0;owned\\x07" in out and "/Mount_Fuji\\x1b[2J\\n[generate] route internal" in out
     assert "2013.\\u202e [generate] route internal" in out  # wrapped: whitespace is a space
     assert [line for line in out.splitlines() if line.startswith("[generate]")] == ["[generate] route web"]
+
+
+def test_ask_fails_with_its_question_in_one_line(capsys, index_overrides, monkeypatch):
+    """A question that fails ends `crag ask` with exit code 2 and its error, which shows on screen at the
+    stage that raised it only."""
+    import crag.backends.lexical
+
+    def down(self, *args, **kwargs):
+        raise RuntimeError("grader down\x1b[2J")
+
+    monkeypatch.setattr(crag.backends.lexical.LexicalGrader, "grade", down)
+    question = "How often should the AQ-7 filter be replaced?"
+    assert main(["ask", "--conf", str(LOCAL_CONF), *set_args(index_overrides), question]) == 2
+    printed = capsys.readouterr()
+    assert printed.err == "crag: error: grade: RuntimeError: grader down\\x1b[2J\n"
+    stages = [line.split("]")[0] + "]" for line in printed.out.splitlines() if line.startswith("[")]
+    assert stages == ["[retrieve]", "[grade]", "[generate]"], printed.out
+    assert "[grade] error: grade: RuntimeError: grader down\\x1b[2J\n" in printed.out
+    assert printed.out.count("grader down") == 1 and "[generate] route error\n" in printed.out
