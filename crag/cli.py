@@ -11,6 +11,7 @@ import signal
 import sys
 import textwrap
 import threading
+import unicodedata
 from collections.abc import Mapping
 
 from crag.errors import CragError, describe
@@ -170,13 +171,28 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
-def _print_stage(name: str, df) -> None:
+class _StagePrinter:
+    """`crag ask`'s screen, called after each stage: a failure shows at the stage that raised it (the
+    later stages pass the failed question by, its error unchanged)."""
+
+    def __init__(self) -> None:
+        self.error: str | None = None
+
+    def __call__(self, name: str, df) -> None:
+        row = df.iloc[0]
+        raised = row["error"] if row["error"] != self.error else None
+        self.error = row["error"]
+        _print_stage(name, row, raised)
+
+
+def _print_stage(name: str, row, raised: str | None) -> None:
+    """One stage's results for the question in `row`, or `raised`: the error this stage failed it with."""
     # Error texts and reasons are scrubbed where they are made; the whole screen output is too, since
-    # it also shows what the services sent back.
-    print = _print_scrubbed  # noqa: A001
-    row = df.iloc[0]
+    # it also shows what the services sent back, and so are the terminal's control codes in it.
+    print = _print_untrusted  # noqa: A001
     if row["error"] is not None and name != "generate":
-        print(f"[{name}] error: {row['error']}")
+        if raised is not None:
+            print(f"[{name}] error: {raised}")
         return
     if name == "retrieve":
         print(f"[retrieve] {row['n_retrieved']} documents")
@@ -200,15 +216,25 @@ def _print_stage(name: str, df) -> None:
     elif name == "refine":
         print(f"[context] {len(row['context'])} documents")
     elif name == "generate":
-        print(f"[generate] route {row['route']}" + (f", error: {row['error']}" if row["error"] else ""))
+        print(f"[generate] route {row['route']}" + (f", error: {raised}" if raised else ""))
         if row["answer"] is not None:
-            print(textwrap.indent(textwrap.fill(row["answer"], 100), "    "))
+            for line in textwrap.wrap(row["answer"], 100):  # its line breaks and tabs become spaces
+                print(f"    {line}")
         for s in row["sources"]:
             print(f"    source: {s['source']} {s['doc_id']} {s['title']} {s['url'] or ''}".rstrip())
 
 
-def _print_scrubbed(*values, **kwargs) -> None:
-    print(*(scrub(str(v)) for v in values), **kwargs)
+def _print_untrusted(*values, **kwargs) -> None:
+    """Print a line that holds what documents, web pages and services said: without secrets (scrub),
+    and with their control and format characters shown as escapes ("\\x1b"), so that none clears the
+    screen, sets the terminal's title, rings its bell, reorders the text or starts a line of its own."""
+    print(*(_escaped(scrub(str(v))) for v in values), **kwargs)
+
+
+def _escaped(text: str) -> str:
+    return "".join(
+        c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) in ("Cc", "Cf") else c for c in text
+    )
 
 
 def _warehouse(args):
@@ -400,7 +426,11 @@ def _run_command(args) -> int:
             cfg = resolve_paths(load_config(args.conf, _overrides(args), args.variant))
             check_one("ask", args.question, cfg.input.max_question_chars)
             question = pd.DataFrame({"question_id": ["ask"], "question": [args.question]})
-            run_pipeline(question, build_backends(cfg, resolve_credentials(cfg)), cfg, on_stage=_print_stage)
+            backends = build_backends(cfg, resolve_credentials(cfg))
+            error = run_pipeline(question, backends, cfg, on_stage=_StagePrinter()).iloc[0]["error"]
+            if error is not None:  # the question failed: one line and exit code 2, as for an error crag names
+                _print_untrusted(f"crag: error: {error}", file=sys.stderr)
+                return 2
     except CragError as exc:
         print(f"crag: error: {scrub(str(exc))}", file=sys.stderr)
         return 2

@@ -1,8 +1,8 @@
 """The grader, rewriter, generator and web-source check played by a chat model (any ChatModel).
 
 Untrusted text (the question, documents, web results) enters a prompt only inside its tags, with any
-copy of a closing tag inside it defused, so that it cannot end its block early and pose as
-instructions; documents and web results are also truncated to `max_doc_chars`.
+closing tag inside it defused, so that it cannot end its block early and pose as instructions;
+documents and web results are also truncated to `max_doc_chars`.
 """
 
 from __future__ import annotations
@@ -58,46 +58,41 @@ class Prompt:
         ]
 
 
-# Every tag crag's prompts use as a delimiter: untrusted text must not be able to close any of them.
-DELIMITERS = ("question", "document", "context", "web_result")
-_CLOSING = re.compile(rf"</\s*({'|'.join(DELIMITERS)})", re.I)
-
-
-# The characters NFKC folds into "<" (tests/unit/test_hardening_prompts.py checks every code point):
-# an untrusted text without one of them cannot hold a closing tag, in any spelling.
+# The characters NFKC folds into "<", and into a text that starts with "/" (tests/unit/
+# test_hardening_prompts.py checks every code point): the ways a closing tag can begin as a model reads
+# it, or an NFKC-normalising tokenizer turns it into.
 LESS_THAN_FORMS = "<\ufe64\uff1c"  # <, small form ﹤, fullwidth ＜
+SLASH_FORMS = "/\uff0f"  # /, fullwidth ／
+_LESS_THAN = re.compile(f"[{LESS_THAN_FORMS}]")
 
 
 def defused(text: str) -> str:
-    """Untrusted text made safe to place inside a delimited block: every closing tag of crag's
-    delimiters in it defused (an injected "</question>" must not end the question block), also when it
-    is spelt in fullwidth or small forms ("＜／question＞", which a model reads as the same tag and an
-    NFKC-normalising tokenizer turns into it) or with invisible characters inside ("<\u200b/question>")."""
-    if not any(c in text for c in LESS_THAN_FORMS):
-        return text
-    if text.isascii():
-        return _CLOSING.sub(lambda m: f"< /{m.group(1)}", text)
-    folded, origin = _folded(text)
+    """Untrusted text made safe to place inside a delimited block: it holds no closing tag, of any name
+    in any spelling, so that an injected "</question>" cannot end the question block. Every less-than
+    sign whose next visible character is a slash, in any of their forms ("＜／"), is written "< /",
+    whatever stands between them that shows nothing ("<\\u200b/", "<\\x00/"). The tag's name is not
+    read: a look-alike letter ("</dоcument>" with a Cyrillic о) changes nothing. Other text is left as
+    it is ("a < b", and "x</y" reads "x< /y")."""
     out, last = [], 0
-    for m in _CLOSING.finditer(folded):
-        start, end = origin[m.start()], origin[m.end() - 1] + 1
-        out += [text[last:start], f"< /{m.group(1)}"]
-        last = end
+    for less_than in _LESS_THAN.finditer(text):
+        slash = _next_shown(text, less_than.end())
+        if slash < len(text) and text[slash] in SLASH_FORMS:
+            out += [text[last : less_than.start()], "< /"]
+            last = slash + 1
     return "".join(out) + text[last:]
 
 
-def _folded(text: str) -> tuple[str, list[int]]:
-    """`text` NFKC-normalised character by character, with the characters that show nothing inside a
-    tag left out (zero-width spaces and joiners, bidi marks, the grapheme joiner, variation selectors,
-    combining marks, Hangul fillers), and for each character of the result the index it came from."""
-    chars, origin = [], []
-    for i, char in enumerate(text):
-        if invisible(char):
-            continue
-        for folded in unicodedata.normalize("NFKC", char):
-            chars.append(folded)
-            origin.append(i)
-    return "".join(chars), origin
+def _next_shown(text: str, start: int) -> int:
+    """The position of the first character from `start` on that shows something (len(text): none does)."""
+    while start < len(text) and _shows_nothing(text[start]):
+        start += 1
+    return start
+
+
+def _shows_nothing(char: str) -> bool:
+    """Control, format and unassigned characters, marks and blank letters, which a reader or a tokenizer
+    may drop, and spaces: whatever stood between "<" and "/", defused text has exactly one space there."""
+    return unicodedata.category(char)[0] in "CZ" or invisible(char)
 
 
 def fenced(text: str, max_chars: int) -> str:
@@ -105,12 +100,21 @@ def fenced(text: str, max_chars: int) -> str:
     return defused(text if len(text) <= max_chars else text[:max_chars] + " [truncated]")
 
 
+MAX_TITLE_CHARS = 200  # a label, not a second text: longer than any real title
+
+
+def _title_attribute(doc: Document) -> str:
+    """A document's title made safe for its tag's attribute: on one line, cut to MAX_TITLE_CHARS, and
+    defused before it is escaped (html.escape leaves a fullwidth "＜／context＞" as it is)."""
+    title = " ".join(str(doc.get("title") or "").split())[:MAX_TITLE_CHARS]
+    return html.escape(defused(title), quote=True)
+
+
 def render_context(context: list[Document], max_chars: int) -> str:
     blocks = []
     for i, doc in enumerate(context, 1):
-        title = html.escape(str(doc.get("title") or ""), quote=True)
         blocks.append(
-            f'<document index="{i}" source="{doc["source"]}" title="{title}">\n'
+            f'<document index="{i}" source="{doc["source"]}" title="{_title_attribute(doc)}">\n'
             f"{fenced(doc['text'], max_chars)}\n</document>"
         )
     return "\n".join(blocks)

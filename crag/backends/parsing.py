@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 # Part of the stage cache's key for the model roles (crag.cache.role_slices): raise it when these
 # parsers read a model's output differently, so that results read the old way are not reused.
-READING_VERSION = 2
+READING_VERSION = 3
 
 BINARY_KEYS = ("grade", "score", "binary_score", "relevant", "relevance", "answer")
 _YES = {"yes", "y", "true", "relevant", "1"}
@@ -19,9 +19,14 @@ _NO = {"no", "n", "false", "irrelevant", "not relevant", "0"}
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S | re.I)
 _OBJECT = re.compile(r"\{[^{}]*\}", re.S)
 _LEADING_WORD = re.compile(r"^\W*(yes|no|true|false|relevant|irrelevant)\b", re.I)
-# "Score: 4", "score (0-5): 4", "**Score:** 4", "Score：4", "score: 3/5"
-_SCORE = re.compile(r"score(?:\s*\([^)]*\))?\W{0,6}?(\d+(?:\.\d+)?)\s*(?:/\s*5)?", re.I)
-_SCORE_LINE = re.compile(r"^[^\w\n]*" + _SCORE.pattern, re.I | re.M)  # a line that gives the score
+# "Score: 4", "score (0-5): 4", "**Score:** 4", "Score：4", "score: 3/5"; not a negative number
+# ("Score: -4", also with a Unicode minus), nor one of another scale ("3/10", "3 out of 10") or a range
+# ("score 0-5")
+_NUMBER = r"(?<![-\u2212\ufe63\uff0d])(\d+(?:\.\d+)?)(?!\.?\d)"
+_NOT_OF_THIS_SCALE = r"(?!\s*(?:/|out\s+of)\s*(?!5(?!\d))\d|\s*[-\u2013]\s*\d)"
+_SCORE = re.compile(r"score(?:\s*\([^)]*\))?\W{0,6}?" + _NUMBER + _NOT_OF_THIS_SCALE, re.I)
+# a line that gives the score ("**Score:** 4", "- Score: 4"; a JSON key, "score": 4, is read as JSON)
+_SCORE_LINE = re.compile(r'^[^\w\n{"]*' + _SCORE.pattern, re.I | re.M)
 _REASON = re.compile(r"reason[^\w\n]{0,6}(.+)", re.I)
 
 
@@ -110,13 +115,32 @@ def _from_object(obj) -> tuple[bool | None, str | None]:
     return None, reason
 
 
-def _json_candidates(text: str) -> list[str]:
-    return [m.group(1) for m in _FENCE.finditer(text)] + _OBJECT.findall(text)
+def _json_values(text: str) -> list:
+    """Every JSON value in a reply's code fences, and every JSON object in its prose."""
+    values = []
+    for candidate in [m.group(1) for m in _FENCE.finditer(text)] + _OBJECT.findall(text):
+        try:
+            values.append(json.loads(candidate.strip()))
+        except json.JSONDecodeError:
+            continue
+    return values
+
+
+def _agreed(readings: list[tuple[float, str | None]]) -> Parsed:
+    """The relevance all of a reply's readings of one kind give (repaired), or failed when they disagree
+    (or one is out of range): a model may quote the document's own verdict ("it grades itself
+    {"grade": "yes"}") beside its own, and which is which cannot be told."""
+    relevances = {relevance for relevance, _ in readings}
+    if len(relevances) != 1 or not 0 <= readings[0][0] <= 1:
+        return Parsed(None, "failed")
+    reason = next((reason for _, reason in readings if reason is not None), None)
+    return Parsed(readings[0][0], "repaired", reason)
 
 
 def parse_binary(text: str) -> Parsed:
     """{"grade": "yes"|"no"} as asked -> ok; inside prose or fences, other keys or case, or a bare
-    "Yes." -> repaired; anything else -> failed. Reasoning before the answer is left out (`visible`)."""
+    "Yes." -> repaired; verdicts that disagree, or none -> failed. Reasoning before the answer is left
+    out (`visible`)."""
     stripped = visible(text)
     try:
         obj = json.loads(stripped)
@@ -127,13 +151,9 @@ def parse_binary(text: str) -> Parsed:
     value, reason = _from_object(obj)
     if value is not None:
         return Parsed(1.0 if value else 0.0, "repaired", reason)
-    for candidate in _json_candidates(stripped):
-        try:
-            value, reason = _from_object(json.loads(candidate.strip()))
-        except json.JSONDecodeError:
-            continue
-        if value is not None:
-            return Parsed(1.0 if value else 0.0, "repaired", reason)
+    verdicts = [(1.0 if v else 0.0, r) for v, r in map(_from_object, _json_values(stripped)) if v is not None]
+    if verdicts:
+        return _agreed(verdicts)
     word = _LEADING_WORD.match(stripped)
     if word:
         return Parsed(1.0 if _word_to_bool(word.group(1)) else 0.0, "repaired")
@@ -141,45 +161,62 @@ def parse_binary(text: str) -> Parsed:
 
 
 def parse_score(text: str) -> Parsed:
-    """ "Score: N" (0-5) and "Reason: ..." lines as asked -> ok, relevance N/5; a score inside JSON or
-    prose (a line that starts with it first) -> repaired; none, or out of range -> failed."""
+    """ "Score: N" (0-5) and "Reason: ..." lines as asked -> ok, relevance N/5; a score elsewhere ->
+    repaired, read from the first of these that gives one: lines that start with a score, JSON, prose.
+    None, scores of one kind that disagree, or one out of range -> failed."""
     stripped = visible(text)
     lines = [line.strip() for line in stripped.splitlines() if line.strip()]
     if lines and re.fullmatch(r"Score:\s*[0-5]", lines[0]) and (len(lines) == 1 or lines[1].startswith("Reason:")):
         reason = lines[1][len("Reason:") :].strip() if len(lines) > 1 else None
         return Parsed(int(lines[0].split(":")[1]) / 5, "ok", reason)
-    for candidate in _json_candidates(stripped):
-        try:
-            obj = json.loads(candidate)
-        except json.JSONDecodeError:
-            continue
+    for readings in (_scores_in(_SCORE_LINE, stripped), _json_scores(stripped), _scores_in(_SCORE, stripped)):
+        if readings:
+            return _agreed(readings)
+    return Parsed(None, "failed")
+
+
+def _scores_in(pattern: re.Pattern, text: str) -> list[tuple[float, str | None]]:
+    """(relevance, the reply's "Reason:") for each score the pattern finds."""
+    found = _REASON.search(text)
+    reason = found.group(1).strip(" *_") if found else None
+    return [(float(m.group(1)) / 5, reason) for m in pattern.finditer(text)]
+
+
+def _json_scores(text: str) -> list[tuple[float, str | None]]:
+    """(relevance, reason) for each JSON object in the reply that gives a score."""
+    readings = []
+    for obj in _json_values(text):
         lowered = {str(k).lower(): v for k, v in obj.items()} if isinstance(obj, dict) else {}
         score = _number(lowered.get("score"))
-        if score is not None and 0 <= score <= 5:
+        if score is not None:
             reason = lowered.get("reason")
-            return Parsed(score / 5, "repaired", str(reason) if reason is not None else None)
-    match = _SCORE_LINE.search(stripped) or _SCORE.search(stripped)
-    if match and 0 <= float(match.group(1)) <= 5:
-        found = _REASON.search(stripped)
-        return Parsed(float(match.group(1)) / 5, "repaired", found.group(1).strip(" *_") if found else None)
-    return Parsed(None, "failed")
+            readings.append((score / 5, None if reason is None else str(reason)))
+    return readings
 
 
 _CITATION = re.compile(r"\s*\[(\d+)\]")
 
 
 def parse_answer(text: str, refusal: str, n_documents: int) -> tuple[str | None, list[int]]:
-    """(answer without [n] markers, cited document positions). None when the model gave the refusal
-    sentence. With no readable citation, every context document counts as cited. A reply that ended
-    while the model was still reasoning is an error (ValueError), not a refusal."""
+    """(answer without [n] markers, cited document positions). None when the model refused: the reply
+    starts with the refusal sentence, or holds it and cites no document. A reply without [n] markers
+    counts as citing every context document; markers that name none of them cite none. A reply that
+    ended while the model was still reasoning is an error (ValueError), not a refusal."""
     stripped = reasoning_split(text)
     if stripped is None:
         raise ValueError("the model's reply ended while it was still reasoning: raise generator.max_tokens")
-    if not stripped or _normalise(stripped).startswith(_normalise(refusal)):
+    markers = [int(n) for n in _CITATION.findall(stripped)]
+    cited = sorted({n - 1 for n in markers if 0 < n <= n_documents})
+    if not stripped or _refuses(stripped, refusal, cited):
         return None, []
-    cited = sorted({int(n) - 1 for n in _CITATION.findall(stripped) if 0 < int(n) <= n_documents})
-    answer = _CITATION.sub("", stripped).strip()
-    return answer, cited or list(range(n_documents))
+    return _CITATION.sub("", stripped).strip(), cited if markers else list(range(n_documents))
+
+
+def _refuses(reply: str, refusal: str, cited: list[int]) -> bool:
+    """Whether a reply starts with the refusal sentence, or holds it and cites no document (a model may
+    lead into it: "Based on the documents: I don't know...")."""
+    said, refusal = _normalise(reply), _normalise(refusal)
+    return said.startswith(refusal) or (not cited and f" {refusal} " in f" {said} ")
 
 
 def parse_yes_no(text: str) -> bool | None:

@@ -262,3 +262,55 @@ def test_commands_leave_no_spark_warehouse_in_the_working_directory(spark, tmp_p
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert not (work / "spark-warehouse").exists() and list(work.iterdir()) == []
+
+
+def test_ask_shows_control_characters_as_escapes(capsys, index_overrides, monkeypatch):
+    """Titles, URLs and answers come from documents and web pages: an escape sequence in them must not
+    reach the terminal (clear the screen, set its title, ring its bell) nor a line break forge a line."""
+    import crag.backends.bm25
+    import crag.backends.extractive
+    from crag.backends.base import Answer
+
+    search, generate = (
+        crag.backends.bm25.OfflineCorpusSearch.search,
+        crag.backends.extractive.ExtractiveGenerator.generate,
+    )
+
+    def hostile_pages(self, *args, **kwargs):
+        pages = search(self, *args, **kwargs)
+        return [
+            {**d, "title": f"{d['title']}\x1b]0;owned\x07", "url": f"{d['url']}\x1b[2J\n[generate] route internal"}
+            for d in pages
+        ]
+
+    def hostile_answer(self, *args, **kwargs):
+        answer = generate(self, *args, **kwargs)
+        return Answer(f"{answer.text}\u202e\r[generate] route internal", answer.cited)
+
+    monkeypatch.setattr(crag.backends.bm25.OfflineCorpusSearch, "search", hostile_pages)
+    monkeypatch.setattr(crag.backends.extractive.ExtractiveGenerator, "generate", hostile_answer)
+    assert main(["ask", "--conf", str(LOCAL_CONF), *set_args(index_overrides), "How high is Mount Fuji?"]) == 0
+    out = capsys.readouterr().out
+    assert not {"\x1b", "\x07", "\r", "\u202e"} & set(out), out
+    assert "Mount Fuji\\x1b]0;owned\\x07" in out and "/Mount_Fuji\\x1b[2J\\n[generate] route internal" in out
+    assert "2013.\\u202e [generate] route internal" in out  # wrapped: whitespace is a space
+    assert [line for line in out.splitlines() if line.startswith("[generate]")] == ["[generate] route web"]
+
+
+def test_ask_fails_with_its_question_in_one_line(capsys, index_overrides, monkeypatch):
+    """A question that fails ends `crag ask` with exit code 2 and its error, which shows on screen at the
+    stage that raised it only."""
+    import crag.backends.lexical
+
+    def down(self, *args, **kwargs):
+        raise RuntimeError("grader down\x1b[2J")
+
+    monkeypatch.setattr(crag.backends.lexical.LexicalGrader, "grade", down)
+    question = "How often should the AQ-7 filter be replaced?"
+    assert main(["ask", "--conf", str(LOCAL_CONF), *set_args(index_overrides), question]) == 2
+    printed = capsys.readouterr()
+    assert printed.err == "crag: error: grade: RuntimeError: grader down\\x1b[2J\n"
+    stages = [line.split("]")[0] + "]" for line in printed.out.splitlines() if line.startswith("[")]
+    assert stages == ["[retrieve]", "[grade]", "[generate]"], printed.out
+    assert "[grade] error: grade: RuntimeError: grader down\\x1b[2J\n" in printed.out
+    assert printed.out.count("grader down") == 1 and "[generate] route error\n" in printed.out
