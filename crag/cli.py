@@ -11,6 +11,7 @@ import signal
 import sys
 import textwrap
 import threading
+import traceback
 import unicodedata
 from collections.abc import Mapping
 
@@ -543,20 +544,31 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         return _say_interrupted(args, exc)
     except Exception as exc:
-        if os.environ.get("CRAG_DEBUG"):
-            raise
-        interrupt = _interrupt_in(exc)
+        debug, interrupt, known = (
+            bool(os.environ.get("CRAG_DEBUG")),
+            _interrupt_in(exc),
+            isinstance(exc, _known_errors()),
+        )
+        if debug or (interrupt is None and not known):  # CRAG_DEBUG=1, or a bug: the traceback
+            _print_traceback(exc)
         if interrupt is not None:
             return _say_interrupted(args, interrupt)
-        if not isinstance(exc, _known_errors()):
-            raise
-        print(f"crag: error: {describe(exc, limit=500)} (CRAG_DEBUG=1 shows the traceback)", file=sys.stderr)
+        if not known:
+            return 1  # as Python exits on an uncaught exception
+        hint = "" if debug else " (CRAG_DEBUG=1 shows the traceback)"
+        print(f"crag: error: {describe(exc, limit=500)}{hint}", file=sys.stderr)
         return 2
     finally:
         for name in _INTERRUPT_LOGGERS:
             logging.getLogger(name).removeFilter(quiet)
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _print_traceback(exc: BaseException) -> None:
+    """`exc`'s traceback on stderr as Python prints it, scrubbed: an exception's text may carry a
+    secret (crag.secrets)."""
+    print(scrub("".join(traceback.format_exception(exc))), end="", file=sys.stderr)
 
 
 def _stdout_gone() -> bool:

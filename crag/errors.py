@@ -1,5 +1,5 @@
 """Errors a user can act on. The CLI prints them as one line (`crag: error: ...`) and exits 2;
-anything else is a bug and keeps its traceback."""
+anything else is a bug and keeps its traceback (scrubbed, exit 1)."""
 
 from crag.secrets import scrub
 

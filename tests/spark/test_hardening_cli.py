@@ -101,7 +101,7 @@ def test_a_delta_folder_with_an_empty_log_is_one_line(tmp_path, capsys, index_ov
     assert err.startswith("crag: error: ") and err.count("\n") == 1, err
 
 
-def test_crag_debug_shows_the_traceback(tmp_path, monkeypatch, index_overrides):
+def test_crag_debug_shows_the_traceback(tmp_path, monkeypatch, capsys, index_overrides):
     monkeypatch.setenv("CRAG_DEBUG", "1")
     import crag.job
 
@@ -109,8 +109,10 @@ def test_crag_debug_shows_the_traceback(tmp_path, monkeypatch, index_overrides):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(crag.job, "prepare", full_disk)
-    with pytest.raises(OSError, match="No space left"):
-        main(crag_run_args(tmp_path / "wh", overrides=index_overrides))
+    assert main(crag_run_args(tmp_path / "wh", overrides=index_overrides)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):") and "in full_disk" in err
+    assert err.endswith("crag: error: OSError: [Errno 28] No space left on device\n")
 
 
 def test_a_file_system_error_is_one_scrubbed_line(monkeypatch, capsys):
@@ -123,13 +125,22 @@ def test_a_file_system_error_is_one_scrubbed_line(monkeypatch, capsys):
     assert err.startswith("crag: error: PermissionError: [Errno 13] Permission denied") and "pa55word" not in err
 
 
-def test_a_bug_keeps_its_traceback(monkeypatch):
+@pytest.mark.parametrize("debug", ["", "1"])
+def test_a_bug_keeps_its_traceback_without_secrets(debug, monkeypatch, capsys):
+    """A bug's exception text may hold what it was given: a token in a URL, a resolved secret."""
+    from crag import secrets
+
+    secrets.remember(["dapi-RESOLVED-9876"])
+    monkeypatch.setenv("CRAG_DEBUG", debug)
+
     def fail(args):
-        raise ZeroDivisionError("a bug")
+        raise ZeroDivisionError("a bug near sc://host:15002/;token=dapi-URL-1234 with dapi-RESOLVED-9876")
 
     monkeypatch.setattr(cli, "_run_command", fail)
-    with pytest.raises(ZeroDivisionError):
-        main(["eval", "--warehouse", "w", "--run", "r"])
+    assert main(["eval", "--warehouse", "w", "--run", "r"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):") and "in fail" in err
+    assert err.endswith("ZeroDivisionError: a bug near sc://host:15002/;token=*** with ***\n")
 
 
 def test_an_interrupt_behind_a_cancelled_spark_job_is_an_interrupt(monkeypatch, capsys):
