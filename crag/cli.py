@@ -544,11 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         return _say_interrupted(args, exc)
     except Exception as exc:
-        debug, interrupt, known = (
-            bool(os.environ.get("CRAG_DEBUG")),
-            _interrupt_in(exc),
-            isinstance(exc, _known_errors()),
-        )
+        debug = bool(os.environ.get("CRAG_DEBUG"))
+        interrupt, known = _interrupt_in(exc), isinstance(exc, _known_errors())
         if debug or (interrupt is None and not known):  # CRAG_DEBUG=1, or a bug: the traceback
             _print_traceback(exc)
         if interrupt is not None:
