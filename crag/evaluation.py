@@ -109,6 +109,12 @@ def _as_list(value) -> list:
     return [v for v in list(value) if v is not None]
 
 
+def gold_answers(value) -> list[str]:
+    """The gold answers that hold text: SQuAD 2.0 writes `answers: [""]` for a question without an
+    answer, and a blank gold answer is no answer (best() could match nothing against it)."""
+    return [g for g in _as_list(value) if g.strip()]
+
+
 def question_scores(answers: pd.DataFrame, grades: pd.DataFrame, gold: pd.DataFrame) -> pd.DataFrame:
     """One row per answered question with its slice keys and per-question metric values (NaN where a
     metric does not apply)."""
@@ -119,7 +125,7 @@ def question_scores(answers: pd.DataFrame, grades: pd.DataFrame, gold: pd.DataFr
     web = grades[grades["source"] == "web"].groupby("question_id")["doc_id"].apply(set)
     rows = []
     for r in df.itertuples(index=False):
-        golds = _as_list(r.answers)
+        golds = gold_answers(r.answers)
         impossible = bool(r.is_impossible) if pd.notna(r.is_impossible) else False
         expected = r.expected_route if isinstance(r.expected_route, str) else None
         answerable = bool(golds) and not impossible and expected != "none"

@@ -134,6 +134,19 @@ def test_evaluate_by_hand():
     assert ("web_recall", "all") not in m.index  # b never searched the web
 
 
+def test_a_blank_gold_answer_makes_no_question_answerable():
+    """SQuAD 2.0 writes `answers: [""]` for a question without an answer: it is scored as one with
+    no gold answer, not as an answerable question that every answer misses."""
+    answers, grades, gold = _tables()
+    gold["answers"] = [["12 months", " "], [""], [" ", ""]]
+    gold["expected_route"] = None
+    gold["is_impossible"] = None
+    scores = question_scores(answers, grades, gold).set_index("question_id")
+    assert scores["answerable"].to_dict() == {"a": "yes", "b": "no", "c": "no"}
+    assert scores.loc["a", "answer_contained"] == 1.0
+    assert scores.loc[["b", "c"], ["exact_match", "f1", "answerable_refused", "refusal_correct"]].isna().all().all()
+
+
 def test_action_accuracy_and_confusion_by_hand():
     answers, grades, gold = _tables()
     more = pd.DataFrame(
