@@ -1,9 +1,9 @@
 """Answer quality you can measure: metrics of a run against the gold columns of its questions.
 
 Pure functions over the answers, grades and gold tables of one run. Per question:
-- exact_match, f1: SQuAD's normalised exact match and token F1, best over the gold answers (Japanese
-  and other CJK answers are compared character by character); answer_contained: a normalised gold
-  answer occurs inside the returned answer. Over answerable questions; a refusal scores 0.
+- exact_match, f1: SQuAD's normalised exact match and token F1, best over the gold answers (by
+  character when the answer or the gold answer is Japanese or other CJK text); answer_contained: a
+  normalised gold answer occurs inside the returned answer. Over answerable questions; a refusal scores 0.
 - refused; refusal_correct: refused exactly when the question should be refused (is_impossible, or
   expected_route none); answerable_refused: refusals of answerable questions.
 - routing_accuracy: against expected_route: none -> refused; internal / web -> answered with that
@@ -69,14 +69,21 @@ def answer_units(text: str, cjk: bool) -> list[str]:
     return list(normalized) if cjk else normalized.split()
 
 
+def by_character(prediction: str, gold: str) -> bool:
+    """Whether an answer is scored against a gold answer character by character: when either is CJK
+    text, which has no spaces between words (a Japanese answer holding a Latin gold answer, a model
+    number say, would otherwise be one long word that never matches)."""
+    return is_cjk(prediction) or is_cjk(gold)
+
+
 def exact_match(prediction: str, gold: str) -> float:
-    cjk = is_cjk(gold)
+    cjk = by_character(prediction, gold)
     return float(normalize_answer(prediction, cjk) == normalize_answer(gold, cjk))
 
 
 def f1(prediction: str, gold: str) -> float:
-    """Token F1 (characters for CJK gold answers)."""
-    cjk = is_cjk(gold)
+    """Token F1 (characters when either answer is CJK)."""
+    cjk = by_character(prediction, gold)
     pred, ref = answer_units(prediction, cjk), answer_units(gold, cjk)
     common = sum((Counter(pred) & Counter(ref)).values())
     if not pred or not ref or common == 0:

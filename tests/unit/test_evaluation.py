@@ -36,6 +36,14 @@ def test_japanese_is_compared_by_character():
     assert contained("交換は12か月ごとです。", "12か月") == 1.0
 
 
+def test_a_japanese_answer_is_scored_by_character_against_a_latin_gold_answer():
+    """Without spaces, 品番はHF-713です would be one word that never equals HF-713."""
+    # characters 品番はhf713です (10) against hf713 (5): common 5 -> P 1/2, R 1 -> F1 2/3
+    assert f1("品番はHF-713です", "HF-713") == pytest.approx(2 / 3)
+    assert f1("HF-713", "品番はHF-713です") == pytest.approx(2 / 3)
+    assert exact_match("ＨＦ－７１３", "HF-713") == 1.0
+
+
 def test_a_prediction_is_normalised_as_its_gold_answer_is():
     """An English answer quoting a Chinese title keeps its spaces, so it still contains the English gold
     answer; a Japanese answer holding an English gold answer contains it too."""
