@@ -3,7 +3,7 @@
 Pure functions over the answers, grades and gold tables of one run. Per question:
 - exact_match, f1: SQuAD's normalised exact match and token F1, best over the gold answers (by
   character when the answer or the gold answer is Japanese or other CJK text); answer_contained: a
-  normalised gold answer occurs inside the returned answer. Over answerable questions; a refusal scores 0.
+  normalised gold answer occurs inside the returned answer, as whole words. Over answerable questions; a refusal scores 0.
 - refused; refusal_correct: refused exactly when the question should be refused (is_impossible, or
   expected_route none); answerable_refused: refusals of answerable questions.
 - routing_accuracy: against expected_route: none -> refused; internal / web -> answered with that
@@ -92,10 +92,25 @@ def f1(prediction: str, gold: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+def _one_word(a: str, b: str) -> bool:
+    """Whether two adjacent characters are part of one word: both letters or digits of text written
+    with spaces between words. CJK text has none, so a CJK character next to a match ends no word and
+    continues none (AQ-7は2.4GHzの holds 2.4GHz, 15年 does not hold 5年)."""
+    return a.isalnum() and b.isalnum() and not is_cjk(a) and not is_cjk(b)
+
+
 def contained(prediction: str, gold: str) -> float:
+    """A normalised gold answer occurs in the normalised answer as whole words: "15 years" does not
+    hold "5 years", nor 19910 1991."""
     cjk = is_cjk(gold)
-    g = normalize_answer(gold, cjk)
-    return float(bool(g) and g in normalize_answer(prediction, cjk))
+    g, p = normalize_answer(gold, cjk), normalize_answer(prediction, cjk)
+    start = p.find(g) if g else -1
+    while start >= 0:
+        end = start + len(g)
+        if (start == 0 or not _one_word(p[start - 1], g[0])) and (end == len(p) or not _one_word(g[-1], p[end])):
+            return 1.0
+        start = p.find(g, start + 1)
+    return 0.0
 
 
 def best(metric, prediction: str | None, golds: Iterable[str]) -> float:

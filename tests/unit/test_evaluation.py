@@ -54,6 +54,18 @@ def test_a_prediction_is_normalised_as_its_gold_answer_is():
     assert contained("AQ-7は2.4GHzのWi-Fiに接続できます。", "2.4GHz") == 1.0
 
 
+def test_a_gold_answer_is_contained_only_as_whole_words():
+    assert contained("The warranty is 15 years.", "5 years") == 0.0
+    assert contained("Released in 19910.", "1991") == 0.0
+    assert contained("Released in 1991, then 19910.", "1991") == 1.0  # a later occurrence stands alone
+    assert contained("The 5 years warranty.", "5 years") == 1.0
+    # Japanese has no spaces: a CJK neighbour ends no word, a digit next to a digit still does
+    assert contained("保証期間は15年です。", "5年") == 0.0
+    assert contained("保証期間は5年です。", "5年") == 1.0
+    assert contained("品番はHF-713です", "HF-713") == 1.0
+    assert contained("品番はHF-7131です", "HF-713") == 0.0
+
+
 def test_contained_needs_a_nonempty_gold():
     assert contained("anything", "") == 0.0 and contained("It is 3,776 metres.", "3,776 metres") == 1.0
 
