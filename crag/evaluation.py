@@ -139,10 +139,10 @@ def gold_answers(value) -> list[str]:
 
 def question_scores(answers: pd.DataFrame, grades: pd.DataFrame, gold: pd.DataFrame) -> pd.DataFrame:
     """One row per answered question with its slice keys and per-question metric values (NaN where a
-    metric does not apply)."""
-    df = answers.merge(
-        gold.drop(columns=[c for c in ("run_id", "variant") if c in gold]), on="question_id", how="inner"
-    )
+    metric does not apply). A question without a gold row (a JSONL line without gold keys) still counts
+    in the metrics that need no gold (refused, web_search_rate, the action shares), as it does when
+    its gold columns are null (Parquet, CSV)."""
+    df = answers.merge(gold.drop(columns=[c for c in ("run_id", "variant") if c in gold]), on="question_id", how="left")
     internal = grades[grades["source"] == "internal"].groupby("question_id")["doc_id"].apply(set)
     web = grades[grades["source"] == "web"].groupby("question_id")["doc_id"].apply(set)
     rows = []
@@ -351,7 +351,10 @@ def evaluate_run(
         .groupBy("question_id")
         .agg(F.collect_list(F.struct("source", "doc_id", "grade")).alias("graded"))
     )
-    joined = tables["answers"].select(*_ANSWER_COLUMNS).join(gold, "question_id").join(grades, "question_id", "left")
+    # left: questions without a gold row count in the metrics that need none (see question_scores)
+    joined = (
+        tables["answers"].select(*_ANSWER_COLUMNS).join(gold, "question_id", "left").join(grades, "question_id", "left")
+    )
 
     def per_partition(frames):
         for frame in frames:

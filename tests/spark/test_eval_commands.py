@@ -1,5 +1,7 @@
 """crag eval and crag calibrate on a run of the sample, through the Warehouse."""
 
+import json
+
 from crag.cli import main
 from tests.support import crag_run_args
 
@@ -56,3 +58,19 @@ def test_eval_without_gold_is_a_clear_error(spark, tmp_path, index_overrides, ca
     capsys.readouterr()
     assert main(["eval", "--warehouse", str(tmp_path / "w"), "--run", "nogold"]) == 2
     assert "has no gold columns" in capsys.readouterr().err
+
+
+def test_eval_counts_the_questions_without_gold_in_the_metrics_that_need_none(spark, tmp_path, index_overrides, capsys):
+    """A JSONL line without gold keys has no gold row: its refusal and web search still count."""
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(
+        '{"question_id": "1", "question": "How high is Mount Fuji?", "expected_route": "web"}\n'
+        '{"question_id": "2", "question": "How often should the HEPA-13 main filter be replaced?"}\n'
+    )
+    assert main(crag_run_args(tmp_path / "w", "--run-id", "some", questions=questions, overrides=index_overrides)) == 0
+    capsys.readouterr()
+    assert (
+        main(["eval", "--warehouse", str(tmp_path / "w"), "--run", "some", "--slices", "all", "--format", "json"]) == 0
+    )
+    n = {row["metric"]: row["n"] for row in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert n["refused"] == n["web_search_rate"] == n["action_incorrect"] == 2 and n["routing_accuracy"] == 1

@@ -167,6 +167,20 @@ def test_a_blank_gold_answer_makes_no_question_answerable():
     assert scores.loc[["b", "c"], ["exact_match", "f1", "answerable_refused", "refusal_correct"]].isna().all().all()
 
 
+def test_a_question_without_a_gold_row_counts_in_the_metrics_that_need_no_gold():
+    """A JSONL line without gold keys has no gold row; its refusal, web search and action still count,
+    as they do for a Parquet row whose gold columns are null."""
+    answers, grades, gold = _tables()
+    extra = answers[answers["question_id"] == "c"].assign(question_id="d", question="No gold?")
+    answers = pd.concat([answers, extra], ignore_index=True)
+    m = evaluate(answers, grades, gold).set_index(["metric", "slice"])
+    assert m.loc[("refused", "all"), "n"] == 4 and m.loc[("refused", "all"), "value"] == 0.5
+    assert m.loc[("web_search_rate", "all"), "n"] == 4 and m.loc[("action_incorrect", "all"), "n"] == 4
+    assert m.loc[("answer_contained", "all"), "n"] == 2 and m.loc[("refusal_correct", "all"), "n"] == 3
+    with_null_gold = pd.concat([gold, pd.DataFrame([dict(question_id="d")])], ignore_index=True)
+    pd.testing.assert_frame_equal(evaluate(answers, grades, with_null_gold).set_index(["metric", "slice"]), m)
+
+
 def test_action_accuracy_and_confusion_by_hand():
     answers, grades, gold = _tables()
     more = pd.DataFrame(
