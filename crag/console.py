@@ -1,7 +1,8 @@
 """Tables for people and for programs: `--format table|csv|json|markdown` of `crag sql` and `crag eval`.
 
 - table: fits the terminal (or `width`). Text is left-aligned and cut with an ellipsis; numbers are
-  right-aligned, and neither they nor times are cut. Widths are display columns, so CJK characters
+  right-aligned, and neither they nor times are cut (floats as the shortest text that reads back as
+  the same value, unless the caller gives a format: crag eval's three decimals). Widths are display columns, so CJK characters
   count two. When the columns cannot all fit, they continue in further blocks below, each repeating
   the first column.
   One line per row: line breaks and tabs inside a value show as spaces.
@@ -102,8 +103,10 @@ def _json(value) -> str:
     return json.dumps(value, ensure_ascii=False, default=_json_default, separators=(",", ":"))
 
 
-def _default_float(value: float) -> str:
-    return f"{value:.6g}"
+def _round_trip(value: float) -> str:
+    """The shortest text that reads back as the same float: a query's result shown without a digit cut
+    (1234567.25 stays that, where 6 significant digits printed 1.23457e+06)."""
+    return repr(value)
 
 
 def _cell(value, null: str, float_format: Callable[[float], str]) -> str:
@@ -264,7 +267,7 @@ def render(
     fmt: str = "table",
     width: int | None = None,
     null: str = "",
-    float_format: Callable[[float], str] = _default_float,
+    float_format: Callable[[float], str] = _round_trip,
 ) -> str:
     """The table as text in one of FORMATS. `width` (table only): columns to fit, default the
     terminal's. `null` and `float_format` shape the table and markdown cells; csv and json keep values
