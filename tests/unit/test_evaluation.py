@@ -328,6 +328,30 @@ def test_calibrate_says_what_lower_equal_to_upper_means():
     assert "no ambiguous band" not in report({"routing": band, "routing_current": band})
 
 
+def test_the_printed_thresholds_give_the_reported_figures():
+    """Relevance is stored with 4 decimals. Between 0.4981 (web, not gold) and 0.4989 (knowledge base,
+    gold) the cut is 0.4985; printed as 0.498 it would send the web question to the knowledge base."""
+    grades = pd.DataFrame(
+        [
+            {"question_id": "kb", "source": "internal", "doc_id": "g", "relevance": 0.4989, "rationale": None},
+            {"question_id": "web", "source": "internal", "doc_id": "x", "relevance": 0.4981, "rationale": None},
+        ]
+    )
+    gold = pd.DataFrame(
+        [
+            {"question_id": "kb", "expected_route": "internal", "gold_doc_ids": ["g"]},
+            {"question_id": "web", "expected_route": "web", "gold_doc_ids": ["w"]},
+        ]
+    )
+    text = report(calibrate(grades, gold, 0.3, 0.6, current_threshold=0.5))
+    lower, upper = map(float, re.search(r"routing\.lower=(\S+) --set routing\.upper=(\S+)", text).groups())
+    best, internal = np.array([0.4989, 0.4981]), np.array([True, False])
+    assert "route accuracy 1.000" in text and routing_scores(best, internal, lower, upper).accuracy == 1.0
+    threshold = float(re.search(r"grader\.threshold=(\S+)", text).group(1))
+    assert "proposed" in text and "F1 1.000" in text
+    assert (best >= threshold).tolist() == [True, False]
+
+
 def test_calibrate_fits_no_threshold_to_a_binary_grader():
     """An LLM grader of format binary stores relevance 1 (yes) or 0 (no): its grades are scored, and no
     threshold is proposed, since none would change them."""
