@@ -186,13 +186,12 @@ def refit_semantic(grades: pd.DataFrame, gold_docs: pd.Series) -> tuple[dict[str
         target = is_gold[features.index.get_indexer(part.index)]
         if target.all() or not target.any():
             continue  # nothing to tell apart
-        bias, lexical, semantic = fit_logistic(part[["lexical", "cosine"]].to_numpy(), target.astype(float))
-        weights[lang] = {
-            "lexical": round(float(lexical), 3),
-            "semantic": round(float(semantic), 3),
-            "bias": round(float(bias), 3),
-            "n": len(part),
-        }
+        # rounded as printed, and the relevance computed from the rounded weights: the thresholds
+        # proposed on it are then the ones `--set` with the printed weights gives
+        bias, lexical, semantic = (
+            round(float(w), 3) for w in fit_logistic(part[["lexical", "cosine"]].to_numpy(), target.astype(float))
+        )
+        weights[lang] = {"lexical": lexical, "semantic": semantic, "bias": bias, "n": len(part)}
         relevance[part.index] = 1 / (1 + np.exp(-(bias + lexical * part["lexical"] + semantic * part["cosine"])))
     refitted = grades.copy()
     refitted.loc[relevance.dropna().index, "relevance"] = relevance.dropna().round(4)
