@@ -26,6 +26,7 @@ from crag.config import TrackingConfig
 from crag.errors import InputError, describe
 from crag.evaluation import (
     METRIC_DIRECTIONS,
+    METRICS,
     answer_units,
     is_cjk,
     normalize_answer,
@@ -127,12 +128,13 @@ def compare_runs(
 
 
 def metric_deltas(base_metrics: pd.DataFrame, candidate_metrics: pd.DataFrame, slice_: str = "all") -> pd.DataFrame:
-    """metric, base, candidate, delta, n_base, n_candidate for one slice."""
+    """metric, base, candidate, delta, n_base, n_candidate for one slice, metrics in crag eval's order
+(not the order the metrics tables happen to store them in)."""
     if base_metrics.empty or candidate_metrics.empty:
         return pd.DataFrame(columns=["metric", "base", "candidate", "delta", "n_base", "n_candidate"])
     x = base_metrics[base_metrics["slice"] == slice_].set_index("metric")
     y = candidate_metrics[candidate_metrics["slice"] == slice_].set_index("metric")
-    metrics = [m for m in x.index if m in y.index]
+    metrics = [m for m in METRICS if m in x.index and m in y.index]
     return pd.DataFrame(
         {
             "metric": metrics,

@@ -31,7 +31,7 @@ import pyarrow as pa
 from wcwidth import wcwidth
 
 from crag.errors import InputError
-from crag.evaluation import QUESTION_METRICS
+from crag.evaluation import METRICS
 
 FORMATS = ("table", "csv", "json", "markdown")
 ELLIPSIS = "…"
@@ -312,7 +312,7 @@ def metrics_frame(metrics: pd.DataFrame, slices: Sequence[str]) -> pd.DataFrame:
     not apply to a slice), metrics in crag.evaluation's order."""
     wanted = metrics[metrics["slice"].isin(list(slices))]
     pivot = wanted.pivot(index="metric", columns="slice", values="value").reindex(columns=list(slices))
-    order = [m for m in (*QUESTION_METRICS, "grader_precision", "grader_recall") if m in pivot.index]
+    order = [m for m in METRICS if m in pivot.index]
     frame = pivot.loc[order].reset_index()
     frame.columns.name = None
     return frame
@@ -326,7 +326,7 @@ def render_metrics(
     how many questions or documents stand behind each value."""
     chosen = select_slices(metrics, slices)
     if fmt in ("csv", "json"):
-        order = {m: i for i, m in enumerate((*QUESTION_METRICS, "grader_precision", "grader_recall"))}
+        order = {m: i for i, m in enumerate(METRICS)}
         rank = {s: i for i, s in enumerate(chosen)}
         rows = metrics[metrics["slice"].isin(chosen)]
         rows = rows.assign(_m=rows["metric"].map(order), _s=rows["slice"].map(rank)).sort_values(["_m", "_s"])

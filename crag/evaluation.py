@@ -218,6 +218,8 @@ QUESTION_METRICS = (
     "recall_at_k",
     "web_recall",
 )
+# Every metric, in the order crag eval and crag compare show them.
+METRICS = (*QUESTION_METRICS, "grader_precision", "grader_recall")
 SLICES = ("route", "action", "language", "expected_route", "answerable")
 
 # Which way each metric gets better: +1 higher, -1 lower. A web search costs a call and brings outside
