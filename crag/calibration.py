@@ -51,6 +51,22 @@ def _candidates(values: np.ndarray, limit: int = 400) -> np.ndarray:
     return np.unique(np.concatenate([[0.0], mids, [unique[-1] + 1e-6] if len(unique) else []]))
 
 
+def shortest_cut(cut: float, values: np.ndarray) -> float:
+    """The shortest decimal near `cut` that splits `values` as `cut` does (each at or above it, or
+    below it, alike), so that the value printed is the one whose figures are reported: relevance is
+    stored with 4 decimals and a cut falls between two of them, where 3 printed decimals could land on
+    the wrong side of a score."""
+    values = np.asarray(values, float)
+    below, above = values[values < cut], values[values >= cut]
+    low = below.max() if len(below) else -np.inf
+    high = above.min() if len(above) else np.inf
+    for decimals in range(1, 16):
+        short = round(float(cut), decimals)
+        if low < short <= high:
+            return short
+    return float(cut)
+
+
 def routing_scores(best: np.ndarray, internal: np.ndarray, lower: float, upper: float) -> RoutingProposal:
     correct, incorrect = best >= upper, best < lower
     ambiguous = ~correct & ~incorrect
@@ -92,7 +108,7 @@ def propose_routing(best: np.ndarray, internal: np.ndarray) -> RoutingProposal:
     ties = np.argwhere(score == score.max())
     # among the best: the narrowest ambiguous band, then the lowest upper
     i, j = min(ties, key=lambda ij: (up[tuple(ij)] - lo[tuple(ij)], up[tuple(ij)]))
-    return routing_scores(best, internal, lo[i, j], up[i, j])
+    return routing_scores(best, internal, shortest_cut(lo[i, j], best), shortest_cut(up[i, j], best))
 
 
 def grade_threshold_scores(
@@ -116,9 +132,10 @@ def propose_grade_threshold(
 ) -> tuple[float, float, float, float]:
     """The (threshold, precision, recall, F1) with the best F1 of "relevance >= threshold" (or
     `always_yes`, see grade_threshold_scores)."""
+    relevance = np.asarray(relevance, float)
     best = (0.5, 0.0, 0.0, -1.0)
-    for t in _candidates(np.asarray(relevance, float)):
-        scores = grade_threshold_scores(relevance, is_gold, t, always_yes)
+    for t in _candidates(relevance):
+        scores = grade_threshold_scores(relevance, is_gold, shortest_cut(t, relevance), always_yes)
         if scores[3] > best[3]:
             best = scores
     return best
@@ -169,13 +186,12 @@ def refit_semantic(grades: pd.DataFrame, gold_docs: pd.Series) -> tuple[dict[str
         target = is_gold[features.index.get_indexer(part.index)]
         if target.all() or not target.any():
             continue  # nothing to tell apart
-        bias, lexical, semantic = fit_logistic(part[["lexical", "cosine"]].to_numpy(), target.astype(float))
-        weights[lang] = {
-            "lexical": round(float(lexical), 3),
-            "semantic": round(float(semantic), 3),
-            "bias": round(float(bias), 3),
-            "n": len(part),
-        }
+        # rounded as printed, and the relevance computed from the rounded weights: the thresholds
+        # proposed on it are then the ones `--set` with the printed weights gives
+        bias, lexical, semantic = (
+            round(float(w), 3) for w in fit_logistic(part[["lexical", "cosine"]].to_numpy(), target.astype(float))
+        )
+        weights[lang] = {"lexical": lexical, "semantic": semantic, "bias": bias, "n": len(part)}
         relevance[part.index] = 1 / (1 + np.exp(-(bias + lexical * part["lexical"] + semantic * part["cosine"])))
     refitted = grades.copy()
     refitted.loc[relevance.dropna().index, "relevance"] = relevance.dropna().round(4)
@@ -291,6 +307,13 @@ def calibrate(
     return result
 
 
+def _setting(value: float) -> str:
+    """A threshold as printed: three decimals, or as many as it takes to give the value itself (a
+    proposed cut between 0.4981 and 0.4989 is 0.4985, and 0.498 would put 0.4981 above it)."""
+    text = f"{value:.3f}"
+    return text if float(text) == value else repr(float(value))
+
+
 def report(result: dict) -> str:
     lines = []
     # with refitted weights, the run's own settings are scored on the relevance its own weights gave
@@ -327,7 +350,7 @@ def report(result: dict) -> str:
         lines.append(f"routing thresholds over {p.n} questions with expected_route (ambiguous = half credit):")
         for name, r in ((current, c), ("proposed", p)):
             lines.append(
-                f"  {name} lower {r.lower:.3f} upper {r.upper:.3f}: route accuracy {r.accuracy:.3f}, "
+                f"  {name} lower {_setting(r.lower)} upper {_setting(r.upper)}: route accuracy {r.accuracy:.3f}, "
                 f"correct P/R {r.correct_precision:.3f}/{r.correct_recall:.3f}, "
                 f"incorrect P/R {r.incorrect_precision:.3f}/{r.incorrect_recall:.3f}, ambiguous {r.ambiguous_share:.3f}"
             )
@@ -338,10 +361,11 @@ def report(result: dict) -> str:
         if p.lower == p.upper:
             lines.append(
                 f"  proposed lower = upper: no ambiguous band. Every question is either internal (best relevance >= "
-                f"{p.upper:.3f}: answered from the knowledge base alone) or web (below it: answered from a web search)"
+                f"{_setting(p.upper)}: answered from the knowledge base alone) or web (below it: answered from a web search)"
             )
         lines.append(
-            f"  use: --set routing.policy=thresholds --set routing.lower={p.lower:.3f} --set routing.upper={p.upper:.3f}"
+            f"  use: --set routing.policy=thresholds --set routing.lower={_setting(p.lower)} "
+            f"--set routing.upper={_setting(p.upper)}"
         )
     if "grade_binary" in result:
         _, precision, recall, f = result["grade_binary"]
@@ -356,6 +380,6 @@ def report(result: dict) -> str:
         for name, scores in named:
             if scores is not None:
                 t, precision, recall, f = scores
-                lines.append(f"  {name} {t:.3f}: precision {precision:.3f}, recall {recall:.3f}, F1 {f:.3f}")
-        lines.append(f"  use: --set grader.threshold={result['grade_threshold'][0]:.3f}")
+                lines.append(f"  {name} {_setting(t)}: precision {precision:.3f}, recall {recall:.3f}, F1 {f:.3f}")
+        lines.append(f"  use: --set grader.threshold={_setting(result['grade_threshold'][0])}")
     return "\n".join(lines) or "nothing to calibrate: the run has no expected_route or gold_doc_ids"

@@ -133,6 +133,11 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("calibrate", help="propose routing and grading thresholds from a run's stored scores")
     p.add_argument("--warehouse", required=True, help="folder of Delta tables (catalog.schema on Databricks)")
     p.add_argument("--run", required=True, dest="run_id", help="a run whose questions have gold columns")
+    p.add_argument(
+        "--allow-unfinished",
+        action="store_true",
+        help="calibrate from a run that has not succeeded (still running or failed) with the rows it has",
+    )
     _session_args(p)
 
     p = sub.add_parser(
@@ -374,16 +379,15 @@ def _run_command(args) -> int:
             import json
 
             from crag.calibration import calibrate, report
-            from crag.evaluation import read_run
+            from crag.evaluation import read_run, run_record
 
             wh = _warehouse(args)
-            recorded = wh.load_run("runs", check_run_id(args.run_id)).select("config").collect()
-            if not recorded:
-                raise CragError(f"no run {args.run_id!r} in {wh.location}")
+            # a failed re-run's row holds its own config beside the earlier attempt's grades
+            recorded = run_record(wh, check_run_id(args.run_id), args.allow_unfinished, "calibrate")
             parts = read_run(wh, args.run_id, ("grades", "gold"))
             if parts["gold"].empty:
                 raise CragError(f"run {args.run_id!r} has no gold columns to calibrate against")
-            config = json.loads(recorded[0]["config"])
+            config = json.loads(recorded["config"])
             routing, grader = config["routing"], config["grader"]
             print(
                 report(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import unicodedata
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,7 +27,11 @@ from crag.config import TrackingConfig
 from crag.errors import InputError, describe
 from crag.evaluation import (
     METRIC_DIRECTIONS,
+    METRICS,
+    _as_list,
     answer_units,
+    evaluate,
+    gold_answers,
     is_cjk,
     normalize_answer,
     question_scores,
@@ -67,6 +72,54 @@ def _grade_flips(base: pd.DataFrame, candidate: pd.DataFrame) -> dict[str, list[
     return out
 
 
+def question_key(text: str | None) -> str:
+    """A question's text as compared between runs: NFKC, case and spacing set aside."""
+    return " ".join(unicodedata.normalize("NFKC", text or "").casefold().split())
+
+
+def gold_keys(gold: pd.DataFrame | None) -> dict[str, tuple]:
+    """Per question id, its gold as crag.evaluation scores it: the normalised gold answers, whether it
+    should be refused, the expected route and the gold documents. A question without a gold row has
+    none of them, as one whose gold columns are null."""
+    if gold is None or gold.empty:
+        return {}
+    return {
+        r.question_id: (
+            frozenset(normalize_answer(g) for g in gold_answers(r.answers)),
+            bool(r.is_impossible) if pd.notna(r.is_impossible) else False,
+            r.expected_route if isinstance(r.expected_route, str) else None,
+            frozenset(_as_list(r.gold_doc_ids)),
+        )
+        for r in gold.itertuples(index=False)
+    }
+
+
+_NO_GOLD: tuple = (frozenset(), False, None, frozenset())  # gold_keys of a question without gold
+
+
+def _answer_changes(x: pd.Series, y: pd.Series) -> dict:
+    """What changed between two runs' answers to the same question."""
+    return {
+        "answer_changed": normalize_answer(x["answer"] or "") != normalize_answer(y["answer"] or ""),
+        "answer_similarity": answer_similarity(x["answer"], y["answer"]),
+        "action_flip": x["action"] != y["action"],
+        "route_flip": x["route"] != y["route"],
+        "n_relevant_delta": int(y["n_relevant"]) - int(x["n_relevant"]),
+    }
+
+
+def _score_deltas(qid: str, scores: list) -> dict:
+    """The per-question metric deltas, where both runs have a value."""
+    sa, sb = scores
+    if sa is None or sb is None or qid not in sa.index or qid not in sb.index:
+        return {}
+    out = {}
+    for metric in ("f1", "answer_contained", "routing_accuracy"):
+        va, vb = sa.loc[qid, metric], sb.loc[qid, metric]
+        out[f"{metric}_delta"] = None if pd.isna(va) or pd.isna(vb) else float(vb - va)
+    return out
+
+
 def compare_runs(
     base: dict[str, pd.DataFrame],
     candidate: dict[str, pd.DataFrame],
@@ -75,9 +128,16 @@ def compare_runs(
     question_scores: tuple[pd.DataFrame, pd.DataFrame] | None = None,
 ) -> pd.DataFrame:
     """One row per question in either run. `question_scores` (per-question metric values of each run,
-    from crag.evaluation.question_scores) adds the metric deltas when gold exists."""
+    from crag.evaluation.question_scores) adds the metric deltas when gold exists.
+
+    A question id in both runs is one question only if it was asked alike: `question_changed` (its
+    text differs) leaves the row's comparison columns null, since the answers are to different
+    questions; `gold_changed` (its gold differs) keeps the answers compared but gives no metric
+    deltas, since each run was scored against other gold. Neither is credited to the variant. Both
+    are null for a question in one run only."""
     a, b = base["answers"].set_index("question_id"), candidate["answers"].set_index("question_id")
     flips = _grade_flips(base["grades"], candidate["grades"])
+    gold_a, gold_b = gold_keys(base.get("gold")), gold_keys(candidate.get("gold"))
     scores = [
         s.set_index("question_id") if s is not None and not s.empty else None for s in (question_scores or (None, None))
     ]
@@ -93,6 +153,8 @@ def compare_runs(
             "question": get(x, "question") if x is not None else get(y, "question"),
             "in_base": x is not None,
             "in_candidate": y is not None,
+            "question_changed": None,
+            "gold_changed": None,
             "answer_base": get(x, "answer"),
             "answer_candidate": get(y, "answer"),
             "answer_changed": None,
@@ -106,33 +168,40 @@ def compare_runs(
             "n_relevant_base": get(x, "n_relevant"),
             "n_relevant_candidate": get(y, "n_relevant"),
             "n_relevant_delta": None,
-            "grade_flips": flips.get(qid, []),
+            "grade_flips": [],
             "f1_delta": None,
             "answer_contained_delta": None,
             "routing_accuracy_delta": None,
         }
         if x is not None and y is not None:
-            row["answer_changed"] = normalize_answer(x["answer"] or "") != normalize_answer(y["answer"] or "")
-            row["answer_similarity"] = answer_similarity(x["answer"], y["answer"])
-            row["action_flip"] = x["action"] != y["action"]
-            row["route_flip"] = x["route"] != y["route"]
-            row["n_relevant_delta"] = int(y["n_relevant"]) - int(x["n_relevant"])
-            sa, sb = scores
-            if sa is not None and sb is not None and qid in sa.index and qid in sb.index:
-                for metric in ("f1", "answer_contained", "routing_accuracy"):
-                    va, vb = sa.loc[qid, metric], sb.loc[qid, metric]
-                    row[f"{metric}_delta"] = None if pd.isna(va) or pd.isna(vb) else float(vb - va)
+            row["question_changed"] = question_key(x["question"]) != question_key(y["question"])
+            row["gold_changed"] = gold_a.get(qid, _NO_GOLD) != gold_b.get(qid, _NO_GOLD)
+            if not row["question_changed"]:
+                row.update(_answer_changes(x, y), grade_flips=flips.get(qid, []))
+                if not row["gold_changed"]:
+                    row.update(_score_deltas(qid, scores))
         rows.append(row)
     return pd.DataFrame(rows)
 
 
+def asked_alike(rows: pd.DataFrame) -> pd.Series:
+    """The comparison rows of questions both runs answered, asked in the same words."""
+    return rows["question_changed"].eq(False)
+
+
+def paired(rows: pd.DataFrame) -> pd.Series:
+    """The comparison rows whose metrics can be compared: asked alike, with the same gold."""
+    return asked_alike(rows) & rows["gold_changed"].eq(False)
+
+
 def metric_deltas(base_metrics: pd.DataFrame, candidate_metrics: pd.DataFrame, slice_: str = "all") -> pd.DataFrame:
-    """metric, base, candidate, delta, n_base, n_candidate for one slice."""
+    """metric, base, candidate, delta, n_base, n_candidate for one slice, metrics in crag eval's order
+    (not the order the metrics tables happen to store them in)."""
     if base_metrics.empty or candidate_metrics.empty:
         return pd.DataFrame(columns=["metric", "base", "candidate", "delta", "n_base", "n_candidate"])
     x = base_metrics[base_metrics["slice"] == slice_].set_index("metric")
     y = candidate_metrics[candidate_metrics["slice"] == slice_].set_index("metric")
-    metrics = [m for m in x.index if m in y.index]
+    metrics = [m for m in METRICS if m in x.index and m in y.index]
     return pd.DataFrame(
         {
             "metric": metrics,
@@ -145,12 +214,48 @@ def metric_deltas(base_metrics: pd.DataFrame, candidate_metrics: pd.DataFrame, s
     )
 
 
-def summary_lines(rows: pd.DataFrame, deltas: pd.DataFrame) -> list[str]:
-    both = rows[rows["in_base"] & rows["in_candidate"]]
+def paired_metrics(rows: pd.DataFrame, run: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """A run's metrics (crag.evaluation.evaluate) over the paired questions alone."""
+    ids = set(rows.loc[paired(rows), "question_id"])
+    return evaluate(*(run[name][run[name]["question_id"].isin(ids)] for name in ("answers", "grades", "gold")))
+
+
+def metric_figures(
+    rows: pd.DataFrame, base: dict[str, pd.DataFrame], candidate: dict[str, pd.DataFrame]
+) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """The metric deltas over the paired questions (both runs' answers to the same question, against
+    the same gold), and, when some question is not paired, each run's own figures over all its
+    questions, to be shown apart: a delta between those would credit the variant with a change of
+    questions. Metrics need gold in both runs."""
+    with_gold = not base["gold"].empty and not candidate["gold"].empty
+    none = pd.DataFrame(columns=["metric", "slice", "value", "n"])
+    deltas = metric_deltas(*(paired_metrics(rows, run) if with_gold else none for run in (base, candidate)))
+    whole = None if paired(rows).all() else metric_deltas(base["metrics"], candidate["metrics"])
+    return deltas, whole
+
+
+def set_apart(rows: pd.DataFrame) -> str:
+    """The questions in both runs that are not compared as one question, in words ("" when none)."""
+    in_both = rows["in_base"] & rows["in_candidate"]
+    asked_otherwise = int((in_both & ~asked_alike(rows)).sum())
+    other_gold = int((asked_alike(rows) & rows["gold_changed"].eq(True)).sum())
+    parts = [f"{asked_otherwise} asked differently (answers not compared)"] if asked_otherwise else []
+    parts += [f"{other_gold} with other gold (no metric deltas)"] if other_gold else []
+    return ", ".join(parts)
+
+
+def summary_lines(rows: pd.DataFrame, deltas: pd.DataFrame, whole: pd.DataFrame | None = None) -> list[str]:
+    """The CLI's summary. `whole` (from metric_figures): each run's figures over all its questions,
+    listed apart when not every question is paired."""
+    both = rows[asked_alike(rows)]
     lines = [
         f"compare {rows['base_run'].iloc[0]} (base) -> {rows['candidate_run'].iloc[0]} (candidate): "
-        f"{len(both)} questions in both, {int((~rows['in_candidate']).sum())} only in base, "
-        f"{int((~rows['in_base']).sum())} only in candidate",
+        f"{int((rows['in_base'] & rows['in_candidate']).sum())} questions in both, "
+        f"{int((~rows['in_candidate']).sum())} only in base, {int((~rows['in_base']).sum())} only in candidate",
+    ]
+    if set_apart(rows):
+        lines.append(f"  set apart         {set_apart(rows)}")
+    lines += [
         f"  answers changed   {int(both['answer_changed'].sum())} (mean similarity {both['answer_similarity'].mean():.3f})",
         f"  route flips       {int(both['route_flip'].sum())}"
         + "".join(
@@ -164,10 +269,18 @@ def summary_lines(rows: pd.DataFrame, deltas: pd.DataFrame) -> list[str]:
         f"  action flips      {int(both['action_flip'].sum())}",
         f"  grade flips       {int(both['grade_flips'].map(len).sum())} documents in {int((both['grade_flips'].map(len) > 0).sum())} questions",
     ]
+    if whole is not None and not deltas.empty:
+        lines.append(
+            f"  metrics over the {int(paired(rows).sum())} paired questions (in both, asked alike, same gold):"
+        )
     for r in deltas.itertuples(index=False):
         lines.append(
             f"  {r.metric:18s}{r.base:8.3f} -> {r.candidate:8.3f}  ({r.delta:+.3f}; n {r.n_base} / {r.n_candidate})"
         )
+    if whole is not None and not whole.empty:
+        lines.append("  each run over all its questions (different questions: no delta):")
+        for r in whole.itertuples(index=False):
+            lines.append(f"  {r.metric:18s}{r.base:8.3f}    {r.candidate:8.3f}  (n {r.n_base} / {r.n_candidate})")
     return lines
 
 
@@ -280,12 +393,13 @@ def render_report(
     candidate: dict[str, pd.DataFrame],
     most_changed: int = _CHANGED_SHOWN,
     question_scores: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+    whole: pd.DataFrame | None = None,
 ) -> str:
     """The self-contained HTML report (crag/templates/compare_report.html.j2). `question_scores`
     (each run's crag.evaluation.question_scores, when gold exists) gives each changed answer its gold
-    verdict."""
+    verdict. `deltas` and `whole` as metric_figures gives them."""
     base_id, cand_id = rows["base_run"].iloc[0], rows["candidate_run"].iloc[0]
-    both = rows[rows["in_base"] & rows["in_candidate"]]
+    both = rows[asked_alike(rows)]
     scores = [
         s.set_index("question_id") if s is not None and not s.empty else None for s in (question_scores or (None, None))
     ]
@@ -298,7 +412,12 @@ def render_report(
     changed = []
     for r in changed_all.itertuples(index=False):
         vb, vc = gold_verdict(score_of(0, r.question_id)), gold_verdict(score_of(1, r.question_id))
-        change, change_css = _VERDICT_CHANGES.get((vb["verdict"], vc["verdict"]), ("", ""))
+        # against other gold, a verdict's change is not the variant's doing
+        change, change_css = (
+            ("gold differs", "same")
+            if r.gold_changed
+            else _VERDICT_CHANGES.get((vb["verdict"], vc["verdict"]), ("", ""))
+        )
         changed.append(
             {
                 "question": r.question,
@@ -316,7 +435,9 @@ def render_report(
         )
     verdict_counts = Counter(c["change"] for c in changed if c["change"])
     summary = {
-        "both": len(both),
+        "both": int((rows["in_base"] & rows["in_candidate"]).sum()),
+        "set_apart": set_apart(rows),
+        "paired": int(paired(rows).sum()),
         "only_base": int((~rows["in_candidate"]).sum()),
         "only_candidate": int((~rows["in_base"]).sum()),
         "changed": len(changed_all),
@@ -340,6 +461,7 @@ def render_report(
         "grade_flips": int(both["grade_flips"].map(len).sum()),
         "grade_flip_questions": int((both["grade_flips"].map(len) > 0).sum()),
     }
+    whole_runs = [] if whole is None else list(whole.itertuples(index=False))
     metrics = [
         {
             "metric": r.metric,
@@ -356,6 +478,7 @@ def render_report(
 
     questions = dict(zip(rows["question_id"], rows["question"]))
     flips = grade_flip_rows(base["grades"], candidate["grades"])
+    flips = flips[flips["question_id"].isin(both["question_id"])]  # another question's documents graded otherwise
     flip_rows = [
         {
             "question": questions.get(f.question_id, f.question_id),
@@ -384,6 +507,7 @@ def render_report(
             candidate_id=cand_id,
             summary=summary,
             metrics=metrics,
+            whole_runs=whole_runs,
             route_charts=[
                 _chart(f"route — {rid}", count(run["answers"], "route", routes), kind) for kind, rid, run in runs
             ],
@@ -432,7 +556,9 @@ def compare(
     if not base["gold"].empty and not candidate["gold"].empty:
         scores = tuple(question_scores(r["answers"], r["grades"], r["gold"]) for r in (base, candidate))
     rows = compare_runs(base, candidate, base_id, candidate_id, scores)
-    deltas = metric_deltas(base["metrics"], candidate["metrics"])
+    deltas, whole = metric_figures(rows, base, candidate)
+    # question_changed and gold_changed are not columns of the table: there, a question asked
+    # differently in the two runs shows as a row in both whose comparison columns are null
     stored = rows.assign(created_at=pd.Timestamp(datetime.now(UTC)))
     pair = (F.col("base_run") == F.lit(base_id)) & (F.col("candidate_run") == F.lit(candidate_id))
     warehouse.replace(
@@ -441,10 +567,10 @@ def compare(
         pair,
     )
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_report(rows, deltas, base, candidate, question_scores=scores), encoding="utf-8")
+    path.write_text(render_report(rows, deltas, base, candidate, question_scores=scores, whole=whole), encoding="utf-8")
     if attach_report:
         _attach_report(configs[candidate_id].get("mlflow", {}), warehouse.location, candidate_id, path)
-    return rows, summary_lines(rows, deltas), str(path)
+    return rows, summary_lines(rows, deltas, whole), str(path)
 
 
 def _attach_report(stored_tracking: dict, location: str, candidate_id: str, path: Path) -> None:

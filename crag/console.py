@@ -1,7 +1,8 @@
 """Tables for people and for programs: `--format table|csv|json|markdown` of `crag sql` and `crag eval`.
 
 - table: fits the terminal (or `width`). Text is left-aligned and cut with an ellipsis; numbers are
-  right-aligned, and neither they nor times are cut. Widths are display columns, so CJK characters
+  right-aligned, and neither they nor times are cut (floats as the shortest text that reads back as
+  the same value, unless the caller gives a format: crag eval's three decimals). Widths are display columns, so CJK characters
   count two. When the columns cannot all fit, they continue in further blocks below, each repeating
   the first column.
   One line per row: line breaks and tabs inside a value show as spaces.
@@ -30,7 +31,7 @@ import pyarrow as pa
 from wcwidth import wcwidth
 
 from crag.errors import InputError
-from crag.evaluation import QUESTION_METRICS
+from crag.evaluation import METRICS
 
 FORMATS = ("table", "csv", "json", "markdown")
 ELLIPSIS = "…"
@@ -102,8 +103,10 @@ def _json(value) -> str:
     return json.dumps(value, ensure_ascii=False, default=_json_default, separators=(",", ":"))
 
 
-def _default_float(value: float) -> str:
-    return f"{value:.6g}"
+def _round_trip(value: float) -> str:
+    """The shortest text that reads back as the same float: a query's result shown without a digit cut
+    (1234567.25 stays that, where 6 significant digits printed 1.23457e+06)."""
+    return repr(value)
 
 
 def _cell(value, null: str, float_format: Callable[[float], str]) -> str:
@@ -264,7 +267,7 @@ def render(
     fmt: str = "table",
     width: int | None = None,
     null: str = "",
-    float_format: Callable[[float], str] = _default_float,
+    float_format: Callable[[float], str] = _round_trip,
 ) -> str:
     """The table as text in one of FORMATS. `width` (table only): columns to fit, default the
     terminal's. `null` and `float_format` shape the table and markdown cells; csv and json keep values
@@ -309,7 +312,7 @@ def metrics_frame(metrics: pd.DataFrame, slices: Sequence[str]) -> pd.DataFrame:
     not apply to a slice), metrics in crag.evaluation's order."""
     wanted = metrics[metrics["slice"].isin(list(slices))]
     pivot = wanted.pivot(index="metric", columns="slice", values="value").reindex(columns=list(slices))
-    order = [m for m in (*QUESTION_METRICS, "grader_precision", "grader_recall") if m in pivot.index]
+    order = [m for m in METRICS if m in pivot.index]
     frame = pivot.loc[order].reset_index()
     frame.columns.name = None
     return frame
@@ -323,7 +326,7 @@ def render_metrics(
     how many questions or documents stand behind each value."""
     chosen = select_slices(metrics, slices)
     if fmt in ("csv", "json"):
-        order = {m: i for i, m in enumerate((*QUESTION_METRICS, "grader_precision", "grader_recall"))}
+        order = {m: i for i, m in enumerate(METRICS)}
         rank = {s: i for i, s in enumerate(chosen)}
         rows = metrics[metrics["slice"].isin(chosen)]
         rows = rows.assign(_m=rows["metric"].map(order), _s=rows["slice"].map(rank)).sort_values(["_m", "_s"])

@@ -1,9 +1,9 @@
 """Answer quality you can measure: metrics of a run against the gold columns of its questions.
 
 Pure functions over the answers, grades and gold tables of one run. Per question:
-- exact_match, f1: SQuAD's normalised exact match and token F1, best over the gold answers (Japanese
-  and other CJK answers are compared character by character); answer_contained: a normalised gold
-  answer occurs inside the returned answer. Over answerable questions; a refusal scores 0.
+- exact_match, f1: SQuAD's normalised exact match and token F1, best over the gold answers (by
+  character when the answer or the gold answer is Japanese or other CJK text); answer_contained: a
+  normalised gold answer occurs inside the returned answer, as whole words. Over answerable questions; a refusal scores 0.
 - refused; refusal_correct: refused exactly when the question should be refused (is_impossible, or
   expected_route none); answerable_refused: refusals of answerable questions.
 - routing_accuracy: against expected_route: none -> refused; internal / web -> answered with that
@@ -69,14 +69,21 @@ def answer_units(text: str, cjk: bool) -> list[str]:
     return list(normalized) if cjk else normalized.split()
 
 
+def by_character(prediction: str, gold: str) -> bool:
+    """Whether an answer is scored against a gold answer character by character: when either is CJK
+    text, which has no spaces between words (a Japanese answer holding a Latin gold answer, a model
+    number say, would otherwise be one long word that never matches)."""
+    return is_cjk(prediction) or is_cjk(gold)
+
+
 def exact_match(prediction: str, gold: str) -> float:
-    cjk = is_cjk(gold)
+    cjk = by_character(prediction, gold)
     return float(normalize_answer(prediction, cjk) == normalize_answer(gold, cjk))
 
 
 def f1(prediction: str, gold: str) -> float:
-    """Token F1 (characters for CJK gold answers)."""
-    cjk = is_cjk(gold)
+    """Token F1 (characters when either answer is CJK)."""
+    cjk = by_character(prediction, gold)
     pred, ref = answer_units(prediction, cjk), answer_units(gold, cjk)
     common = sum((Counter(pred) & Counter(ref)).values())
     if not pred or not ref or common == 0:
@@ -85,10 +92,25 @@ def f1(prediction: str, gold: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+def _one_word(a: str, b: str) -> bool:
+    """Whether two adjacent characters are part of one word: both letters or digits of text written
+    with spaces between words. CJK text has none, so a CJK character next to a match ends no word and
+    continues none (AQ-7は2.4GHzの holds 2.4GHz, 15年 does not hold 5年)."""
+    return a.isalnum() and b.isalnum() and not is_cjk(a) and not is_cjk(b)
+
+
 def contained(prediction: str, gold: str) -> float:
+    """A normalised gold answer occurs in the normalised answer as whole words: "15 years" does not
+    hold "5 years", nor 19910 1991."""
     cjk = is_cjk(gold)
-    g = normalize_answer(gold, cjk)
-    return float(bool(g) and g in normalize_answer(prediction, cjk))
+    g, p = normalize_answer(gold, cjk), normalize_answer(prediction, cjk)
+    start = p.find(g) if g else -1
+    while start >= 0:
+        end = start + len(g)
+        if (start == 0 or not _one_word(p[start - 1], g[0])) and (end == len(p) or not _one_word(g[-1], p[end])):
+            return 1.0
+        start = p.find(g, start + 1)
+    return 0.0
 
 
 def best(metric, prediction: str | None, golds: Iterable[str]) -> float:
@@ -109,17 +131,23 @@ def _as_list(value) -> list:
     return [v for v in list(value) if v is not None]
 
 
+def gold_answers(value) -> list[str]:
+    """The gold answers that hold text: SQuAD 2.0 writes `answers: [""]` for a question without an
+    answer, and a blank gold answer is no answer (best() could match nothing against it)."""
+    return [g for g in _as_list(value) if g.strip()]
+
+
 def question_scores(answers: pd.DataFrame, grades: pd.DataFrame, gold: pd.DataFrame) -> pd.DataFrame:
     """One row per answered question with its slice keys and per-question metric values (NaN where a
-    metric does not apply)."""
-    df = answers.merge(
-        gold.drop(columns=[c for c in ("run_id", "variant") if c in gold]), on="question_id", how="inner"
-    )
+    metric does not apply). A question without a gold row (a JSONL line without gold keys) still counts
+    in the metrics that need no gold (refused, web_search_rate, the action shares), as it does when
+    its gold columns are null (Parquet, CSV)."""
+    df = answers.merge(gold.drop(columns=[c for c in ("run_id", "variant") if c in gold]), on="question_id", how="left")
     internal = grades[grades["source"] == "internal"].groupby("question_id")["doc_id"].apply(set)
     web = grades[grades["source"] == "web"].groupby("question_id")["doc_id"].apply(set)
     rows = []
     for r in df.itertuples(index=False):
-        golds = _as_list(r.answers)
+        golds = gold_answers(r.answers)
         impossible = bool(r.is_impossible) if pd.notna(r.is_impossible) else False
         expected = r.expected_route if isinstance(r.expected_route, str) else None
         answerable = bool(golds) and not impossible and expected != "none"
@@ -190,6 +218,8 @@ QUESTION_METRICS = (
     "recall_at_k",
     "web_recall",
 )
+# Every metric, in the order crag eval and crag compare show them.
+METRICS = (*QUESTION_METRICS, "grader_precision", "grader_recall")
 SLICES = ("route", "action", "language", "expected_route", "answerable")
 
 # Which way each metric gets better: +1 higher, -1 lower. A web search costs a call and brings outside
@@ -323,7 +353,10 @@ def evaluate_run(
         .groupBy("question_id")
         .agg(F.collect_list(F.struct("source", "doc_id", "grade")).alias("graded"))
     )
-    joined = tables["answers"].select(*_ANSWER_COLUMNS).join(gold, "question_id").join(grades, "question_id", "left")
+    # left: questions without a gold row count in the metrics that need none (see question_scores)
+    joined = (
+        tables["answers"].select(*_ANSWER_COLUMNS).join(gold, "question_id", "left").join(grades, "question_id", "left")
+    )
 
     def per_partition(frames):
         for frame in frames:

@@ -203,6 +203,17 @@ def test_untrusted_text_is_escaped(tmp_path):
     assert "&lt;script&gt;alert(2)&lt;/script&gt;" in page
 
 
+def test_a_grade_flip_shows_the_relevance_as_stored():
+    """Relevance is stored with 4 decimals and compared with the threshold as it is: a flip from
+    0.4996 to 0.5004 across a threshold of 0.5 must not read 0.50 -> 0.50."""
+    base, candidate = _run("base", 0), _run("cand", 1)
+    for run, value in ((base, 0.4996), (candidate, 0.5004)):
+        run["grades"].loc[run["grades"]["parent_id"] == "q1-doc#p1", "relevance"] = value
+    rows = compare_runs(base, candidate, "base", "cand", None)
+    page = render_report(rows, metric_deltas(base["metrics"], candidate["metrics"]), base, candidate)
+    assert "0.4996 → 0.5004" in page
+
+
 def test_every_metric_has_a_direction():
     """Colouring a delta needs its metric's direction: every metric crag eval computes has one."""
     base = _run("base", 0)

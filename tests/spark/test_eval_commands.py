@@ -1,5 +1,7 @@
 """crag eval and crag calibrate on a run of the sample, through the Warehouse."""
 
+import json
+
 from crag.cli import main
 from tests.support import crag_run_args
 
@@ -31,6 +33,14 @@ def test_eval_and_calibrate_commands_on_the_sample(spark, tmp_path, index_overri
     )
     assert main(["eval", "--warehouse", str(tmp_path), "--run", "gold", "--allow-unfinished"]) == 0
     assert "routing_accuracy" in capsys.readouterr().out
+    # calibrate too: the failed run's row may hold a later attempt's config beside earlier grades
+    assert main(["calibrate", "--warehouse", str(tmp_path), "--run", "gold"]) == 2
+    assert capsys.readouterr().err == (
+        "crag: error: run 'gold' has not finished (status failed): calibrate it when it has succeeded, "
+        "or pass --allow-unfinished to calibrate the rows it has\n"
+    )
+    assert main(["calibrate", "--warehouse", str(tmp_path), "--run", "gold", "--allow-unfinished"]) == 0
+    assert "proposed lower" in capsys.readouterr().out
     report = str(tmp_path / "r.html")
     assert (
         main(["compare", "--warehouse", str(tmp_path), "--base", "gold", "--candidate", "gold", "--report", report])
@@ -48,3 +58,19 @@ def test_eval_without_gold_is_a_clear_error(spark, tmp_path, index_overrides, ca
     capsys.readouterr()
     assert main(["eval", "--warehouse", str(tmp_path / "w"), "--run", "nogold"]) == 2
     assert "has no gold columns" in capsys.readouterr().err
+
+
+def test_eval_counts_the_questions_without_gold_in_the_metrics_that_need_none(spark, tmp_path, index_overrides, capsys):
+    """A JSONL line without gold keys has no gold row: its refusal and web search still count."""
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(
+        '{"question_id": "1", "question": "How high is Mount Fuji?", "expected_route": "web"}\n'
+        '{"question_id": "2", "question": "How often should the HEPA-13 main filter be replaced?"}\n'
+    )
+    assert main(crag_run_args(tmp_path / "w", "--run-id", "some", questions=questions, overrides=index_overrides)) == 0
+    capsys.readouterr()
+    assert (
+        main(["eval", "--warehouse", str(tmp_path / "w"), "--run", "some", "--slices", "all", "--format", "json"]) == 0
+    )
+    n = {row["metric"]: row["n"] for row in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert n["refused"] == n["web_search_rate"] == n["action_incorrect"] == 2 and n["routing_accuracy"] == 1

@@ -73,7 +73,7 @@ def test_table_aligns_text_left_and_numbers_right(frame):
     end = header.index("n_retrieved") + len("n_retrieved")
     assert [columns_upto(r, end)[-3:] for r in rows] == [" 10", "  3", "  0"]
     assert columns_upto(rows[1], 31) == "q-ja-02      web       富士山は"  # text starts where its header does
-    assert "12.3457" in rows[1] and "0.5" in rows[0]
+    assert "12.345678" in rows[1] and "0.5" in rows[0]
     # one line per row: the line break inside the answer shows as a space
     assert "twelve months. Vacuum the pre-filter" in rows[0]
     assert rows[0].endswith('[{"doc_id":"filter","title":"フィルター"}]')
@@ -86,7 +86,7 @@ def test_table_fits_narrow_terminals_with_cjk_text(frame, width):
     for line in out.splitlines():
         assert display_width(line) <= width, (width, line)
     assert "…" in out  # the long answers were cut
-    for value in ("10", "12.3457", "0.5"):  # numbers are never cut
+    for value in ("10", "12.345678", "0.5"):  # numbers are never cut
         assert value in out
     blocks = out.split("\n\n")
     assert all(block.startswith("questi") for block in blocks)  # each block repeats the first column
@@ -150,6 +150,16 @@ def test_markdown_table(frame):
     assert lines[1] == "| --- | --- | --- | ---: | ---: | --- |"
     assert lines[2].startswith("| q-en-01 | a\\|b | Replace the HEPA-13 main filter every twelve months. Vacuum")
     assert ANSWER_JA in lines[3] and len(lines) == 5
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown"])
+def test_floats_are_shown_whole(fmt):
+    """crag sql's table and markdown show each float as the shortest text that reads back as it."""
+    values = [1234567.25, 0.1, 1e-7, 2.0**60]
+    out = render(pd.DataFrame({"x": values}), fmt, width=80)
+    shown = [line.strip("| ") for line in out.splitlines()[2:]]
+    assert shown == ["1234567.25", "0.1", "1e-07", "1.152921504606847e+18"]
+    assert [float(v) for v in shown] == values
 
 
 def test_unknown_format():

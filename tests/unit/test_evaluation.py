@@ -9,6 +9,7 @@ from crag.calibration import (
     calibrate,
     propose_grade_threshold,
     propose_routing,
+    refit_semantic,
     report,
     routing_scores,
 )
@@ -36,6 +37,14 @@ def test_japanese_is_compared_by_character():
     assert contained("交換は12か月ごとです。", "12か月") == 1.0
 
 
+def test_a_japanese_answer_is_scored_by_character_against_a_latin_gold_answer():
+    """Without spaces, 品番はHF-713です would be one word that never equals HF-713."""
+    # characters 品番はhf713です (10) against hf713 (5): common 5 -> P 1/2, R 1 -> F1 2/3
+    assert f1("品番はHF-713です", "HF-713") == pytest.approx(2 / 3)
+    assert f1("HF-713", "品番はHF-713です") == pytest.approx(2 / 3)
+    assert exact_match("ＨＦ－７１３", "HF-713") == 1.0
+
+
 def test_a_prediction_is_normalised_as_its_gold_answer_is():
     """An English answer quoting a Chinese title keeps its spaces, so it still contains the English gold
     answer; a Japanese answer holding an English gold answer contains it too."""
@@ -44,6 +53,18 @@ def test_a_prediction_is_normalised_as_its_gold_answer_is():
     assert exact_match("Golden  Lantern (《灯》)", "Golden Lantern (灯)") == 1.0
     assert f1(answer, "Golden Lantern") > 0.2
     assert contained("AQ-7は2.4GHzのWi-Fiに接続できます。", "2.4GHz") == 1.0
+
+
+def test_a_gold_answer_is_contained_only_as_whole_words():
+    assert contained("The warranty is 15 years.", "5 years") == 0.0
+    assert contained("Released in 19910.", "1991") == 0.0
+    assert contained("Released in 1991, then 19910.", "1991") == 1.0  # a later occurrence stands alone
+    assert contained("The 5 years warranty.", "5 years") == 1.0
+    # Japanese has no spaces: a CJK neighbour ends no word, a digit next to a digit still does
+    assert contained("保証期間は15年です。", "5年") == 0.0
+    assert contained("保証期間は5年です。", "5年") == 1.0
+    assert contained("品番はHF-713です", "HF-713") == 1.0
+    assert contained("品番はHF-7131です", "HF-713") == 0.0
 
 
 def test_contained_needs_a_nonempty_gold():
@@ -132,6 +153,33 @@ def test_evaluate_by_hand():
     assert value("routing_accuracy", "language=ja") == 1.0
     assert value("routing_accuracy", "expected_route=web") == 0.0
     assert ("web_recall", "all") not in m.index  # b never searched the web
+
+
+def test_a_blank_gold_answer_makes_no_question_answerable():
+    """SQuAD 2.0 writes `answers: [""]` for a question without an answer: it is scored as one with
+    no gold answer, not as an answerable question that every answer misses."""
+    answers, grades, gold = _tables()
+    gold["answers"] = [["12 months", " "], [""], [" ", ""]]
+    gold["expected_route"] = None
+    gold["is_impossible"] = None
+    scores = question_scores(answers, grades, gold).set_index("question_id")
+    assert scores["answerable"].to_dict() == {"a": "yes", "b": "no", "c": "no"}
+    assert scores.loc["a", "answer_contained"] == 1.0
+    assert scores.loc[["b", "c"], ["exact_match", "f1", "answerable_refused", "refusal_correct"]].isna().all().all()
+
+
+def test_a_question_without_a_gold_row_counts_in_the_metrics_that_need_no_gold():
+    """A JSONL line without gold keys has no gold row; its refusal, web search and action still count,
+    as they do for a Parquet row whose gold columns are null."""
+    answers, grades, gold = _tables()
+    extra = answers[answers["question_id"] == "c"].assign(question_id="d", question="No gold?")
+    answers = pd.concat([answers, extra], ignore_index=True)
+    m = evaluate(answers, grades, gold).set_index(["metric", "slice"])
+    assert m.loc[("refused", "all"), "n"] == 4 and m.loc[("refused", "all"), "value"] == 0.5
+    assert m.loc[("web_search_rate", "all"), "n"] == 4 and m.loc[("action_incorrect", "all"), "n"] == 4
+    assert m.loc[("answer_contained", "all"), "n"] == 2 and m.loc[("refusal_correct", "all"), "n"] == 3
+    with_null_gold = pd.concat([gold, pd.DataFrame([dict(question_id="d")])], ignore_index=True)
+    pd.testing.assert_frame_equal(evaluate(answers, grades, with_null_gold).set_index(["metric", "slice"]), m)
 
 
 def test_action_accuracy_and_confusion_by_hand():
@@ -279,6 +327,61 @@ def test_calibrate_says_what_lower_equal_to_upper_means():
         n=10,
     )
     assert "no ambiguous band" not in report({"routing": band, "routing_current": band})
+
+
+def test_the_printed_thresholds_give_the_reported_figures():
+    """Relevance is stored with 4 decimals. Between 0.4981 (web, not gold) and 0.4989 (knowledge base,
+    gold) the cut is 0.4985; printed as 0.498 it would send the web question to the knowledge base."""
+    grades = pd.DataFrame(
+        [
+            {"question_id": "kb", "source": "internal", "doc_id": "g", "relevance": 0.4989, "rationale": None},
+            {"question_id": "web", "source": "internal", "doc_id": "x", "relevance": 0.4981, "rationale": None},
+        ]
+    )
+    gold = pd.DataFrame(
+        [
+            {"question_id": "kb", "expected_route": "internal", "gold_doc_ids": ["g"]},
+            {"question_id": "web", "expected_route": "web", "gold_doc_ids": ["w"]},
+        ]
+    )
+    text = report(calibrate(grades, gold, 0.3, 0.6, current_threshold=0.5))
+    lower, upper = map(float, re.search(r"routing\.lower=(\S+) --set routing\.upper=(\S+)", text).groups())
+    best, internal = np.array([0.4989, 0.4981]), np.array([True, False])
+    assert "route accuracy 1.000" in text and routing_scores(best, internal, lower, upper).accuracy == 1.0
+    threshold = float(re.search(r"grader\.threshold=(\S+)", text).group(1))
+    assert "proposed" in text and "F1 1.000" in text
+    assert (best >= threshold).tolist() == [True, False]
+
+
+def test_the_refitted_semantic_relevance_is_the_one_the_printed_weights_give():
+    """The thresholds are proposed on the refitted relevance, so it must come from the weights as
+    printed (3 decimals), not from the unrounded fit (7 of these 40 differed in the 4th decimal)."""
+    rng = np.random.default_rng(3)
+    features = [(rng.uniform(0.2, 0.9), rng.uniform(0.7, 0.9)) for _ in range(40)]
+    grades = pd.DataFrame(
+        [
+            {
+                "question_id": f"q{i}",
+                "source": "internal",
+                "doc_id": f"d{i}",
+                "relevance": 0.5,
+                "rationale": f"lexical {lex:.4f}, cosine {cos:.4f}, language en",
+            }
+            for i, (lex, cos) in enumerate(features)
+        ]
+    )
+    noise = rng.normal(0, 0.1, len(features))
+    gold_docs = pd.Series(
+        {
+            f"q{i}": {f"d{i}"} if lex + cos + e > 1.3 else {"other"}
+            for i, ((lex, cos), e) in enumerate(zip(features, noise))
+        }
+    )
+    weights, refitted = refit_semantic(grades, gold_docs)
+    w = weights["en"]
+    lex, cos = (np.array([float(f"{v:.4f}") for v in column]) for column in zip(*features))
+    printed = np.round(1 / (1 + np.exp(-(w["bias"] + w["lexical"] * lex + w["semantic"] * cos))), 4)
+    assert refitted["relevance"].tolist() == printed.tolist()
 
 
 def test_calibrate_fits_no_threshold_to_a_binary_grader():

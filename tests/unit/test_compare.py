@@ -1,0 +1,141 @@
+"""crag.compare's pure functions: the comparison rows, the metric deltas and the summary lines."""
+
+import pandas as pd
+
+from crag.compare import compare_runs, metric_deltas, metric_figures, render_report, summary_lines
+from crag.evaluation import METRICS, evaluate, question_scores
+
+
+def test_metric_deltas_follow_crag_evals_order_not_the_stored_one():
+    stored = ["grader_recall", "web_search_rate", "f1", "refused", "grader_precision", "exact_match"]
+    metrics = pd.DataFrame({"metric": stored, "slice": "all", "value": 0.5, "n": 10})
+    deltas = metric_deltas(metrics, metrics.iloc[::-1])
+    assert deltas["metric"].tolist() == [m for m in METRICS if m in stored]
+    assert deltas["metric"].tolist()[:2] == ["exact_match", "f1"] and deltas["metric"].iloc[-1] == "grader_recall"
+
+
+def _run(questions: dict) -> dict[str, pd.DataFrame]:
+    """A run's frames from {question_id: (question, answer, route, gold answers)}; every question is
+    expected from the knowledge base, and an answer None is a refusal."""
+    answers = pd.DataFrame(
+        [
+            {
+                "question_id": qid,
+                "question": question,
+                "answer": answer or "I don't know.",
+                "route": route,
+                "action": "correct",
+                "refused": answer is None,
+                "web_query": None,
+                "n_web": 0,
+                "n_relevant": 1,
+                "sources": [] if answer is None else [{"source": "internal"}],
+            }
+            for qid, (question, answer, route, _) in questions.items()
+        ]
+    )
+    grades = pd.DataFrame(
+        [
+            {
+                "question_id": qid,
+                "source": "internal",
+                "doc_id": "d",
+                "parent_id": "d#0",
+                "title": "t",
+                "grade": grade,
+                "relevance": 0.6,
+            }
+            for qid, (_, answer, _, _) in questions.items()
+            for grade in ["yes" if answer else "no"]
+        ]
+    )
+    gold = pd.DataFrame(
+        [
+            {
+                "question_id": qid,
+                "answers": golds,
+                "is_impossible": False,
+                "expected_route": "internal",
+                "gold_doc_ids": ["d"],
+            }
+            for qid, (_, _, _, golds) in questions.items()
+        ]
+    )
+    return {"answers": answers, "grades": grades, "gold": gold, "metrics": evaluate(answers, grades, gold)}
+
+
+def _compared(base: dict, candidate: dict):
+    scores = tuple(question_scores(r["answers"], r["grades"], r["gold"]) for r in (base, candidate))
+    rows = compare_runs(base, candidate, "base", "cand", scores)
+    return rows, *metric_figures(rows, base, candidate)
+
+
+def test_a_question_asked_differently_under_the_same_id_is_not_credited_to_the_variant():
+    base = _run(
+        {
+            "same": ("How long is the warranty?", None, "refused", ["5 years"]),
+            "spaced": ("How loud is it?", "32 dB.", "internal", ["32 dB"]),
+            "reworded": ("How heavy is the AQ-7?", None, "refused", ["6.2 kg"]),
+            "regolded": ("Which Wi-Fi band?", "2.4 GHz.", "internal", ["2.4 GHz"]),
+        }
+    )
+    candidate = _run(
+        {
+            "same": ("How long is the warranty?", "5 years.", "internal", ["5 years"]),
+            "spaced": ("how  loud is it?", "32 dB.", "internal", ["32 dB."]),  # case, spaces, punctuation alike
+            "reworded": ("How wide is the AQ-7?", "28 cm.", "internal", ["28 cm"]),
+            "regolded": ("Which Wi-Fi band?", "5 GHz.", "internal", ["5 GHz"]),
+        }
+    )
+    rows, deltas, whole = _compared(base, candidate)
+    rows = rows.set_index("question_id")
+    assert rows["question_changed"].to_dict() == {"regolded": False, "reworded": True, "same": False, "spaced": False}
+    assert rows["gold_changed"].to_dict() == {"regolded": True, "reworded": True, "same": False, "spaced": False}
+    # asked differently: nothing compared; other gold: the answers compared, no metric delta
+    assert rows.loc["reworded", ["answer_changed", "route_flip", "n_relevant_delta", "f1_delta"]].isna().all()
+    assert rows.loc["reworded", "grade_flips"] == []
+    assert rows.loc["regolded", "answer_changed"] and pd.isna(rows.loc["regolded", "answer_contained_delta"])
+    assert rows.loc["same", "answer_contained_delta"] == 1.0 and rows.loc["same", "route_flip"]
+    lines = summary_lines(rows.reset_index(), deltas, whole)
+    assert (
+        lines[1]
+        == "  set apart         1 asked differently (answers not compared), 1 with other gold (no metric deltas)"
+    )
+    assert "  route flips       1, refused->internal 1" in lines  # "reworded" flipped too, but is another question
+    # the deltas are over the two paired questions; the runs' own figures over all four, apart
+    assert deltas.set_index("metric").loc[
+        "answer_contained", ["base", "candidate", "n_base", "n_candidate"]
+    ].tolist() == [0.5, 1.0, 2, 2]
+    assert whole.set_index("metric").loc["answer_contained", ["n_base", "n_candidate"]].tolist() == [4, 4]
+    assert "  metrics over the 2 paired questions (in both, asked alike, same gold):" in lines
+    assert "  each run over all its questions (different questions: no delta):" in lines
+
+
+def test_metric_deltas_are_over_the_questions_both_runs_answered():
+    """A candidate run over other questions (here one more, answered right) must not look better."""
+    questions = {
+        "a": ("How long is the warranty?", "5 years.", "internal", ["5 years"]),
+        "b": ("How loud is it?", None, "refused", ["32 dB"]),
+    }
+    extra = {"c": ("Which Wi-Fi band?", "2.4 GHz.", "internal", ["2.4 GHz"])}
+    rows, deltas, whole = _compared(_run(questions), _run({**questions, **extra}))
+    contained = deltas.set_index("metric").loc["answer_contained"]
+    assert (contained["delta"], contained["n_base"], contained["n_candidate"]) == (0.0, 2, 2)
+    assert whole.set_index("metric").loc["answer_contained", ["n_base", "n_candidate"]].tolist() == [2, 3]
+    lines = summary_lines(rows, deltas, whole)
+    assert lines[0].endswith("2 questions in both, 0 only in base, 1 only in candidate")
+    assert any(line.startswith("  answer_contained     0.500 ->    0.500  (+0.000; n 2 / 2)") for line in lines)
+    assert any(line.startswith("  answer_contained     0.500       0.667  (n 2 / 3)") for line in lines)
+    # with every question paired, the summary is the one it always was: no second block
+    rows, deltas, whole = _compared(_run(questions), _run(questions))
+    assert whole is None and not any("paired" in line for line in summary_lines(rows, deltas, whole))
+
+
+def test_the_report_sets_apart_a_question_asked_differently():
+    base = _run({"a": ("How heavy is the AQ-7?", None, "refused", ["6.2 kg"])})
+    candidate = _run({"a": ("How wide is the AQ-7?", "28 cm.", "internal", ["28 cm"])})
+    rows, deltas, whole = _compared(base, candidate)
+    page = render_report(rows, deltas, base, candidate, whole=whole)
+    assert "1 asked differently (answers not compared)" in page and "No answer changed." in page
+    assert "No document was graded differently." in page  # its one document flipped, for another question
+    assert "Each run over all its questions" in page
