@@ -205,7 +205,8 @@ def main() -> None:
 
     from bench.scale import PeakMemory
     from crag.config import load_config
-    from crag.evaluation import action_confusion, metrics_table, question_scores
+    from crag.console import render_metrics
+    from crag.evaluation import action_confusion, question_scores
     from crag.indexing import build_index
     from crag.job import run
     from crag.spark import get_spark
@@ -261,7 +262,7 @@ def main() -> None:
         metrics = result.metrics
         slices = ["all", "answerable=yes", "expected_route=internal", "expected_route=web"]
         print(
-            metrics_table(metrics[metrics["metric"].isin(REPORTED)], [s for s in slices if s in set(metrics["slice"])])
+            render_metrics(metrics[metrics["metric"].isin(REPORTED)], [s for s in slices if s in set(metrics["slice"])])
         )
         values = {f"{m}|{s}": v for m, s, v in metrics[["metric", "slice", "value"]].itertuples(index=False)}
         gold = pd.read_json(folder / "questions.jsonl", lines=True)[
