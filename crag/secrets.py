@@ -132,19 +132,44 @@ def redact_config(value: Any) -> Any:
     names as credentials (token_env, api_key_env, host_env, ...)."""
     extra: set[str] = set()
     _env_secrets(value, extra)
-    return _masked(value, lambda text: scrub(text, extra))
+    return _masked(value, is_secret_key, lambda text: scrub(text, extra))
+
+
+# Keys, and URL parameters, that hold a credential and nothing else: a narrower rule than is_secret_key,
+# which also masks settings such as a vector store's `text_key` in stored configs (harmless there).
+_CREDENTIAL_NAME = re.compile(
+    r"(token|(password|passwd|pwd|passphrase|secret|api_?key|access_?key|secret_?key|private_?key|auth|cookie"
+    r"|credential)s?|authorization|connection[_-]?string)$",
+    re.I,
+)
+_URL_CREDENTIAL_PARAM = re.compile(r"(?P<name>[?&;][A-Za-z0-9_\-]*=)(?P<value>[^&#;\s'\"<>]+)")
 
 
 def masked(value: Any) -> Any:
-    """A JSON-able config with what is secret in it masked by its own look alone (secret-named keys,
-    credentials inside URLs), the same in every process: what a hash of a config is taken over, so
-    that a stored hash cannot confirm a guess at a masked value."""
-    return _masked(value, scrub_credentials)
+    """A JSON-able config with its credentials masked by their look alone, the same in every process:
+    values of credential keys, and the user info and credential parameters of URLs (sc://...;token=).
+    What a stored hash of a config is taken over, so that it cannot confirm a guess at one of them;
+    narrower than redact_config's masking, so that configs that differ in what they compute (a store's
+    `text_key`, a filter's text) still hash apart."""
+    return _masked(value, _credential_key, _scrub_url_credentials)
 
 
-def _masked(node: Any, scrub_text) -> Any:
+def _credential_key(key: str) -> bool:
+    return bool(_CREDENTIAL_NAME.search(str(key))) and not str(key).lower().endswith("_env")
+
+
+def _scrub_url_credentials(text: Any) -> Any:
+    if not isinstance(text, str) or "://" not in text:
+        return text
+    text = _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{MASK}@", text)
+    return _URL_CREDENTIAL_PARAM.sub(
+        lambda m: m.group("name") + (MASK if _credential_key(m.group("name")[1:-1]) else m.group("value")), text
+    )
+
+
+def _masked(node: Any, is_secret, scrub_text) -> Any:
     if isinstance(node, dict):
-        return {k: (MASK if v and is_secret_key(k) else _masked(v, scrub_text)) for k, v in node.items()}
+        return {k: (MASK if v and is_secret(k) else _masked(v, is_secret, scrub_text)) for k, v in node.items()}
     if isinstance(node, list):
-        return [_masked(v, scrub_text) for v in node]
+        return [_masked(v, is_secret, scrub_text) for v in node]
     return scrub_text(node)

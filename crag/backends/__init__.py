@@ -377,7 +377,13 @@ _SECRETS: dict[str, dict[str, str]] = {}
 
 
 def secrets_for(cfg: CragConfig) -> dict[str, str] | None:
-    return _SECRETS.get(cfg.hash())
+    return _SECRETS.get(_identity(cfg))
+
+
+def _identity(cfg: CragConfig) -> str:
+    """The whole config's hash, for this process's own caches (cfg.hash() is the stored one, taken with
+    its credentials masked: two configs that differ only in a password must not share a store)."""
+    return stable_hash(cfg.model_dump(mode="json"))
 
 
 def cached_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1) -> Backends:
@@ -387,8 +393,9 @@ def cached_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, conc
     # does not, so a run pointed at another workspace in the same worker process gets new clients. So
     # are the builds of the local indexes: one rebuilt in the same folder gets backends that read it.
     builds = tuple(build_identity(getattr(section, "index", None)) for section in (cfg.retriever, cfg.web_search))
-    key = (cfg.hash(), concurrent_tasks, stable_hash(sorted((secrets or {}).items())), builds)
-    _SECRETS[cfg.hash()] = dict(secrets or {})
+    identity = _identity(cfg)
+    key = (identity, concurrent_tasks, stable_hash(sorted((secrets or {}).items())), builds)
+    _SECRETS[identity] = dict(secrets or {})
     if key not in _CACHE:
         if len(_CACHE) >= KEPT_BACKENDS:
             del _CACHE[next(iter(_CACHE))]  # the oldest

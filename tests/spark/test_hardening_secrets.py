@@ -177,6 +177,29 @@ def test_the_config_hash_cannot_confirm_a_guess_at_a_masked_value():
     assert PASSWORD in json.dumps(cfg.model_dump(mode="json"))
     assert cfg.hash() == config("another-" + PASSWORD).hash()  # the hash does not depend on it
     assert cfg.hash() != load_config(LOCAL_CONF, []).hash()  # yet it tells configs apart
+    remote = [load_config(LOCAL_CONF, [f"spark.remote=sc://h:15002/;token={t};user_id=me"]) for t in ("ab12", "cd34")]
+    assert remote[0].hash() == remote[1].hash()
+
+
+@pytest.mark.parametrize(
+    "setting, values",
+    [
+        ("retriever.kwargs.text_key", ["text", "page_content"]),  # a vector store's column, not a credential
+        ("retriever.kwargs.filter", ["docs code=7", "docs code=8"]),
+        ("mlflow.tracking_uri", ["https://mlflow.example.com/?region=eu", "https://mlflow.example.com/?region=us"]),
+    ],
+)
+def test_configs_that_differ_in_what_they_compute_still_hash_apart(setting, values):
+    """Masking for the hash is narrower than for the stored config: a store's `text_key` is masked in
+    runs.config (it looks like a key), but a run with another one computes something else."""
+    from crag.backends import _identity
+    from crag.cache import role_slices
+
+    base = ["retriever.backend=langchain", "retriever.factory=tests.langchain_stores:faiss_store"]
+    first, second = (load_config(LOCAL_CONF, [*base, f"{setting}={v}"]) for v in values)
+    assert first.hash() != second.hash() and _identity(first) != _identity(second)
+    if setting.startswith("retriever."):
+        assert role_slices(first, {})["retriever"] != role_slices(second, {})["retriever"]
 
 
 def test_a_url_credential_remembers_only_its_password():
@@ -286,9 +309,10 @@ def test_crag_ask_shows_no_credential_of_an_unreachable_host(monkeypatch, capfd,
         *set_args(overrides),
         "How often should the HEPA-13 main filter be replaced?",
     ]
-    assert main(args) == 0
+    assert main(args) == 2  # the question failed
     out, err = capfd.readouterr()
     assert "[grade] error: grade: " in out and "Connection refused" in out  # the error is there ...
+    assert err.startswith("crag: error: grade: ")
     assert f"127.0.0.1:{closed_port}" in out  # ... naming the host ...
     assert PASSWORD not in out + err and PASSWORD[::-1] not in out + err  # ... and no credential
 
