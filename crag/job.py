@@ -101,8 +101,19 @@ class RunPlan:
         run for half the stale period (a process paused, a beat that could not commit), another
         process may have taken the run over, so a beat is recorded now (RunTakenOver if so). Within
         that time no other process can have found the run stale: nothing is read or written."""
-        if time.monotonic() - self.held_at > self.cfg.tables.stale_run_after_s / 2:
+        if time.monotonic() - self.held_at <= self.cfg.tables.stale_run_after_s / 2:
+            return
+        try:
             self.record("running")
+        except RunTakenOver:
+            raise
+        except Exception as exc:  # not written (a busy `runs` table): the row read back says whose the run is
+            row = self._row()
+            if row is None or row["attempt"] != self.attempt:
+                raise self._taken_over(row) from None
+            log.warning(
+                "run %s: its hold could not be recorded (%s); it is still this process's", self.run_id, describe(exc)
+            )
 
     @property
     def inputs(self) -> str:
@@ -147,13 +158,19 @@ class RunPlan:
             on="t.run_id = s.run_id AND t.attempt = s.attempt",
             clauses="WHEN MATCHED THEN UPDATE SET " + ", ".join(f"t.{quote(c)} = s.{quote(c)}" for c in columns),
         )
-        held = result is not None and result["num_affected_rows"] == 1
-        rows = [] if held else wh.load_run("runs", self.run_id).collect()
-        if held or (result is None and rows and rows[0]["attempt"] == self.attempt and rows[0]["status"] == status):
-            self.held_at = time.monotonic()  # (without row counts, the row read back says it)
-            return
-        holder = f"{rows[0]['owner']}, attempt {rows[0]['attempt']}" if rows else "its row is gone"
-        raise RunTakenOver(
+        if result is None or result["num_affected_rows"] != 1:
+            row = self._row()  # without row counts, the row read back says whether it was written
+            if result is not None or row is None or (row["attempt"], row["status"]) != (self.attempt, status):
+                raise self._taken_over(row)
+        self.held_at = time.monotonic()
+
+    def _row(self):
+        rows = self.warehouse.load_run("runs", self.run_id).collect()
+        return rows[0] if rows else None
+
+    def _taken_over(self, row) -> RunTakenOver:
+        holder = f"{row['owner']}, attempt {row['attempt']}" if row is not None else "its row is gone"
+        return RunTakenOver(
             f"run {self.run_id!r} was taken over by another crag process ({holder}) after this one looked "
             f"stale (no heartbeat for tables.stale_run_after_s): this process stops without writing more"
         )

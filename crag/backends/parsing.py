@@ -20,10 +20,10 @@ _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S | re.I)
 _OBJECT = re.compile(r"\{[^{}]*\}", re.S)
 _LEADING_WORD = re.compile(r"^\W*(yes|no|true|false|relevant|irrelevant)\b", re.I)
 # "Score: 4", "score (0-5): 4", "**Score:** 4", "Score：4", "score: 3/5"; not a negative number
-# ("Score: -4", also with a Unicode minus), nor one of another scale ("3/10", "3 out of 10") or a range
+# ("Score: -4", also with a Unicode minus), nor one of another scale ("3/10", "3 out of 10", "3 (of 10)") or a range
 # ("score 0-5")
 _NUMBER = r"(?<![-\u2212\ufe63\uff0d])(\d+(?:\.\d+)?)(?!\.?\d)"
-_NOT_OF_THIS_SCALE = r"(?!\s*(?:/|out\s+of)\s*(?!5(?!\d))\d|\s*[-\u2013]\s*\d)"
+_NOT_OF_THIS_SCALE = r"(?!\s*\(?\s*(?:/|(?:out\s+)?of)\s*(?!5(?!\d))\d|\s*[-\u2013]\s*\d)"
 _SCORE = re.compile(r"score(?:\s*\([^)]*\))?\W{0,6}?" + _NUMBER + _NOT_OF_THIS_SCALE, re.I)
 # a line that gives the score ("**Score:** 4", "- Score: 4"; a JSON key, "score": 4, is read as JSON)
 _SCORE_LINE = re.compile(r'^[^\w\n{"]*' + _SCORE.pattern, re.I | re.M)

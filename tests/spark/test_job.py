@@ -8,6 +8,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from pyspark.sql import functions as F
 
 from crag import job as crag_job
 from crag import schema
@@ -291,6 +292,29 @@ def test_a_run_taken_over_by_another_process_keeps_that_process_row(spark, tmp_p
     assert DeltaTable(str(tmp_path / "runs")).version() == version + 1
     with pytest.raises(crag_job.RunTakenOver):
         first.check_held()
+
+
+def test_a_hold_that_cannot_be_recorded_is_read_back(spark, tmp_path, monkeypatch, caplog):
+    """A busy `runs` table can refuse a beat's MERGE after every retry: the run goes on while its row is
+    still this attempt's (as a failed beat always did), and stops when it is another's."""
+    wh = Warehouse(spark, str(tmp_path))
+    plan = crag_job.RunPlan(CragConfig(), "busy", "base", wh, {}, uuid.uuid4().hex, datetime.now(UTC))
+    crag_job.claim_run(plan)
+    merge = Warehouse.merge
+
+    def busy(self, *args, **kwargs):
+        raise RuntimeError("[DELTA_CONCURRENT_APPEND] ConcurrentAppendException: Files were added")
+
+    monkeypatch.setattr(Warehouse, "merge", busy)
+    plan.held_at = 0.0
+    plan.check_held()  # still this attempt's: a warning, and on
+    assert "its hold could not be recorded" in caplog.text
+    monkeypatch.setattr(Warehouse, "merge", merge)
+    other = crag_job.RunPlan(CragConfig(), "busy", "base", wh, {}, uuid.uuid4().hex, datetime.now(UTC))
+    wh.replace("runs", wh.frame("runs", other.runs_row("running")), F.col("run_id") == "busy")
+    monkeypatch.setattr(Warehouse, "merge", busy)
+    with pytest.raises(crag_job.RunTakenOver):
+        plan.check_held()
 
 
 def test_a_new_run_with_no_rejects_or_gold_still_leaves_those_tables(spark, index_overrides, tmp_path):
