@@ -78,6 +78,25 @@ def is_conflict(exc: Exception) -> bool:
     )
 
 
+_AGAIN = object()  # an attempt's outcome that asks for another attempt
+
+
+def _retried_on_conflict(attempt, attempts: int = 8):
+    """attempt() until it returns something other than _AGAIN, again when another writer committed
+    first (is_conflict), with exponential backoff and jitter (colliding writers drift apart); the
+    last attempt's error, or _AGAIN, when every attempt was used."""
+    for number in range(attempts):
+        try:
+            outcome = attempt()
+            if outcome is not _AGAIN:
+                return outcome
+        except Exception as exc:
+            if not is_conflict(exc) or number == attempts - 1:
+                raise
+        time.sleep(0.05 * 2**number * (1 + random.random()))
+    return _AGAIN
+
+
 # Per Spark session: the local table names crag has registered (the session's catalog is the truth;
 # this spares asking it on every use). A name is one folder's alone (folder_schema).
 _REGISTERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -224,19 +243,12 @@ class Warehouse:
         num_affected_rows, num_inserted_rows, ...), or None when the session gives none."""
         view = f"crag_merge_{uuid.uuid4().hex}"
         rows.createOrReplaceTempView(view)
+        statement = f"MERGE INTO {self.name(table)} AS t USING {quote(view)} AS s ON {on} {clauses}"
         try:
-            for attempt in range(8):
-                try:
-                    result = self.spark.sql(
-                        f"MERGE INTO {self.name(table)} AS t USING {quote(view)} AS s ON {on} {clauses}"
-                    ).collect()
-                    return result[0] if result else None
-                except Exception as exc:
-                    if not is_conflict(exc) or attempt == 7:
-                        raise
-                time.sleep(0.05 * 2**attempt * (1 + random.random()))
+            result = _retried_on_conflict(lambda: self.spark.sql(statement).collect())
         finally:
             self.spark.catalog.dropTempView(view)
+        return result[0] if result else None
 
     def drop(self, table: str) -> None:
         """Remove a table and its data (a run's work tables, once the run is finalised)."""
@@ -248,20 +260,17 @@ class Warehouse:
         if path is not None and path.is_dir():
             shutil.rmtree(path)  # an external table's files outlive DROP TABLE
 
-    def _write(self, table: str, df, action, attempts: int = 8, prepare=None) -> None:
-        target = self._schema(table)
-        df = df.select(*target.names)
-        for attempt in range(attempts):
-            try:
-                if self.ensure(table):
-                    action((prepare(df) if prepare else df).writeTo(self.name(table)))
-                    return
-                # another writer is creating it: its first commit is not in yet
-            except Exception as exc:
-                if not is_conflict(exc) or attempt == attempts - 1:
-                    raise
-            time.sleep(0.05 * 2**attempt * (1 + random.random()))  # jitter: colliding writers drift apart
-        raise CragError(f"table {self.name(table)} was being created by another writer and did not appear")
+    def _write(self, table: str, df, action, prepare=None) -> None:
+        df = df.select(*self._schema(table).names)
+
+        def write():
+            if not self.ensure(table):
+                return _AGAIN  # another writer is creating it: its first commit is not in yet
+            action((prepare(df) if prepare else df).writeTo(self.name(table)))
+            return None
+
+        if _retried_on_conflict(write) is _AGAIN:
+            raise CragError(f"table {self.name(table)} was being created by another writer and did not appear")
 
     def ensure(self, table: str) -> bool:
         """Create the table, empty, if it does not exist (`exists` registers one that another process
