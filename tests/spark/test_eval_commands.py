@@ -26,21 +26,18 @@ def test_eval_and_calibrate_commands_on_the_sample(spark, tmp_path, index_overri
 
     # a run that has not succeeded (a failed re-run keeps the earlier attempt's rows): refused unless asked
     DeltaTable(str(tmp_path / "runs")).update({"status": "'failed'"}, predicate="run_id = 'gold'")
-    assert main(["eval", "--warehouse", str(tmp_path), "--run", "gold"]) == 2
-    assert capsys.readouterr().err == (
-        "crag: error: run 'gold' has not finished (status failed): evaluate it when it has succeeded, "
-        "or pass --allow-unfinished to evaluate the rows it has\n"
-    )
-    assert main(["eval", "--warehouse", str(tmp_path), "--run", "gold", "--allow-unfinished"]) == 0
-    assert "routing_accuracy" in capsys.readouterr().out
-    # calibrate too: the failed run's row may hold a later attempt's config beside earlier grades
-    assert main(["calibrate", "--warehouse", str(tmp_path), "--run", "gold"]) == 2
-    assert capsys.readouterr().err == (
-        "crag: error: run 'gold' has not finished (status failed): calibrate it when it has succeeded, "
-        "or pass --allow-unfinished to calibrate the rows it has\n"
-    )
-    assert main(["calibrate", "--warehouse", str(tmp_path), "--run", "gold", "--allow-unfinished"]) == 0
-    assert "proposed lower" in capsys.readouterr().out
+    # eval, and calibrate too: the failed run's row may hold a later attempt's config beside earlier grades
+    for command, doing, shown in (
+        ("eval", "evaluate", "routing_accuracy"),
+        ("calibrate", "calibrate", "proposed lower"),
+    ):
+        assert main([command, "--warehouse", str(tmp_path), "--run", "gold"]) == 2
+        assert capsys.readouterr().err == (
+            f"crag: error: run 'gold' has not finished (status failed): {doing} it when it has succeeded, "
+            f"or pass --allow-unfinished to {doing} the rows it has\n"
+        )
+        assert main([command, "--warehouse", str(tmp_path), "--run", "gold", "--allow-unfinished"]) == 0
+        assert shown in capsys.readouterr().out
     report = str(tmp_path / "r.html")
     assert (
         main(["compare", "--warehouse", str(tmp_path), "--base", "gold", "--candidate", "gold", "--report", report])
