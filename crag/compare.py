@@ -28,10 +28,10 @@ from crag.errors import InputError, describe
 from crag.evaluation import (
     METRIC_DIRECTIONS,
     METRICS,
-    _as_list,
+    Gold,
     answer_units,
     evaluate,
-    gold_answers,
+    gold_of,
     is_cjk,
     normalize_answer,
     question_scores,
@@ -83,18 +83,14 @@ def gold_keys(gold: pd.DataFrame | None) -> dict[str, tuple]:
     none of them, as one whose gold columns are null."""
     if gold is None or gold.empty:
         return {}
-    return {
-        r.question_id: (
-            frozenset(normalize_answer(g) for g in gold_answers(r.answers)),
-            bool(r.is_impossible) if pd.notna(r.is_impossible) else False,
-            r.expected_route if isinstance(r.expected_route, str) else None,
-            frozenset(_as_list(r.gold_doc_ids)),
-        )
-        for r in gold.itertuples(index=False)
-    }
+    return {r.question_id: _gold_key(gold_of(r)) for r in gold.itertuples(index=False)}
 
 
-_NO_GOLD: tuple = (frozenset(), False, None, frozenset())  # gold_keys of a question without gold
+def _gold_key(gold: Gold) -> tuple:
+    return frozenset(normalize_answer(g) for g in gold.answers), gold.impossible, gold.expected_route, gold.doc_ids
+
+
+_NO_GOLD = _gold_key(Gold((), False, None, frozenset()))  # gold_keys of a question without gold
 
 
 def _answer_changes(x: pd.Series, y: pd.Series) -> dict:

@@ -29,6 +29,7 @@ import string
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -131,6 +132,26 @@ def _as_list(value) -> list:
     return [v for v in list(value) if v is not None]
 
 
+@dataclass(frozen=True)
+class Gold:
+    """A question's gold as the metrics read it from its gold row, whose fields may each be null."""
+
+    answers: tuple[str, ...]  # the ones that hold text (gold_answers)
+    impossible: bool
+    expected_route: str | None
+    doc_ids: frozenset[str]
+
+
+def gold_of(row) -> Gold:
+    """The Gold of a row with the gold columns (a question without a gold row: all of them null)."""
+    return Gold(
+        tuple(gold_answers(row.answers)),
+        bool(row.is_impossible) if pd.notna(row.is_impossible) else False,
+        row.expected_route if isinstance(row.expected_route, str) else None,
+        frozenset(_as_list(row.gold_doc_ids)),
+    )
+
+
 def gold_answers(value) -> list[str]:
     """The gold answers that hold text: SQuAD 2.0 writes `answers: [""]` for a question without an
     answer, and a blank gold answer is no answer (best() could match nothing against it)."""
@@ -147,15 +168,14 @@ def question_scores(answers: pd.DataFrame, grades: pd.DataFrame, gold: pd.DataFr
     web = grades[grades["source"] == "web"].groupby("question_id")["doc_id"].apply(set)
     rows = []
     for r in df.itertuples(index=False):
-        golds = gold_answers(r.answers)
-        impossible = bool(r.is_impossible) if pd.notna(r.is_impossible) else False
-        expected = r.expected_route if isinstance(r.expected_route, str) else None
+        gold = gold_of(r)
+        golds, impossible, expected = list(gold.answers), gold.impossible, gold.expected_route
         answerable = bool(golds) and not impossible and expected != "none"
         should_refuse = impossible or expected == "none"
         answer = None if r.refused or r.route == "error" else r.answer
         cited = {s["source"] for s in _as_list(r.sources)}
         searched = isinstance(r.web_query, str)
-        gold_docs = set(_as_list(r.gold_doc_ids))
+        gold_docs = set(gold.doc_ids)
         row = {
             "question_id": r.question_id,
             "route": r.route,
