@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
-from urllib.parse import unquote, urlparse
+from urllib.parse import ParseResult, unquote, urlparse
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -471,12 +471,18 @@ class IndexingConfig(Section):
 LOCAL_MASTER = re.compile(r"local(?:\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?")
 
 
+def connect_url_parts(url: str) -> tuple[ParseResult, list[str]]:
+    """An sc:// URL split as pyspark's Spark Connect client splits it: the URL read as http, and its
+    `;name=value` parameters as written."""
+    parsed = urlparse("http" + url[2:])
+    return parsed, parsed.params.split(";") if parsed.params else []
+
+
 def connect_url_problem(url: str) -> str | None:
     """What pyspark's Spark Connect client would refuse in an sc:// URL (its own parsing rules), said
     without repeating the URL; None when it is well formed. Its token and user info are remembered as
     secrets first (crag.secrets): from here on no text carries them."""
-    parsed = urlparse("http" + url[2:])  # as pyspark parses it
-    params = parsed.params.split(";") if parsed.params else []
+    parsed, params = connect_url_parts(url)
     remember([url, *(unquote(p.partition("=")[2]) for p in params if p.partition("=")[0] == "token")])
     try:
         parsed.port  # noqa: B018  # raises on a port that is not a number

@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pandas as pd
 import pyarrow as pa
@@ -32,7 +31,7 @@ from crag.backends import cached_backends
 from crag.backends.base import Document
 from crag.backends.remote import running_task
 from crag.cache import StageCache, question_key, role_slices, with_cache
-from crag.config import LOCAL_MASTER, CragConfig, SparkConfig
+from crag.config import LOCAL_MASTER, CragConfig, SparkConfig, connect_url_parts
 from crag.errors import ConfigError
 from crag.stages import frame_rows, run_pipeline
 
@@ -134,16 +133,16 @@ def _check_reachable(url: str, timeout_s: float = 10) -> None:
     if any(os.environ.get(v) or os.environ.get(v.upper()) for v in _PROXY_VARIABLES):
         return
     try:
-        parts = urlparse("http" + url[2:])  # as pyspark's client parses it
+        parts, params = connect_url_parts(url)
         host, port = parts.hostname, parts.port or 15002
     except ValueError as exc:
         raise ConfigError(f"spark.remote is not a Spark Connect URL sc://host:port ({exc})") from None
     if not host:
         raise ConfigError("spark.remote is not a Spark Connect URL sc://host:port (no host)")
     where = f"sc://{host if ':' not in host else f'[{host}]'}:{port}"  # without user info or parameters (tokens)
-    params = dict(p.partition("=")[::2] for p in parts.params.split(";") if p)
+    named = dict(p.partition("=")[::2] for p in params if p)
     # pyspark's client: TLS with use_ssl=true, or with a token to any host but "localhost"
-    tls = params.get("use_ssl", "").lower() == "true" or ("token" in params and host != "localhost")
+    tls = named.get("use_ssl", "").lower() == "true" or ("token" in named and host != "localhost")
     try:
         connection = socket.create_connection((host, port), timeout=timeout_s)
     except OSError as exc:
