@@ -31,10 +31,14 @@ _URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userin
 # name=value where the name ends like a credential's: in a URL's query or parameters (?token=, ;code=),
 # and, for names that are nothing but a credential's, also where a message quotes the parameter alone
 # ("Parameter 'token=...' should be ..."; not "status_code=503" or "index_key=abc" in free text)
+# Names that are nothing but a credential's ("token", "api_key", "passwords", "http_auth", ...)
+_CREDENTIAL_WORDS = (
+    r"token|(?:secret|password|passwd|pwd|passphrase|api_?key|access_?key|secret_?key|private_?key|auth|cookie"
+    r"|credential)s?"
+)
 _CREDENTIAL_PARAM = re.compile(
     r"(?P<name>(?:[?&;][A-Za-z0-9_\-]*(?:token|(?:secret|password|passwd|pwd|passphrase|key|signature|sig|auth|code"
-    r"|cookie)s?)|(?:^|(?<=[\s'\"(\[,]))[A-Za-z0-9_\-]*(?:token|(?:secret|password|passwd|pwd|passphrase|api_?key"
-    r"|access_?key|secret_?key|private_?key|auth|cookie|credential)s?))=)(?P<value>[^&#;\s'\"<>)\],]+)",
+    rf"|cookie)s?)|(?:^|(?<=[\s'\"(\[,]))[A-Za-z0-9_\-]*(?:{_CREDENTIAL_WORDS}))=)(?P<value>[^&#;\s'\"<>)\],]+)",
     re.I,
 )
 
@@ -82,8 +86,11 @@ def scrub_credentials(text: Any) -> Any:
     the text itself, whatever this process has resolved. Non-strings pass unchanged."""
     if not isinstance(text, str) or not text:
         return text
-    text = _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{MASK}@", text)
-    return _CREDENTIAL_PARAM.sub(lambda m: f"{m.group('name')}{MASK}", text)
+    return _CREDENTIAL_PARAM.sub(lambda m: f"{m.group('name')}{MASK}", _mask_userinfo(text))
+
+
+def _mask_userinfo(text: str) -> str:
+    return _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{MASK}@", text)
 
 
 def scrub(text: Any, extra: Iterable[str] = ()) -> Any:
@@ -139,11 +146,7 @@ def redact_config(value: Any) -> Any:
 
 # Keys, and URL parameters, that hold a credential and nothing else: a narrower rule than is_secret_key,
 # which also masks settings such as a vector store's `text_key` in stored configs (harmless there).
-_CREDENTIAL_NAME = re.compile(
-    r"(token|(password|passwd|pwd|passphrase|secret|api_?key|access_?key|secret_?key|private_?key|auth|cookie"
-    r"|credential)s?|authorization|connection[_-]?string)$",
-    re.I,
-)
+_CREDENTIAL_NAME = re.compile(rf"({_CREDENTIAL_WORDS}|authorization|connection[_-]?string)$", re.I)
 _URL_CREDENTIAL_PARAM = re.compile(r"(?P<name>[?&;][A-Za-z0-9_\-]*=)(?P<value>[^&#;\s'\"<>]+)")
 
 
@@ -163,9 +166,9 @@ def _credential_key(key: str) -> bool:
 def _scrub_url_credentials(text: Any) -> Any:
     if not isinstance(text, str) or "://" not in text:
         return text
-    text = _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{MASK}@", text)
     return _URL_CREDENTIAL_PARAM.sub(
-        lambda m: m.group("name") + (MASK if _credential_key(m.group("name")[1:-1]) else m.group("value")), text
+        lambda m: m.group("name") + (MASK if _credential_key(m.group("name")[1:-1]) else m.group("value")),
+        _mask_userinfo(text),
     )
 
 
