@@ -151,12 +151,11 @@ class RunPlan:
         id and this attempt. A process that found this one stale and took the run over (claim_run) has
         put its own attempt there; then nothing is written, and RunTakenOver says so."""
         wh = self.warehouse
-        columns = schema.RUNS.names
         result = wh.merge(
             "runs",
             wh.frame("runs", self.runs_row(status, counts, finished)),
             on="t.run_id = s.run_id AND t.attempt = s.attempt",
-            clauses="WHEN MATCHED THEN UPDATE SET " + ", ".join(f"t.{quote(c)} = s.{quote(c)}" for c in columns),
+            clauses=f"WHEN MATCHED THEN UPDATE SET {_RUNS_SET}",
         )
         if result is None or result["num_affected_rows"] != 1:
             row = self._row()  # without row counts, the row read back says whether it was written
@@ -174,6 +173,10 @@ class RunPlan:
             f"run {self.run_id!r} was taken over by another crag process ({holder}) after this one looked "
             f"stale (no heartbeat for tables.stale_run_after_s): this process stops without writing more"
         )
+
+
+# A MERGE's update of every column of a `runs` row from its source row
+_RUNS_SET = ", ".join(f"t.{quote(c)} = s.{quote(c)}" for c in schema.RUNS.names)
 
 
 class RunTakenOver(CragError):
@@ -498,8 +501,7 @@ def _merge_claim(plan: RunPlan, takeover: str | None, new_run: bool) -> bool | N
     values = ", ".join(f"s.{quote(c)}" for c in columns)
     update = ""
     if not new_run:
-        assign = ", ".join(f"t.{quote(c)} = s.{quote(c)}" for c in columns)
-        update = f"WHEN MATCHED AND (t.status <> 'running' OR t.attempt <=> s.takeover) THEN UPDATE SET {assign} "
+        update = f"WHEN MATCHED AND (t.status <> 'running' OR t.attempt <=> s.takeover) THEN UPDATE SET {_RUNS_SET} "
     result = wh.merge(
         "runs",
         wh.spark.createDataFrame(row.append_column("takeover", pa.array([takeover], pa.string()))),
