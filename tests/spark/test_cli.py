@@ -228,42 +228,6 @@ def test_a_token_to_a_server_without_tls_is_one_line_at_once(tls_and_plain_serve
     _check_reachable(f"sc://127.0.0.1:{plain_port}/")  # no token: the client speaks plain gRPC
 
 
-def test_commands_leave_no_spark_warehouse_in_the_working_directory(spark, tmp_path, index_overrides):
-    """crag's local tables are external; Spark's own warehouse folder goes to the temporary directory."""
-    from crag.job import run
-
-    run(
-        str(LOCAL_CONF),
-        str(SAMPLE / "questions.jsonl"),
-        str(tmp_path / "wh"),
-        run_id="r",
-        overrides=index_overrides,
-        spark=spark,
-    )
-    work = tmp_path / "work"
-    work.mkdir()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "crag.cli",
-            "eval",
-            "--warehouse",
-            str(tmp_path / "wh"),
-            "--run",
-            "r",
-            "--format",
-            "csv",
-        ],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert not (work / "spark-warehouse").exists() and list(work.iterdir()) == []
-
-
 def test_ask_shows_control_characters_as_escapes(capsys, index_overrides, monkeypatch):
     """Titles, URLs and answers come from documents and web pages: an escape sequence in them must not
     reach the terminal (clear the screen, set its title, ring its bell) nor a line break forge a line."""

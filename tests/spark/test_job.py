@@ -128,20 +128,13 @@ def test_tables_are_readable_by_any_delta_reader(sample_run):
 
 
 def test_rerunning_a_run_id_replaces_its_rows(spark, index_overrides, tmp_path):
+    # (that a rerun leaves other runs' rows as they were: test_connect's hostile question ids)
     for _ in range(2):
         run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="again", overrides=index_overrides, spark=spark)
-    run(
-        str(LOCAL_CONF),
-        str(QUESTIONS),
-        str(tmp_path),
-        run_id="other",
-        overrides=index_overrides + ["routing.policy=thresholds"],
-        spark=spark,
-    )
     answers = table(tmp_path, "answers")
-    assert answers.groupby("run_id").size().to_dict() == {"again": 49, "other": 49}
+    assert answers.groupby("run_id").size().to_dict() == {"again": 49}
     assert not answers.duplicated(["run_id", "question_id"]).any()
-    assert len(table(tmp_path, "runs")) == 2
+    assert len(table(tmp_path, "runs")) == 1
     grades = table(tmp_path, "grades")
     assert not grades.duplicated(["run_id", "question_id", "source", "rank"]).any()
 
