@@ -28,14 +28,14 @@ MIN_SECRET_CHARS = 4
 
 # scheme://userinfo@ : the userinfo runs to the last "@" before the host part ends ("/", space, quote).
 _URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/\s'\"<>@]*(?:@[^/\s'\"<>@]*)*)@")
-# name=value where the name ends like a credential's: in a URL's query or parameters (?token=, ;code=),
-# and, for names that are nothing but a credential's, also where a message quotes the parameter alone
-# ("Parameter 'token=...' should be ..."; not "status_code=503" or "index_key=abc" in free text)
 # Names that are nothing but a credential's ("token", "api_key", "passwords", "http_auth", ...)
 _CREDENTIAL_WORDS = (
     r"token|(?:secret|password|passwd|pwd|passphrase|api_?key|access_?key|secret_?key|private_?key|auth|cookie"
     r"|credential)s?"
 )
+# name=value where the name ends like a credential's: in a URL's query or parameters (?token=, ;code=),
+# and, for names that are nothing but a credential's, also where a message quotes the parameter alone
+# ("Parameter 'token=...' should be ..."; not "status_code=503" or "index_key=abc" in free text)
 _CREDENTIAL_PARAM = re.compile(
     r"(?P<name>(?:[?&;][A-Za-z0-9_\-]*(?:token|(?:secret|password|passwd|pwd|passphrase|key|signature|sig|auth|code"
     rf"|cookie)s?)|(?:^|(?<=[\s'\"(\[,]))[A-Za-z0-9_\-]*(?:{_CREDENTIAL_WORDS}))=)(?P<value>[^&#;\s'\"<>)\],]+)",
