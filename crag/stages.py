@@ -14,8 +14,9 @@ the rest of the batch goes on and the question still ends in exactly one answer 
 
 from __future__ import annotations
 
+import threading
 import time
-from collections import namedtuple
+from collections import deque, namedtuple
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -192,9 +193,10 @@ class _RowResults(NamedTuple):
 def _per_row(
     df: pd.DataFrame, stage: str, fn: Callable[[Any, Usage], object], when=None, workers: int = 1
 ) -> _RowResults:
-    """Call fn(row, tally) on every row without an error (and where `when(row)` holds), from a pool of
-    `workers` threads, each call with a fresh Usage tally for its backend calls. An exception fails that
-    row only; what its calls cost until then still counts."""
+    """Call fn(row, tally) on every row without an error (and where `when(row)` holds), `workers` rows
+    at a time (the calling thread and threads of the shared row pool), each call with a fresh Usage
+    tally for its backend calls. An exception fails that row only; what its calls cost until then
+    still counts."""
     rows = frame_rows(df)
     errors = list(df["error"])
     todo = [i for i, row in enumerate(rows) if errors[i] is None and (when is None or when(row))]
@@ -212,13 +214,41 @@ def _per_row(
             errors[i] = scrub(f"{stage}: {type(exc).__name__}: {exc}")
         millis[i] = (time.perf_counter() - t0) * 1000
 
-    if workers > 1 and len(todo) > 1:
-        with ThreadPoolExecutor(max_workers=min(workers, len(todo)), thread_name_prefix=f"crag-{stage}") as pool:
-            list(pool.map(one, todo))
-    else:
-        for i in todo:
+    pending = deque(todo)
+
+    def take_rows() -> None:
+        while pending:
+            try:
+                i = pending.popleft()  # thread-safe: each row is taken once
+            except IndexError:
+                return
             one(i)
+
+    helpers = [_row_threads().submit(take_rows) for _ in range(min(workers, len(todo)) - 1)]
+    take_rows()  # the calling thread takes rows too
+    for helper in helpers:
+        helper.result()
     return _RowResults(results, millis, errors, _added_usage(df, tallies))
+
+
+# The threads that call a stage's backends row by row, shared by every stage call of the process and
+# kept between calls. Pipelines on threads (crag.spark) call the stages thousands of times a batch; a
+# pool per call started new threads every time, and every ThreadPoolExecutor of a process starts its
+# threads under one lock that they share (concurrent.futures' _global_shutdown_lock), so the
+# pipelines queued behind each other's thread start-ups. Threads are started only when none is idle:
+# the pool grows to the most rows called at once (a task's pipelines x the rows each takes). Beyond
+# the cap, rows wait for a free thread; the calling thread always takes rows, so a call never stalls.
+_ROW_THREADS_MAX = 4096
+_row_pool: ThreadPoolExecutor | None = None
+_row_pool_lock = threading.Lock()
+
+
+def _row_threads() -> ThreadPoolExecutor:
+    global _row_pool
+    with _row_pool_lock:
+        if _row_pool is None:
+            _row_pool = ThreadPoolExecutor(max_workers=_ROW_THREADS_MAX, thread_name_prefix="crag-row")
+        return _row_pool
 
 
 # ---------------------------------------------------------------- retrieve

@@ -2,6 +2,9 @@
 behaviour can be pinned down exactly (the real embedded backends are exercised at the end and in the
 Spark end-to-end test)."""
 
+import threading
+import time
+
 import pandas as pd
 import pytest
 
@@ -287,6 +290,37 @@ def test_a_grader_miscount_fails_only_that_question():
     out, _ = run(["some relevant?", "all relevant?"], wrong_count_for="some relevant?")
     assert out.loc[0, "route"] == "error" and "grader returned 2 grades for 3 documents" in out.loc[0, "error"]
     assert out.loc[1, "route"] == "internal" and out.loc[1, "error"] is None
+
+
+def test_a_stage_calls_a_backend_on_as_many_threads_as_its_concurrency_and_keeps_them_between_calls():
+    """Rows run `workers` at a time; a later call reuses the threads instead of starting new ones
+    (thread start-ups, under a lock every thread pool of a process shares, had serialised the
+    pipelines of a Spark task)."""
+    lock = threading.Lock()
+    in_flight, peak, used = [0], [0], set()
+
+    def call(row, tally):
+        with lock:
+            in_flight[0] += 1
+            peak[0] = max(peak[0], in_flight[0])
+            used.add(threading.current_thread())  # the Thread itself: it stays alive, unlike its id
+        time.sleep(0.03)
+        with lock:
+            in_flight[0] -= 1
+        return row.question.upper()
+
+    questions = [f"q{i}" for i in range(12)]
+    usage = {"llm_calls": 0}
+    df = pd.DataFrame({"question_id": questions, "question": questions, "error": [None] * 12, "usage": [usage] * 12})
+    first = stages._per_row(df, "generate", call, workers=3)
+    assert first.results == [q.upper() for q in questions] and first.errors == [None] * 12
+    assert first.usage == [usage] * 12
+    assert peak[0] == 3
+    alive_before, used_first = set(threading.enumerate()), set(used)
+    used.clear()
+    stages._per_row(df, "generate", call, workers=3)
+    assert len(used) == 3 and used <= alive_before, "the second call started threads of its own"
+    assert len(used_first) == 3
 
 
 def test_refinement_keeps_best_strips_in_original_order():
