@@ -91,47 +91,55 @@ def test_the_client_holds_no_jvm(connect_url):
 
 
 def test_run_eval_and_compare_on_connect_match_classic_spark(connect_url, spark, index_overrides, tmp_path):
+    """The sample run on classic Spark, then on Connect into the same warehouse: the same answers; then
+    `eval`, `compare` (the classic run as the base) and `calibrate` on Connect."""
     from crag.job import run
 
-    classic = tmp_path / "classic"
-    run(str(LOCAL_CONF), str(QUESTIONS), str(classic), run_id="same", overrides=index_overrides, spark=spark)
-    warehouse = tmp_path / "connect"
-    done = crag(*_run_args(index_overrides, warehouse, "same"), url=connect_url)
+    warehouse = tmp_path / "wh"
+    run(str(LOCAL_CONF), str(QUESTIONS), str(warehouse), run_id="classic", overrides=index_overrides, spark=spark)
+    done = crag(*_run_args(index_overrides, warehouse, "connect"), url=connect_url)
     assert "51: 49 accepted, 2 rejected" in done.stdout
-    ours, theirs = table(warehouse, "answers"), table(classic, "answers")
+
+    def rows(name, run_id):
+        df = table(warehouse, name)
+        return df[df["run_id"] == run_id].drop(columns="run_id")
+
+    ours, theirs = rows("answers", "connect"), rows("answers", "classic")
     columns = ["question_id", "answer", "action", "route", "n_retrieved", "n_relevant", "n_web"]
     key = "question_id"
-    assert (
+    assert len(ours) == 49 and (
         ours[columns]
         .sort_values(key)
         .reset_index(drop=True)
         .equals(theirs[columns].sort_values(key).reset_index(drop=True))
     )
-    assert len(table(warehouse, "grades")) == len(table(classic, "grades"))
-    assert sorted(table(warehouse, "rejects")["reason"]) == sorted(table(classic, "rejects")["reason"])
-    assert table(warehouse, "runs").loc[0, "status"] == "succeeded"
+    assert len(rows("grades", "connect")) == len(rows("grades", "classic"))
+    assert sorted(rows("rejects", "connect")["reason"]) == sorted(rows("rejects", "classic")["reason"])
+    assert rows("runs", "connect")["status"].tolist() == ["succeeded"]
 
-    crag(*_run_args(index_overrides, warehouse, "thresholds", "routing.policy=any_irrelevant"), url=connect_url)
-    evaluated = crag("eval", "--warehouse", str(warehouse), "--run", "same", "--format", "csv", url=connect_url)
+    evaluated = crag("eval", "--warehouse", str(warehouse), "--run", "connect", "--format", "csv", url=connect_url)
     metrics = pd.read_csv(pd.io.common.StringIO(evaluated.stdout))
-    stored = table(warehouse, "metrics")
-    assert set(metrics["metric"]) == set(stored[stored["run_id"] == "same"]["metric"])
+    assert set(metrics["metric"]) == set(rows("metrics", "connect")["metric"])
     report = tmp_path / "report.html"
     crag(
         "compare",
         "--warehouse",
         str(warehouse),
         "--base",
-        "same",
+        "classic",
         "--candidate",
-        "thresholds",
+        "connect",
         "--report",
         str(report),
         "--no-mlflow",
         url=connect_url,
     )
-    assert report.exists() and set(table(warehouse, "comparisons")["candidate_run"]) == {"thresholds"}
-    calibrated = crag("calibrate", "--warehouse", str(warehouse), "--run", "same", url=connect_url)
+    comparisons = table(warehouse, "comparisons")
+    assert report.exists() and set(comparisons["candidate_run"]) == {"connect"}
+    # the same answers: compare on Connect finds every question in both runs and nothing changed
+    assert len(comparisons) == 49 and comparisons[["in_base", "in_candidate"]].all().all()
+    assert not comparisons[["answer_changed", "action_flip", "route_flip"]].any().any()
+    calibrated = crag("calibrate", "--warehouse", str(warehouse), "--run", "connect", url=connect_url)
     assert "routing" in calibrated.stdout
 
 

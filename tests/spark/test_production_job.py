@@ -20,14 +20,9 @@ def table(warehouse, name):
     return DeltaTable(str(warehouse / name)).to_pandas()
 
 
-@pytest.fixture
-def databricks_run(spark, emulator, tmp_path):
-    result = run(str(REPO / "conf" / "databricks.yaml"), str(QUESTIONS), str(tmp_path), run_id="dbx", spark=spark)
-    return result, tmp_path, emulator
-
-
-def test_databricks_services_end_to_end(databricks_run):
-    result, warehouse, emulator = databricks_run
+def test_databricks_services_end_to_end(spark, emulator, tmp_path):
+    warehouse = tmp_path
+    run(str(REPO / "conf" / "databricks.yaml"), str(QUESTIONS), str(warehouse), run_id="dbx", spark=spark)
     answers, grades = table(warehouse, "answers"), table(warehouse, "grades")
     assert len(answers) == 49 and answers["question_id"].is_unique and answers["error"].isna().all()
     # one batch-grading request per question that retrieved anything
@@ -58,11 +53,7 @@ def test_databricks_services_end_to_end(databricks_run):
         assert metrics.loc[("web_recall", "all"), "n"] == len(expected_web & set(found_nothing))
     else:
         assert ("web_recall", "all") not in metrics.index
-
-
-def test_no_credential_reaches_a_table(databricks_run):
-    _, warehouse, _ = databricks_run
-    for name in ("answers", "grades", "decisions", "runs", "rejects"):
+    for name in ("answers", "grades", "decisions", "runs", "rejects"):  # no credential reaches a table
         assert TOKEN not in table(warehouse, name).to_csv(), name
 
 
