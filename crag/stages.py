@@ -14,11 +14,12 @@ the rest of the batch goes on and the question still ends in exactly one answer 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque, namedtuple
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from functools import lru_cache, wraps
 from typing import Any, NamedTuple
@@ -224,10 +225,20 @@ def _per_row(
                 return
             one(i)
 
-    helpers = [_row_threads().submit(take_rows) for _ in range(min(workers, len(todo)) - 1)]
-    take_rows()  # the calling thread takes rows too
+    helpers: list[Future] = []
+    try:
+        for _ in range(min(workers, len(todo)) - 1):
+            helpers.append(_row_threads().submit(take_rows))
+        take_rows()  # the calling thread takes rows too
+    except BaseException:
+        pending.clear()  # the helpers start no further row
+        raise
+    finally:
+        # A helper still queued behind busy threads has nothing left to take: cancelled, not waited for
+        wait([helper for helper in helpers if not helper.cancel()])
     for helper in helpers:
-        helper.result()
+        if not helper.cancelled():
+            helper.result()  # a helper's BaseException (each row's Exception is caught in `one`)
     return _RowResults(results, millis, errors, _added_usage(df, tallies))
 
 
@@ -237,7 +248,8 @@ def _per_row(
 # threads under one lock that they share (concurrent.futures' _global_shutdown_lock), so the
 # pipelines queued behind each other's thread start-ups. Threads are started only when none is idle:
 # the pool grows to the most rows called at once (a task's pipelines x the rows each takes). Beyond
-# the cap, rows wait for a free thread; the calling thread always takes rows, so a call never stalls.
+# the cap, rows wait for a free thread; the calling thread always takes rows, and does them all if no
+# helper gets a thread, so a call never waits for one.
 _ROW_THREADS_MAX = 4096
 _row_pool: ThreadPoolExecutor | None = None
 _row_pool_lock = threading.Lock()
@@ -249,6 +261,16 @@ def _row_threads() -> ThreadPoolExecutor:
         if _row_pool is None:
             _row_pool = ThreadPoolExecutor(max_workers=_ROW_THREADS_MAX, thread_name_prefix="crag-row")
         return _row_pool
+
+
+def _forget_row_pool() -> None:
+    """In a forked child the parent's pool threads do not exist, while the pool still counts them as
+    idle (work submitted to it would never run): the child makes a pool of its own."""
+    global _row_pool, _row_pool_lock
+    _row_pool, _row_pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_row_pool)
 
 
 # ---------------------------------------------------------------- retrieve

@@ -2,6 +2,7 @@
 behaviour can be pinned down exactly (the real embedded backends are exercised at the end and in the
 Spark end-to-end test)."""
 
+import multiprocessing
 import threading
 import time
 
@@ -316,11 +317,79 @@ def test_a_stage_calls_a_backend_on_as_many_threads_as_its_concurrency_and_keeps
     assert first.results == [q.upper() for q in questions] and first.errors == [None] * 12
     assert first.usage == [usage] * 12
     assert peak[0] == 3
+    _wait_for_idle_row_threads(2)
     alive_before, used_first = set(threading.enumerate()), set(used)
     used.clear()
     stages._per_row(df, "generate", call, workers=3)
     assert len(used) == 3 and used <= alive_before, "the second call started threads of its own"
     assert len(used_first) == 3
+
+
+def _wait_for_idle_row_threads(n: int) -> None:
+    """A row thread counts itself idle just after its last row's result is set: wait for it."""
+    deadline = time.monotonic() + 10
+    while stages._row_pool._idle_semaphore._value < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _rows_of(n: int) -> pd.DataFrame:
+    questions = [f"q{i}" for i in range(n)]
+    return pd.DataFrame({"question_id": questions, "question": questions, "error": [None] * n, "usage": [{}] * n})
+
+
+def _rows_in_a_forked_child(results) -> None:
+    threads = set()
+
+    def call(row, tally):
+        threads.add(threading.current_thread())
+        time.sleep(0.05)
+        return row.question
+
+    results.put((stages._per_row(_rows_of(6), "generate", call, workers=3).results, len(threads)))
+
+
+def test_a_forked_child_gets_row_threads_of_its_own():
+    """PySpark forks its Python workers. A child of a process whose row threads were started has none
+    of them, though the parent's pool counts them as idle: the child's rows must get threads that run."""
+    assert stages._per_row(_rows_of(6), "generate", lambda row, tally: row.question, workers=3).results
+    _wait_for_idle_row_threads(2)  # the parent's pool has idle threads when it forks
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_rows_in_a_forked_child, args=(results,))
+    child.start()
+    child.join(timeout=30)
+    hung = child.is_alive()
+    if hung:
+        child.kill()
+    assert not hung, "the forked child waited for row threads that do not exist in it"
+    answered, threads = results.get(timeout=5)
+    assert answered == [f"q{i}" for i in range(6)]
+    assert threads == 3, "the child's rows ran one at a time: its helpers went to the parent's threads"
+
+
+def test_the_calling_thread_does_every_row_when_no_row_thread_is_free(monkeypatch):
+    """At the pool's cap, helpers queue behind busy threads: the call does its rows itself and does not
+    wait for them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    busy, release, done = ThreadPoolExecutor(max_workers=1), threading.Event(), threading.Event()
+    busy.submit(release.wait, 60)  # the pool's only thread, taken
+    monkeypatch.setattr(stages, "_row_pool", busy)
+    out = []
+
+    def call_rows():
+        out.append(stages._per_row(_rows_of(4), "generate", lambda row, tally: row.question, workers=3))
+        done.set()
+
+    caller = threading.Thread(target=call_rows)
+    caller.start()
+    try:
+        assert done.wait(30), "the call waited for a row thread although its rows were done"
+    finally:
+        release.set()
+        caller.join()
+        busy.shutdown()
+    assert out[0].results == [f"q{i}" for i in range(4)]
 
 
 def test_refinement_keeps_best_strips_in_original_order():
