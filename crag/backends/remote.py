@@ -18,7 +18,15 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_any,
+    wait_exponential_jitter,
+)
+from tenacity.stop import stop_base
 
 from crag.backends.base import Usage
 from crag.config import EndpointPolicy
@@ -151,18 +159,23 @@ class Endpoint:
         backoff = wait_exponential_jitter(multiplier=initial, max=self.policy.backoff_max_s, jitter=initial)(state)
         return min(self.policy.backoff_max_s, hinted) if hinted is not None else backoff
 
-    def call(self, fn: Callable[[], T], usage: Usage | None = None) -> T:
+    def call(self, fn: Callable[[], T], usage: Usage | None = None, unanswered_attempts: int | None = None) -> T:
         """fn() under the concurrency budget, retried on transient errors with exponential backoff and
-        jitter (or the server's Retry-After), at most policy.max_attempts times."""
+        jitter (or the server's Retry-After), at most policy.max_attempts times. `unanswered_attempts`:
+        give up after that many attempts the service did not answer (no HTTP status: a timeout, a
+        refused connection), whatever attempts are left for errors it answered (429, 5xx)."""
 
         def before_sleep(state: RetryCallState) -> None:
             if usage is not None:
                 usage.retries += 1
 
+        stop: stop_base = stop_after_attempt(self.policy.max_attempts)
+        if unanswered_attempts is not None:
+            stop = stop_any(stop, _StopAfterUnanswered(unanswered_attempts))
         retrying = Retrying(
             retry=retry_if_exception(is_transient),
             wait=self._wait,
-            stop=stop_after_attempt(self.policy.max_attempts),
+            stop=stop,
             before_sleep=before_sleep,
             reraise=True,
         )
@@ -174,6 +187,18 @@ class Endpoint:
                 return fn()
             # On a timeout the request thread is abandoned, and its slot is released now.
             return call_with_deadline(fn, self.policy.timeout_s, self.name)
+
+
+class _StopAfterUnanswered(stop_base):
+    """Stop once `attempts` attempts went unanswered: their error carries no HTTP status."""
+
+    def __init__(self, attempts: int):
+        self.attempts, self.unanswered = attempts, 0
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        error = retry_state.outcome.exception() if retry_state.outcome is not None else None
+        self.unanswered += error is not None and http_status(error) is None
+        return self.unanswered >= self.attempts
 
 
 def on_databricks() -> bool:

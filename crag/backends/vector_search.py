@@ -30,16 +30,17 @@ def vector_search_client(cfg: VectorSearchRetrieverConfig, secrets: dict[str, st
 
 
 def _open_index(client, cfg: VectorSearchRetrieverConfig):
-    """The index object, or a ConfigError that names the endpoint, the index and what went wrong."""
-    policy = cfg.policy.model_copy(
-        update={
-            "timeout_s": min(cfg.policy.timeout_s, STARTUP_TIMEOUT_S),
-            "max_attempts": min(cfg.policy.max_attempts, STARTUP_ATTEMPTS),
-        }
-    )
+    """The index object, or a ConfigError that names the endpoint, the index and what went wrong. A
+    service that does not answer is given STARTUP_ATTEMPTS attempts of at most STARTUP_TIMEOUT_S (a
+    wrong host fails in seconds, not minutes); one that answers with a transient error (429, 5xx) is
+    retried as any call is: every Spark task opens the index, and one 500 must not fail the batch."""
+    policy = cfg.policy.model_copy(update={"timeout_s": min(cfg.policy.timeout_s, STARTUP_TIMEOUT_S)})
     endpoint = Endpoint(f"vector_search:{cfg.index_name}", policy, hard_timeout=True)
     try:
-        return endpoint.call(lambda: client.get_index(endpoint_name=cfg.endpoint, index_name=cfg.index_name))
+        return endpoint.call(
+            lambda: client.get_index(endpoint_name=cfg.endpoint, index_name=cfg.index_name),
+            unanswered_attempts=STARTUP_ATTEMPTS,
+        )
     except Exception as exc:
         raise unusable(cfg, client, exc) from None
 

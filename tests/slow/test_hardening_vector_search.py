@@ -40,6 +40,24 @@ def test_a_wrong_token_is_one_line_at_once(emulator, monkeypatch):
     assert len(emulator.of("vector_search")) == 1  # not retried
 
 
+def test_a_server_error_at_start_up_is_retried_as_any_call_is(emulator):
+    """Every Spark task opens the index: a transient 500 while opening it is retried with the policy's
+    attempts (only a service that does not answer is given up after STARTUP_ATTEMPTS)."""
+    from crag.backends import vector_search
+
+    cfg = load_config(DBX, ["retriever.policy.backoff_initial_s=0.01"]).retriever
+    failures = vector_search.STARTUP_ATTEMPTS + 1
+    assert failures < cfg.policy.max_attempts
+    emulator.behaviour["vector_search"].scripted = ["500"] * failures
+    VectorSearchRetriever(cfg)
+    assert len(emulator.of("vector_search")) == failures + 1
+    emulator.reset()
+    emulator.behaviour["vector_search"].scripted = ["500"] * cfg.policy.max_attempts
+    with pytest.raises(ConfigError, match="is not usable"):
+        VectorSearchRetriever(cfg)
+    assert len(emulator.of("vector_search")) == cfg.policy.max_attempts
+
+
 def test_a_refused_connection_is_one_line(monkeypatch):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
