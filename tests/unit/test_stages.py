@@ -293,6 +293,13 @@ def test_a_grader_miscount_fails_only_that_question():
     assert out.loc[1, "route"] == "internal" and out.loc[1, "error"] is None
 
 
+def _rows_of(n: int) -> pd.DataFrame:
+    """n questions q0, q1, ... without an error, as a stage's input has them (no call counted yet)."""
+    questions = [f"q{i}" for i in range(n)]
+    usage = [{"llm_calls": 0}] * n
+    return pd.DataFrame({"question_id": questions, "question": questions, "error": [None] * n, "usage": usage})
+
+
 def test_a_stage_calls_a_backend_on_as_many_threads_as_its_concurrency_and_keeps_them_between_calls():
     """Rows run `workers` at a time; a later call reuses the threads instead of starting new ones
     (thread start-ups, under a lock every thread pool of a process shares, had serialised the
@@ -310,12 +317,10 @@ def test_a_stage_calls_a_backend_on_as_many_threads_as_its_concurrency_and_keeps
             in_flight[0] -= 1
         return row.question.upper()
 
-    questions = [f"q{i}" for i in range(12)]
-    usage = {"llm_calls": 0}
-    df = pd.DataFrame({"question_id": questions, "question": questions, "error": [None] * 12, "usage": [usage] * 12})
+    df = _rows_of(12)
     first = stages._per_row(df, "generate", call, workers=3)
-    assert first.results == [q.upper() for q in questions] and first.errors == [None] * 12
-    assert first.usage == [usage] * 12
+    assert first.results == [q.upper() for q in df["question"]] and first.errors == [None] * 12
+    assert first.usage == [{"llm_calls": 0}] * 12
     assert peak[0] == 3
     _wait_for_idle_row_threads(2)
     alive_before, used_first = set(threading.enumerate()), set(used)
@@ -330,11 +335,6 @@ def _wait_for_idle_row_threads(n: int) -> None:
     deadline = time.monotonic() + 10
     while stages._row_pool._idle_semaphore._value < n and time.monotonic() < deadline:
         time.sleep(0.01)
-
-
-def _rows_of(n: int) -> pd.DataFrame:
-    questions = [f"q{i}" for i in range(n)]
-    return pd.DataFrame({"question_id": questions, "question": questions, "error": [None] * n, "usage": [{}] * n})
 
 
 def _rows_in_a_forked_child(results) -> None:
