@@ -345,6 +345,8 @@ def run_benchmark(
             "capacity_429": emulator.faults_injected.get("capacity_429", 0),
             "grading_requests_per_question": round(batch_requests / max(1, int((answers["n_retrieved"] > 0).sum())), 3),
             "peak_in_flight": {e: v for e, v in emulator.peak_in_flight.items() if ":" in e or e == "tavily"},
+            # connections the clients opened to the endpoints (a TLS handshake each on real services)
+            "connections": emulator.connections,
             # share of the machine's CPU busy during the run (clients, Spark and the emulators together)
             "machine_cpu_busy": round((busy1 - busy0) / max(total1 - total0, 1), 3),
         }
@@ -367,6 +369,7 @@ def run_benchmark(
             "wall_s": round(next_s, 2),
             "calls": dict(_endpoint_calls(emulator)),
             "errors": again.counts["errors"],
+            "connections": emulator.connections,
             "ours_over_bound": round(next_s / bound, 3),
         }
 

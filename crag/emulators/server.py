@@ -70,6 +70,7 @@ class Emulator:
         self._lock = threading.Lock()
         self._in_flight: dict[tuple[str, str], int] = defaultdict(int)
         self.peak_in_flight: dict[str, int] = defaultdict(int)  # most requests served at once, per service
+        self.connections = 0  # connections clients opened (each carries requests until one side closes it)
         self.spans: list[tuple[str, float, float]] = []  # (endpoint, admitted, released) of each admitted request
         # Vector Search indexes that exist: None = any name (each serves kb_index); a dict = only those
         # created through the API (name -> create request), for index-building tests.
@@ -112,6 +113,7 @@ class Emulator:
             self.faults_injected.clear()
             self.peak_in_flight.clear()
             self.spans.clear()
+            self.connections = 0
             for b in self.behaviour.values():
                 b.scripted.clear()
 
@@ -200,6 +202,11 @@ def _handler(emulator: Emulator):
 
         def log_message(self, *args):  # quiet: the tests read emulator.requests instead
             pass
+
+        def setup(self) -> None:  # once per connection
+            super().setup()
+            with emulator._lock:
+                emulator.connections += 1
 
         def _reply(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
             body = json.dumps(payload).encode()
