@@ -190,15 +190,16 @@ def _chat_model(
         return shared[key]
     if policies is not None and key in policies:
         role = role.model_copy(update={"policy": policies[key]})
-    model = _new_chat_model(role, secrets, concurrent_tasks)
+    model = _new_chat_model(role, secrets, concurrent_tasks, policies)
     if shared is not None:
         shared[key] = model
     return model
 
 
-def _new_chat_model(role: LLMConfig, secrets, concurrent_tasks: int):
+def _new_chat_model(role: LLMConfig, secrets, concurrent_tasks: int, policies: dict[tuple, EndpointPolicy] | None):
     if role.backend == "databricks":
-        return DatabricksServing(role, secrets, concurrent_tasks)
+        serving = sum(p.max_concurrency for key, p in (policies or {}).items() if key[0] == "databricks")
+        return DatabricksServing(role, secrets, concurrent_tasks, serving)
 
     return OpenAICompatible(role, secrets, concurrent_tasks, getattr(role, "guided_regex_key", "guided_regex"))
 

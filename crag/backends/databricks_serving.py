@@ -19,7 +19,11 @@ from crag.config import LLMConfig
 
 
 class DatabricksServing:
-    def __init__(self, cfg: LLMConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1):
+    def __init__(
+        self, cfg: LLMConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1, connections: int = 0
+    ):
+        """`connections`: the requests the process may have in flight to the workspace's serving
+        endpoints at once (every serving client's budget together)."""
         workspace = workspace_credentials(cfg, f"Databricks serving endpoint {cfg.endpoint!r}", secrets)
         # mlflow reads the workspace, token and timeouts from the process environment at each request.
         # They are this client's settings, set before its first request (not before: the driver builds
@@ -35,6 +39,11 @@ class DatabricksServing:
         # mlflow's own HTTP retries are switched off (crag's policy retries and counts them); the
         # per-call timeout is crag's.
         timeout = str(max(1, math.ceil(cfg.policy.timeout_s)))
+        # mlflow keeps 10 connections to a host (MLFLOW_HTTP_POOL_MAXSIZE, read once per process, when
+        # its HTTP session is made); each request in flight beyond them opens a connection of its own
+        # (on a workspace, a TLS handshake) and closes it after the reply. A value set by the user stays.
+        if "MLFLOW_HTTP_POOL_MAXSIZE" not in os.environ and connections > 10:
+            self._environment["MLFLOW_HTTP_POOL_MAXSIZE"] = str(connections)
         self._environment.update(
             MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
             MLFLOW_DEPLOYMENT_PREDICT_TIMEOUT=timeout,

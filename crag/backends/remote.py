@@ -104,6 +104,20 @@ def call_with_deadline(fn: Callable[[], T], timeout_s: float, name: str) -> T:
     return outcome["value"]
 
 
+def pooled_session(connections: int):
+    """A requests Session that keeps up to `connections` connections to a host. requests keeps 10:
+    each request in flight beyond them would open a connection of its own (a TLS handshake) and close
+    it after the reply."""
+    import requests  # noqa: PLC0415  # only the clients that send requests pay
+    from requests.adapters import HTTPAdapter  # noqa: PLC0415
+
+    session = requests.Session()
+    adapter = HTTPAdapter(pool_maxsize=max(10, connections))
+    session.mount("https://", adapter)
+    session.mount("http://", adapter)
+    return session
+
+
 def budget_share(budget: int, tasks: int, task: int) -> int:
     """Task `task`'s share of a job-wide budget of requests in flight, among `tasks` tasks that run at
     once: the shares differ by one at most and add up to the budget exactly. At least 1: every task

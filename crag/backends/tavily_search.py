@@ -4,7 +4,7 @@ content as text, and Tavily's score."""
 from __future__ import annotations
 
 from crag.backends.base import Document
-from crag.backends.remote import Endpoint, secret
+from crag.backends.remote import Endpoint, pooled_session, secret
 from crag.config import TavilyConfig
 
 
@@ -13,10 +13,12 @@ class TavilySearch:
         from tavily import TavilyClient  # noqa: PLC0415  # a cloud client: only this backend pays
 
         key = secret(cfg.api_key_env, cfg.api_key_secret, "Tavily web search", secrets)
-        self._client = TavilyClient(api_key=key, api_base_url=cfg.api_base_url)
         self.cfg = cfg
         self._endpoint = Endpoint("tavily", cfg.policy, concurrent_tasks)
         self.concurrency = self._endpoint.concurrency
+        self._client = TavilyClient(
+            api_key=key, api_base_url=cfg.api_base_url, session=pooled_session(self.concurrency)
+        )
         self.name = "tavily"
 
     def search(self, query: str, k: int, usage=None, *, question: str | None = None) -> list[Document]:
