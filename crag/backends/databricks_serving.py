@@ -22,8 +22,8 @@ class DatabricksServing:
     def __init__(
         self, cfg: LLMConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1, connections: int = 0
     ):
-        """`connections`: the requests the process may have in flight to the workspace's serving
-        endpoints at once (every serving client's budget together)."""
+        """`connections`: the requests the job may have in flight to the workspace's serving endpoints
+        at once (their budgets together), which is more than any one process has."""
         workspace = workspace_credentials(cfg, f"Databricks serving endpoint {cfg.endpoint!r}", secrets)
         # mlflow reads the workspace, token and timeouts from the process environment at each request.
         # They are this client's settings, set before its first request (not before: the driver builds
