@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 
 from crag.backends.base import Usage
 from crag.backends.parsing import content_text
-from crag.backends.remote import Endpoint, workspace_credentials
+from crag.backends.remote import Endpoint, tasks_started, workspace_credentials
 from crag.config import LLMConfig
 
 
@@ -52,6 +53,7 @@ class DatabricksServing:
         from mlflow.deployments import get_deploy_client  # noqa: PLC0415  # MLflow takes seconds to import: only this backend pays
 
         self._client = get_deploy_client("databricks")
+        _resolve_request_context_once_per_task()
         self.endpoint_name = cfg.endpoint
         self.name = f"databricks:{cfg.endpoint}"
         self._endpoint = Endpoint(self.name, cfg.policy, concurrent_tasks)
@@ -106,6 +108,54 @@ class DatabricksServing:
                 f"batch endpoint {self.endpoint_name!r} returned {got} predictions for {len(prompts)} inputs"
             )
         return [p.get("output", "") if isinstance(p, dict) else str(p) for p in predictions]
+
+
+class _OncePerTask:
+    """One of mlflow's request header providers, asked once per Spark task (once per process outside
+    Spark) instead of at every request. mlflow asks its Databricks provider before each request
+    whether it runs in a Databricks notebook, job or cluster; off Databricks (a Spark cluster of your
+    own, a laptop) each answer takes nine imports that fail (0.3-1.2 ms of CPU per request on this
+    repository's machines, under Python's import lock, which a worker's request threads take in
+    turn). The answer describes the process and the task it runs (mlflow reads the task's Spark
+    properties), so a worker that runs the next task, of another job perhaps, asks again."""
+
+    def __init__(self, provider):
+        self.provider = provider
+        self._lock = threading.Lock()
+        self._task: int | None = None
+        self._answer: tuple[bool, dict] = (False, {})
+
+    def _answered(self) -> tuple[bool, dict]:
+        with self._lock:
+            if self._task != tasks_started():
+                in_context = self.provider.in_context()
+                self._answer = (in_context, self.provider.request_headers() if in_context else {})
+                self._task = tasks_started()
+            return self._answer
+
+    def in_context(self) -> bool:
+        return self._answered()[0]
+
+    def request_headers(self) -> dict:
+        return dict(self._answered()[1])
+
+
+def _resolve_request_context_once_per_task() -> None:
+    """Wrap mlflow's Databricks request header provider in `_OncePerTask` (once per process). The
+    registry is mlflow's own, not its API: an mlflow without it (a runtime's other version) is left
+    to ask at every request, as it would."""
+    try:
+        from mlflow.tracking.request_header.databricks_request_header_provider import (  # noqa: PLC0415  # as above
+            DatabricksRequestHeaderProvider,
+        )
+        from mlflow.tracking.request_header.registry import _request_header_provider_registry  # noqa: PLC0415
+
+        providers = _request_header_provider_registry._registry
+    except (ImportError, AttributeError):
+        return
+    for i, provider in enumerate(providers):
+        if type(provider) is DatabricksRequestHeaderProvider:
+            providers[i] = _OncePerTask(provider)
 
 
 def message_text(reply: dict) -> str:

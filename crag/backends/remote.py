@@ -131,11 +131,18 @@ def budget_share(budget: int, tasks: int, task: int) -> int:
 # partition number tells which share of every budget is its own (set by crag.spark's task function;
 # 0 outside Spark, where one process has every task's share when it is the only task).
 _task = 0
+# Tasks this process has started: what a client works out once per task (the request context mlflow
+# describes in its headers) is keyed by it.
+_tasks_started = 0
 
 
 def running_task(index: int) -> None:
-    global _task
-    _task = index
+    global _task, _tasks_started
+    _task, _tasks_started = index, _tasks_started + 1
+
+
+def tasks_started() -> int:
+    return _tasks_started
 
 
 class Endpoint:

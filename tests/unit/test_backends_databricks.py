@@ -302,3 +302,53 @@ def test_serving_requests_in_flight_beyond_ten_keep_their_connections(emulator):
     assert len(emulator.of("serving")) == 96
     assert emulator.peak_in_flight["serving"] > 10  # the requests did overlap beyond mlflow's default
     assert emulator.connections <= 24, f"{emulator.connections} connections for 24 requests in flight"
+
+
+def test_mlflow_asks_for_its_request_context_once_per_task(emulator, monkeypatch):
+    """Before every request mlflow asks whether it runs in a Databricks notebook, job or cluster, and
+    sends what it finds as headers. crag has it asked once per Spark task: the headers stay mlflow's,
+    and the next task (of another job run, perhaps) asks again."""
+    from mlflow.tracking.request_header.databricks_request_header_provider import DatabricksRequestHeaderProvider
+
+    from crag.backends.remote import running_task
+
+    asked, context = [], {"job_id": "7", "job_run_id": "1"}
+    monkeypatch.setattr(DatabricksRequestHeaderProvider, "in_context", lambda self: asked.append(1) or True)
+    monkeypatch.setattr(DatabricksRequestHeaderProvider, "request_headers", lambda self: dict(context))
+    graded = grader()
+    running_task(0)  # a task starts
+    for _ in range(3):
+        graded.grade(QUESTION, DOCS, Usage())
+    assert len(asked) == 1
+    sent = emulator.of("serving")
+    assert [(r.headers["job_id"], r.headers["job_run_id"]) for r in sent] == [("7", "1")] * 3
+    assert all(r.headers["User-Agent"].startswith("mlflow-python-client/") for r in sent)  # the other provider's
+    running_task(0)  # the worker's next task
+    context["job_run_id"] = "2"
+    graded.grade(QUESTION, DOCS, Usage())
+    assert len(asked) == 2 and emulator.of("serving")[-1].headers["job_run_id"] == "2"
+
+
+def test_requests_off_databricks_import_nothing(emulator, monkeypatch):
+    """Off Databricks, mlflow's own answer to "in a notebook, job or cluster?" is nine imports that fail
+    (IPython, dbruntime), at every request and under Python's import lock. Once asked, no request
+    imports anything."""
+    import builtins
+
+    from crag.backends.remote import running_task
+
+    graded = grader()
+    running_task(0)
+    graded.grade(QUESTION, DOCS, Usage())  # the task's first request asks
+    imported, real_import = [], builtins.__import__
+
+    def recording(name, *args, **kwargs):
+        imported.append(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", recording)
+    for _ in range(3):
+        graded.grade(QUESTION, DOCS, Usage())
+    monkeypatch.setattr(builtins, "__import__", real_import)
+    assert len(emulator.of("serving")) == 4
+    assert not [n for n in imported if n.startswith(("IPython", "dbruntime"))], sorted(set(imported))
