@@ -317,16 +317,19 @@ def test_mlflow_asks_for_its_request_context_once_per_task(emulator, monkeypatch
     monkeypatch.setattr(DatabricksRequestHeaderProvider, "request_headers", lambda self: dict(context))
     graded = grader()
     running_task(0)  # a task starts
-    for _ in range(3):
+    try:
+        for _ in range(3):
+            graded.grade(QUESTION, DOCS, Usage())
+        assert len(asked) == 1
+        sent = emulator.of("serving")
+        assert [(r.headers["job_id"], r.headers["job_run_id"]) for r in sent] == [("7", "1")] * 3
+        assert all(r.headers["User-Agent"].startswith("mlflow-python-client/") for r in sent)  # the other provider's
+        running_task(0)  # the worker's next task
+        context["job_run_id"] = "2"
         graded.grade(QUESTION, DOCS, Usage())
-    assert len(asked) == 1
-    sent = emulator.of("serving")
-    assert [(r.headers["job_id"], r.headers["job_run_id"]) for r in sent] == [("7", "1")] * 3
-    assert all(r.headers["User-Agent"].startswith("mlflow-python-client/") for r in sent)  # the other provider's
-    running_task(0)  # the worker's next task
-    context["job_run_id"] = "2"
-    graded.grade(QUESTION, DOCS, Usage())
-    assert len(asked) == 2 and emulator.of("serving")[-1].headers["job_run_id"] == "2"
+        assert len(asked) == 2 and emulator.of("serving")[-1].headers["job_run_id"] == "2"
+    finally:
+        running_task(0)  # this test's made-up job is not the next test's context
 
 
 def test_requests_off_databricks_import_nothing(emulator, monkeypatch):
