@@ -12,11 +12,15 @@ import json
 import math
 import os
 import threading
+from typing import TYPE_CHECKING
 
 from crag.backends.base import Usage
 from crag.backends.parsing import content_text
 from crag.backends.remote import Endpoint, tasks_started, workspace_credentials
 from crag.config import LLMConfig
+
+if TYPE_CHECKING:  # mlflow takes seconds to import: only this backend's clients pay, when they are built
+    from mlflow.tracking.request_header.abstract_request_header_provider import RequestHeaderProvider
 
 
 class DatabricksServing:
@@ -119,7 +123,7 @@ class _OncePerTask:
     turn). The answer describes the process and the task it runs (mlflow reads the task's Spark
     properties), so a worker that runs the next task, of another job perhaps, asks again."""
 
-    def __init__(self, provider):
+    def __init__(self, provider: RequestHeaderProvider) -> None:
         self.provider = provider
         self._lock = threading.Lock()
         self._task: int | None = None
