@@ -130,11 +130,12 @@ class _OncePerTask:
         self._answer: tuple[bool, dict] = (False, {})
 
     def _answered(self) -> tuple[bool, dict]:
+        task = tasks_started()
         with self._lock:
-            if self._task != tasks_started():
+            if self._task != task:
                 in_context = self.provider.in_context()
                 self._answer = (in_context, self.provider.request_headers() if in_context else {})
-                self._task = tasks_started()
+                self._task = task
             return self._answer
 
     def in_context(self) -> bool:

@@ -332,10 +332,10 @@ def test_mlflow_asks_for_its_request_context_once_per_task(emulator, monkeypatch
         running_task(0)  # this test's made-up job is not the next test's context
 
 
-def test_requests_off_databricks_import_nothing(emulator, monkeypatch):
+def test_requests_off_databricks_do_not_try_the_failing_imports_again(emulator, monkeypatch):
     """Off Databricks, mlflow's own answer to "in a notebook, job or cluster?" is nine imports that fail
-    (IPython, dbruntime), at every request and under Python's import lock. Once asked, no request
-    imports anything."""
+    (IPython, dbruntime), at every request and under Python's import lock. Once the task has asked,
+    no request tries them again."""
     import builtins
 
     from crag.backends.remote import running_task
