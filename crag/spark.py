@@ -208,7 +208,7 @@ def _partition_task(config_json: str, secrets: dict[str, str], tasks: int):
         from pyspark import TaskContext  # noqa: PLC0415  # as get_spark's
 
         cfg = CragConfig.model_validate_json(config_json)
-        backends = cached_backends(cfg, secrets, tasks)
+        backends = cached_backends(cfg, secrets, tasks, opened_before=True)  # by the driver (crag.job)
         task = TaskContext.get()  # set in every Spark task
         running_task(task.partitionId() if task else 0)  # which share of each endpoint's budget is this task's
         slices = role_slices(cfg, secrets) if cfg.cache.enabled else None

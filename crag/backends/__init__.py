@@ -213,6 +213,7 @@ class _Building:
     secrets: dict[str, str] | None
     concurrent_tasks: int
     policies: dict[tuple, EndpointPolicy]
+    opened_before: bool  # the services were opened in this run already (by the driver, for a Spark task)
     shared: dict = field(default_factory=dict)
     # loaded local indexes by document source: the lexical scorer's term weights, the semantic grader's
     # dense vectors
@@ -256,7 +257,7 @@ def _langchain_retriever(b: _Building, cfg: LangChainRetrieverConfig):
 
 
 def _vector_search_retriever(b: _Building, cfg: VectorSearchRetrieverConfig):
-    return VectorSearchRetriever(cfg, b.secrets, b.concurrent_tasks)
+    return VectorSearchRetriever(cfg, b.secrets, b.concurrent_tasks, b.opened_before)
 
 
 def _offline_corpus(b: _Building, cfg: OfflineCorpusConfig):
@@ -349,11 +350,15 @@ def _provide(b: _Building, role: str, section: Any):
     return provider(b, section)
 
 
-def build_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1) -> Backends:
+def build_backends(
+    cfg: CragConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1, opened_before: bool = False
+) -> Backends:
     """`concurrent_tasks`: how many Spark tasks run at once, each in its own process; every remote
-    endpoint's max_concurrency is shared out among them. The retriever and web search are built first:
-    the local indexes they load weigh the terms of the lexical roles."""
-    b = _Building(cfg, secrets, concurrent_tasks, shared_policies(cfg))
+    endpoint's max_concurrency is shared out among them. `opened_before`: the driver built these
+    backends first, so a service that does not answer at start-up is retried as any call is, not given
+    up after the first open's short limit (crag.backends.vector_search). The retriever and web search
+    are built first: the local indexes they load weigh the terms of the lexical roles."""
+    b = _Building(cfg, secrets, concurrent_tasks, shared_policies(cfg), opened_before)
     retriever = _provide(b, "retriever", cfg.retriever)
     web_search = _provide(b, "web_search", cfg.web_search)
     verify = cfg.web_search.verify
@@ -387,7 +392,9 @@ def _identity(cfg: CragConfig) -> str:
     return stable_hash(cfg.model_dump(mode="json"))
 
 
-def cached_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1) -> Backends:
+def cached_backends(
+    cfg: CragConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1, opened_before: bool = False
+) -> Backends:
     """One set of backends per config per Python process: Spark reuses its Python workers across
     tasks, so indexes and clients are built once per executor process, not once per partition."""
     # The credentials are part of the key: they name the workspace (DATABRICKS_HOST), which the config
@@ -395,13 +402,13 @@ def cached_backends(cfg: CragConfig, secrets: dict[str, str] | None = None, conc
     # are the builds of the local indexes: one rebuilt in the same folder gets backends that read it.
     builds = tuple(build_identity(getattr(section, "index", None)) for section in (cfg.retriever, cfg.web_search))
     identity = _identity(cfg)
-    key = (identity, concurrent_tasks, stable_hash(sorted((secrets or {}).items())), builds)
+    key = (identity, concurrent_tasks, stable_hash(sorted((secrets or {}).items())), builds, opened_before)
     _SECRETS[identity] = dict(secrets or {})
     if key not in _CACHE:
         if len(_CACHE) >= KEPT_BACKENDS:
             del _CACHE[next(iter(_CACHE))]  # the oldest
             gc.unfreeze()  # its objects can be collected now (the collect below)
-        _CACHE[key] = build_backends(cfg, secrets, concurrent_tasks)
+        _CACHE[key] = build_backends(cfg, secrets, concurrent_tasks, opened_before)
         # The backends, and the modules and indexes loaded for them, live as long as the process: out
         # of the collector's sight, full collections stop pausing every pipeline thread (dips of ~10%
         # in the busiest endpoint's use were measured without this). Garbage is collected first, so

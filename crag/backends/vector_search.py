@@ -14,7 +14,9 @@ from crag.secrets import scrub
 
 # Opening the index happens before any work starts (on the driver first): a wrong token, a wrong host or
 # a service that does not answer should end the run in seconds with one line, not after the policy's
-# full retries of a long per-call timeout.
+# full retries of a long per-call timeout. A Spark task opens it again after the driver did: there, the
+# service has been shown to answer, and one that does not is retried as any call is (a task that failed
+# over one hang would fail the run).
 STARTUP_TIMEOUT_S = 20.0
 STARTUP_ATTEMPTS = 2
 
@@ -29,17 +31,19 @@ def vector_search_client(cfg: VectorSearchRetrieverConfig, secrets: dict[str, st
     return AISearchClient(disable_notice=True)
 
 
-def _open_index(client, cfg: VectorSearchRetrieverConfig):
-    """The index object, or a ConfigError that names the endpoint, the index and what went wrong. A
-    service that does not answer is given STARTUP_ATTEMPTS attempts of at most STARTUP_TIMEOUT_S (a
-    wrong host fails in seconds, not minutes); one that answers with a transient error (429, 5xx) is
-    retried as any call is: every Spark task opens the index, and one 500 must not fail the batch."""
+def _open_index(client, cfg: VectorSearchRetrieverConfig, opened_before: bool):
+    """The index object, or a ConfigError that names the endpoint, the index and what went wrong. On
+    the first open, a service that does not answer is given STARTUP_ATTEMPTS attempts of at most
+    STARTUP_TIMEOUT_S (a wrong host fails in seconds, not minutes); `opened_before` (a Spark task, after
+    the driver's open) gives it the policy's attempts. One that answers with a transient error (429,
+    5xx) is retried as any call is: every Spark task opens the index, and one 500 must not fail the
+    batch."""
     policy = cfg.policy.model_copy(update={"timeout_s": min(cfg.policy.timeout_s, STARTUP_TIMEOUT_S)})
     endpoint = Endpoint(f"vector_search:{cfg.index_name}", policy, hard_timeout=True)
     try:
         return endpoint.call(
             lambda: client.get_index(endpoint_name=cfg.endpoint, index_name=cfg.index_name),
-            unanswered_attempts=STARTUP_ATTEMPTS,
+            unanswered_attempts=None if opened_before else STARTUP_ATTEMPTS,
         )
     except Exception as exc:
         raise unusable(cfg, client, exc) from None
@@ -106,14 +110,18 @@ def sync_vector_index(cfg: VectorSearchRetrieverConfig, secrets: dict[str, str] 
 
 class VectorSearchRetriever:
     def __init__(
-        self, cfg: VectorSearchRetrieverConfig, secrets: dict[str, str] | None = None, concurrent_tasks: int = 1
+        self,
+        cfg: VectorSearchRetrieverConfig,
+        secrets: dict[str, str] | None = None,
+        concurrent_tasks: int = 1,
+        opened_before: bool = False,
     ):
         self.cfg = cfg
         # The client has no request timeout of its own: the endpoint enforces one around each call.
         self._endpoint = Endpoint(f"vector_search:{cfg.index_name}", cfg.policy, concurrent_tasks, hard_timeout=True)
         self.concurrency = self._endpoint.concurrency
         client = vector_search_client(cfg, secrets)
-        self._index = _open_index(client, cfg)
+        self._index = _open_index(client, cfg, opened_before)
         c = cfg.columns
         self._columns = list(dict.fromkeys([c.chunk_text, c.parent_id, c.parent_text, c.doc_id, c.title, c.url]))
         self.name = "databricks_vector_search"

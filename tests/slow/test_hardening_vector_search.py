@@ -58,6 +58,25 @@ def test_a_server_error_at_start_up_is_retried_as_any_call_is(emulator):
     assert len(emulator.of("vector_search")) == cfg.policy.max_attempts
 
 
+def test_hangs_end_the_first_open_but_a_spark_tasks_open_retries_them(emulator):
+    """The driver's open gives a silent service STARTUP_ATTEMPTS attempts; a Spark task's open comes
+    after the driver's succeeded, so the same hangs are retried as any call's (one task failing over
+    two hangs failed a whole fault-injection run)."""
+    from crag.backends import vector_search
+
+    cfg = load_config(DBX, FAST).retriever
+    hangs = vector_search.STARTUP_ATTEMPTS
+    assert hangs < cfg.policy.max_attempts
+    emulator.behaviour["vector_search"].scripted = ["hang"] * hangs
+    with pytest.raises(ConfigError, match="no answer within 1 s"):
+        VectorSearchRetriever(cfg)
+    assert len(emulator.of("vector_search")) == hangs
+    emulator.reset()
+    emulator.behaviour["vector_search"].scripted = ["hang"] * hangs
+    VectorSearchRetriever(cfg, opened_before=True)
+    assert len(emulator.of("vector_search")) == hangs + 1
+
+
 def test_a_refused_connection_is_one_line(monkeypatch):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

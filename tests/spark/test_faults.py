@@ -12,7 +12,10 @@ from tests.support import REPO, SAMPLE, run_rows
 def test_twenty_percent_faults_on_every_endpoint(spark, tmp_path, restore_env):
     # A call fails for good only when all its attempts fail: 0.2**5 = 3.2e-4 with the config's five, so
     # over the run's ~230 calls (275 requests with retries) about 7% of runs left a question in error
-    # (seen once in a fresh clone); with eight, 2.6e-6 per call.
+    # (seen once in a fresh clone); with eight, 2.6e-6 per call. Each Spark task's open of the index is
+    # such a call too. When it gave up after two hangs (1 in 225 opens at a hang rate of 1/15), as the
+    # driver's first open does, about 1% of runs failed (seen once in CI); the driver's open is let
+    # through (bench.faults).
     report = run_scenario(0.2, str(SAMPLE / "questions.jsonl"), tmp_path, spark=spark, hang_s=1.5, max_attempts=8)
     assert sum(report["faults_injected"].values()) > 0.1 * report["requests"]
     assert {"429", "500", "hang"} <= set(report["faults_injected"])

@@ -506,7 +506,9 @@ def test_a_worker_process_keeps_a_bounded_number_of_backend_sets(monkeypatch):
 
     built: list[dict] = []
     monkeypatch.setattr(crag.backends, "_CACHE", {})
-    monkeypatch.setattr(crag.backends, "build_backends", lambda cfg, secrets, tasks: built.append(secrets) or object())
+    monkeypatch.setattr(
+        crag.backends, "build_backends", lambda cfg, secrets, tasks, opened_before: built.append(secrets) or object()
+    )
     cfg = CragConfig()
     sets = [crag.backends.cached_backends(cfg, {"DATABRICKS_TOKEN": f"dapi-run-{i}"}) for i in range(7)]
     assert len(built) == 7 and len(crag.backends._CACHE) == crag.backends.KEPT_BACKENDS
