@@ -213,7 +213,7 @@ class _Building:
     secrets: dict[str, str] | None
     concurrent_tasks: int
     policies: dict[tuple, EndpointPolicy]
-    opened_before: bool  # the services were opened in this run already (by the driver, for a Spark task)
+    opened_before: bool = False  # the services were opened in this run already (by the driver, for a Spark task)
     shared: dict = field(default_factory=dict)
     # loaded local indexes by document source: the lexical scorer's term weights, the semantic grader's
     # dense vectors
