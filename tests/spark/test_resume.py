@@ -280,17 +280,27 @@ def test_a_run_taken_over_while_it_answers_stops_before_writing_its_tables(
     from crag.job import RunPlan, RunTakenOver
     from crag.warehouse import Warehouse
 
-    append_observed = Warehouse.append_observed
+    append_observed, record = Warehouse.append_observed, RunPlan.record
     taken_by = []
+    # The other process's write lands between two of this one's beats. Unordered, it lost every retry
+    # to beats that followed each other as fast as this one's MERGEs commit (a slow machine, beats every
+    # 0.2 s), and the test failed with Delta's conflict instead of reaching the takeover.
+    between_beats = threading.Lock()
+
+    def recorded_between_takeovers(self, *args, **kwargs):
+        with between_beats:
+            return record(self, *args, **kwargs)
 
     def taken_over_meanwhile(self, table, df, aggregates):
         if table.startswith("run_staging") and not taken_by:
             other = RunPlan(CragConfig(), "taken", "base", self, {}, uuid.uuid4().hex, datetime.now(UTC))
-            self.replace("runs", self.frame("runs", other.runs_row("running")), F.col("run_id") == "taken")
+            with between_beats:
+                self.replace("runs", self.frame("runs", other.runs_row("running")), F.col("run_id") == "taken")
             taken_by.append(other.attempt)
             threading.Event().wait(1.5)  # several beats (every 0.2 s) while the batch runs
         return append_observed(self, table, df, aggregates)
 
+    monkeypatch.setattr(RunPlan, "record", recorded_between_takeovers)
     monkeypatch.setattr(Warehouse, "append_observed", taken_over_meanwhile)
     with pytest.raises(RunTakenOver, match="'taken' was taken over by another crag process"):
         run_sample(spark, tmp_path, "taken", [*index_overrides, "tables.stale_run_after_s=0.6"])
