@@ -402,7 +402,8 @@ def cached_backends(
     # are the builds of the local indexes: one rebuilt in the same folder gets backends that read it.
     builds = tuple(build_identity(getattr(section, "index", None)) for section in (cfg.retriever, cfg.web_search))
     identity = _identity(cfg)
-    key = (identity, concurrent_tasks, stable_hash(sorted((secrets or {}).items())), builds, opened_before)
+    # (Not `opened_before`: backends built either way have opened their services.)
+    key = (identity, concurrent_tasks, stable_hash(sorted((secrets or {}).items())), builds)
     _SECRETS[identity] = dict(secrets or {})
     if key not in _CACHE:
         if len(_CACHE) >= KEPT_BACKENDS:
