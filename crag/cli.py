@@ -365,9 +365,11 @@ def _run_command(args) -> int:
             )
             print(result.summary())
         elif args.command == "eval":
-            from crag.console import render_metrics
+            from crag.console import render_metrics, slice_names
             from crag.evaluation import evaluate_run, run_record
 
+            if args.slices is not None:
+                slice_names(args.slices)  # a wrong name is said before any metric is written
             warehouse = _warehouse(args)
             run_record(warehouse, check_run_id(args.run_id), args.allow_unfinished, "evaluate")
             metrics = evaluate_run(warehouse, args.run_id)

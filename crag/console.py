@@ -31,7 +31,7 @@ import pyarrow as pa
 from wcwidth import wcwidth
 
 from crag.errors import InputError
-from crag.evaluation import METRICS
+from crag.evaluation import METRICS, SLICES
 
 FORMATS = ("table", "csv", "json", "markdown")
 ELLIPSIS = "…"
@@ -287,13 +287,27 @@ def render(
 # ---------------------------------------------------------------- crag eval's metrics
 
 
+def slice_names(spec: str | Sequence[str]) -> list[str]:
+    """The names in a --slices spec, each checked against the slice keys a run can have (InputError
+    names a wrong one): `crag eval` checks them before it computes and writes the metrics."""
+    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+    if not names:
+        raise InputError("--slices names no slice")
+    for name in names:
+        if name != "all" and name.partition("=")[0] not in SLICES:
+            raise InputError(
+                f"unknown slice {name!r}: a slice is all, or one of {', '.join(SLICES)} (key or key=value)"
+            )
+    return names
+
+
 def select_slices(metrics: pd.DataFrame, spec: str | Sequence[str] | None = None) -> list[str]:
     """The slices named in `spec` ("language=en,language=ja"; a bare key such as "language" means all of
     its slices; "all" is the whole run), in the order given; None: "all", then every slice sorted."""
     available = list(dict.fromkeys(metrics["slice"]))
     if spec is None:
         return ["all"] + sorted(s for s in available if s != "all")
-    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+    names = slice_names(spec)
     chosen: list[str] = []
     for name in names:
         matches = [name] if name in available else sorted(s for s in available if s.startswith(f"{name}="))
@@ -302,8 +316,6 @@ def select_slices(metrics: pd.DataFrame, spec: str | Sequence[str] | None = None
                 f"unknown slice {name!r}: this run has {', '.join(['all'] + sorted(set(available) - {'all'}))}"
             )
         chosen += [m for m in matches if m not in chosen]
-    if not chosen:
-        raise InputError("--slices names no slice")
     return chosen
 
 

@@ -66,6 +66,13 @@ def test_eval_counts_the_questions_without_gold_in_the_metrics_that_need_none(sp
     )
     assert main(crag_run_args(tmp_path / "w", "--run-id", "some", questions=questions, overrides=index_overrides)) == 0
     capsys.readouterr()
+    from deltalake import DeltaTable
+
+    # a slice name no run can have is said before any metric is written
+    version = DeltaTable(str(tmp_path / "w" / "metrics")).version()
+    assert main(["eval", "--warehouse", str(tmp_path / "w"), "--run", "some", "--slices", "all,langauge"]) == 2
+    assert capsys.readouterr().err.startswith("crag: error: unknown slice 'langauge': a slice is all, or one of route")
+    assert DeltaTable(str(tmp_path / "w" / "metrics")).version() == version
     assert (
         main(["eval", "--warehouse", str(tmp_path / "w"), "--run", "some", "--slices", "all", "--format", "json"]) == 0
     )

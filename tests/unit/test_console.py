@@ -11,7 +11,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from crag.console import display_width, fit, render, render_metrics, select_slices
+from crag.console import display_width, fit, render, render_metrics, select_slices, slice_names
 from crag.errors import InputError
 from tests.support import ANSWER_EN, ANSWER_JA
 
@@ -207,8 +207,12 @@ def test_select_slices(metrics):
     assert select_slices(metrics, ["route=web", "route=web"]) == ["route=web"]
     default = select_slices(metrics)
     assert default[0] == "all" and len(default) == 16 and default[1:] == sorted(default[1:])
-    with pytest.raises(InputError, match=r"unknown slice 'lang=en': this run has all, action=ambiguous, .*route=web"):
-        select_slices(metrics, "lang=en")
+    with pytest.raises(
+        InputError, match=r"unknown slice 'language=fr': this run has all, action=ambiguous, .*route=web"
+    ):
+        select_slices(metrics, "language=fr")
+    with pytest.raises(InputError, match=r"unknown slice 'lang=en': a slice is all, or one of route, action, language"):
+        slice_names("all,lang=en")  # said before a run's metrics are computed
     with pytest.raises(InputError, match="names no slice"):
         select_slices(metrics, " , ")
 
