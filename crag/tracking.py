@@ -8,7 +8,9 @@ workspace's tracking server. `mlflow.enabled: false` turns it off.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
 from pathlib import Path
 from urllib.parse import quote, unquote
 
@@ -22,8 +24,10 @@ def tracking_uri(cfg: TrackingConfig, warehouse: str) -> str:
         return cfg.tracking_uri
     if on_databricks():
         return "databricks"
-    # percent-encoded: a '%' or '#' in the folder's path would otherwise be read as part of the URL
-    return f"sqlite:///{quote(str((Path(warehouse) / 'mlflow' / 'mlflow.db').resolve()))}"
+    # SQLAlchemy decodes the path and ends it at a '?': those two are encoded, and nothing else, since
+    # MLflow also creates the path's folder as written (a space encoded would make a stray folder)
+    path = str((Path(warehouse) / "mlflow" / "mlflow.db").resolve())
+    return "sqlite:///" + re.sub(r"[%?]", lambda m: quote(m.group()), path)
 
 
 def _client(cfg: TrackingConfig, warehouse: str):
@@ -32,10 +36,18 @@ def _client(cfg: TrackingConfig, warehouse: str):
     logging.getLogger("alembic").setLevel(logging.WARNING)  # the store's schema setup is not news
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     uri = tracking_uri(cfg, warehouse)
+    stray: list[Path] = []
     if uri.startswith("sqlite:///"):
         Path(unquote(uri[len("sqlite:///") :])).parent.mkdir(parents=True, exist_ok=True)
+        # MLflow creates the folder of the path as written (mlflow.store.db.utils): with a '%' or '?'
+        # encoded that is another folder, removed again when MLflow has made it and left it empty
+        written = Path(uri[len("sqlite:///") :]).parent
+        stray = [folder for folder in (written, *written.parents) if not folder.exists()]
     client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name(cfg.experiment)
+    experiment = client.get_experiment_by_name(cfg.experiment)  # the store is opened here
+    for folder in stray:  # deepest first
+        with contextlib.suppress(OSError):
+            folder.rmdir()
     if experiment is not None:
         return client, experiment.experiment_id
     location = None if uri == "databricks" else (Path(warehouse) / "mlflow" / "artifacts").resolve().as_uri()
