@@ -730,7 +730,10 @@ def finalise(plan: RunPlan, status: str = "succeeded") -> RunResult:
         if plan.gold_rows:  # from the same derived rows, beside their commits
             evaluated = pool.submit(evaluate_run, wh, run_id, plan.variant, derived, not plan.fresh)
         elif not plan.fresh:  # answered again without gold: its earlier metrics describe other answers
-            writes.append(pool.submit(_forget_metrics, wh, is_run))
+            writes.append(pool.submit(_forget_rows, wh, "metrics", is_run))
+        if not plan.fresh:  # and its earlier comparisons compared them
+            in_pair = (F.col("base_run") == F.lit(run_id)) | (F.col("candidate_run") == F.lit(run_id))
+            writes.append(pool.submit(_forget_rows, wh, "comparisons", in_pair))
         for write in writes:
             write.result()
         metrics = evaluated.result() if evaluated else None
@@ -767,9 +770,9 @@ def _replace_run_rows(wh: Warehouse, table: str, rows, is_run) -> None:
         wh.append(table, rows)
 
 
-def _forget_metrics(wh: Warehouse, is_run) -> None:
-    if wh.exists("metrics"):
-        wh.replace("metrics", wh.empty("metrics"), is_run)
+def _forget_rows(wh: Warehouse, table: str, condition) -> None:
+    if wh.exists(table):
+        wh.replace(table, wh.empty(table), condition)
 
 
 def _store_cache_rows(plan: RunPlan) -> None:

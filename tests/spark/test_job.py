@@ -12,6 +12,7 @@ from pyspark.sql import functions as F
 
 from crag import job as crag_job
 from crag import schema
+from crag.compare import compare
 from crag.config import CragConfig
 from crag.errors import CragError, UnusableIndexError
 from crag.job import run
@@ -343,18 +344,25 @@ def test_a_run_that_cannot_reach_mlflow_keeps_its_tables_and_its_status(
     assert "run untracked is written, but it was not logged to MLflow (ConnectionError: tracking server" in caplog.text
 
 
-def test_a_rerun_without_gold_leaves_no_metrics_of_the_earlier_answers(spark, index_overrides, tmp_path):
+def test_a_rerun_without_gold_leaves_no_metrics_or_comparisons_of_the_earlier_answers(spark, index_overrides, tmp_path):
     """The sample carries gold columns; answered again without them, the run's old metrics would sit
-    beside answers they were not computed from (and `crag compare` would report their deltas)."""
+    beside answers they were not computed from (and `crag compare` would report their deltas). Its
+    comparisons with other runs compared answers it no longer has."""
     run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="gold", overrides=index_overrides, spark=spark)
     run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="kept", overrides=index_overrides, spark=spark)
     assert set(table(tmp_path, "metrics")["run_id"]) == {"gold", "kept"}
+    for base, candidate in (("gold", "kept"), ("kept", "gold"), ("kept", "kept")):
+        compare(Warehouse(spark, str(tmp_path)), base, candidate, tmp_path / "report.html", attach_report=False)
+    pairs = {tuple(p) for p in table(tmp_path, "comparisons")[["base_run", "candidate_run"]].to_numpy()}
+    assert pairs == {("gold", "kept"), ("kept", "gold"), ("kept", "kept")}
     plain = tmp_path / "plain.jsonl"
     rows = [json.loads(line) for line in QUESTIONS.read_text().splitlines() if line.strip()]
     plain.write_text("\n".join(json.dumps({k: r[k] for k in ("question_id", "question") if k in r}) for r in rows))
     run(str(LOCAL_CONF), str(plain), str(tmp_path), run_id="gold", overrides=index_overrides, spark=spark)
     assert set(table(tmp_path, "metrics")["run_id"]) == {"kept"}
     assert "gold" not in set(table(tmp_path, "gold")["run_id"])
+    pairs = {tuple(p) for p in table(tmp_path, "comparisons")[["base_run", "candidate_run"]].to_numpy()}
+    assert pairs == {("kept", "kept")}
 
 
 def test_a_failed_run_is_recorded_from_a_thread_of_its_own_when_the_main_threads_call_fails(
