@@ -15,8 +15,15 @@ from typing import TextIO
 from tqdm import tqdm
 
 _UNIT = " questions"
-_BAR = "{desc}: {n_fmt}/{total_fmt}" + _UNIT + " |{bar}| {percentage:3.0f}% [{elapsed}<{remaining}, {rate_fmt}]"
-_LINE = "{desc}: {n_fmt}/{total_fmt}" + _UNIT + " ({percentage:.0f}%), {rate_fmt}, {elapsed} elapsed, {remaining} left"
+# rate_noinv_fmt: tqdm writes a rate below one per second inverted, as seconds per question, and then
+# puts the unit after "s/" (unit " questions" would give "1.09s/ questions"); questions per second reads
+# right either way.
+_BAR = "{desc}: {n_fmt}/{total_fmt}" + _UNIT + " |{bar}| {percentage:3.0f}% [{elapsed}<{remaining}, {rate_noinv_fmt}]"
+_LINE = (
+    "{desc}: {n_fmt}/{total_fmt}"
+    + _UNIT
+    + " ({percentage:.0f}%), {rate_noinv_fmt}, {elapsed} elapsed, {remaining} left"
+)
 
 
 class ProgressReporter:

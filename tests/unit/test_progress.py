@@ -48,6 +48,10 @@ def test_forced_on_a_log_it_writes_a_line_per_batch_with_rate_and_time_left():
         "crag: 80/100 questions (80%),  3.00 questions/s, 00:20 elapsed, 00:06 left",
     ]
     assert "\r" not in log.getvalue()
+    slow = io.StringIO()
+    clock = iter([0.0, 40.0]).__next__
+    ProgressReporter(slow, enabled=True, clock=clock).start(100).advance(10)
+    assert slow.getvalue() == "crag: 10/100 questions (10%),  0.25 questions/s, 00:40 elapsed, 06:00 left\n"
 
 
 def test_a_closed_or_odd_stream_is_not_a_terminal():
