@@ -8,6 +8,8 @@ workers (`check_rows`, a pure function over a pandas frame) and marks repeated i
 
 from __future__ import annotations
 
+import ast
+import json
 import math
 import re
 import unicodedata
@@ -29,6 +31,10 @@ EXPECTED_ROUTES = ("internal", "web", "none")
 QUESTION_FILE_SUFFIXES = (".jsonl", ".parquet", ".csv")
 # C0/C1 control characters except tab, newline and carriage return, which are ordinary whitespace.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# Ids are keys in every table: any whitespace but a space is a control character in one, and a length
+# past which an id is surely a question or a document pasted into the wrong column.
+_ID_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+MAX_ID_CHARS = 1000
 _TRUE, _FALSE = {"true", "1", "yes"}, {"false", "0", "no", ""}
 # What a JSONL line becomes before it is checked: its bytes, decoded and parsed in the workers (Spark's JSON
 # reader would turn a number in a text column into text, and one bad line into nulls).
@@ -200,8 +206,8 @@ def _storable(value):
 
 
 def _id_text(value) -> str | None:
-    """Ids may arrive as strings or integers (Parquet, Delta); both become strings. Floats that hold an
-    integer lose their ".0"."""
+    """Ids may arrive as strings or integers (Parquet, Delta); both become strings, without the
+    whitespace around them (as a CSV cell's " q1" is q1). Floats that hold an integer lose their ".0"."""
     if _is_missing(value):
         return None
     if isinstance(value, (float, np.floating, Decimal)) and math.isfinite(value) and value == int(value):
@@ -221,8 +227,11 @@ def _id_problem(raw, qid: str | None) -> str | None:
         return "question_id is not valid text (it holds a lone surrogate)"
     if "\ufffd" in qid:  # undecodable bytes of different ids would read as the same id
         return "question_id holds U+FFFD, the replacement character: the input was probably not UTF-8"
-    if _CONTROL.search(qid):
-        return "question_id contains a control character"
+    control = _ID_CONTROL.search(qid)
+    if control:
+        return f"question_id contains control character U+{ord(control.group(0)):04X} at position {control.start()}"
+    if len(qid) > MAX_ID_CHARS:
+        return f"question_id is {len(qid)} characters; the limit is {MAX_ID_CHARS}"
     return None
 
 
@@ -251,9 +260,12 @@ def question_problem(question, max_chars: int) -> str | None:
 
 
 def _string_list(value, column: str):
-    """Gold lists: a list of strings, one string, or null (= empty)."""
+    """Gold lists: a list of strings, one string, or null (= empty). Text that is a list written out (a
+    CSV cell, where a list can only be text) is that list: `["a", "b"]` as JSON, or `['a', 'b']` as
+    pandas writes a list column to CSV."""
     if isinstance(value, str):
-        value = [value]
+        text = value.strip()
+        value = _written_list(text, column) if text.startswith("[") and text.endswith("]") else [value]
     if not isinstance(value, (list, tuple, np.ndarray)):
         if _is_missing(value):
             return []
@@ -262,6 +274,22 @@ def _string_list(value, column: str):
     if not all(isinstance(v, str) and encodable(v) for v in value):
         raise ValueError(f"{column} must be a list of valid strings")
     return list(value)
+
+
+def _written_list(text: str, column: str) -> list:
+    """The list of strings `text` spells, as a JSON array or a Python list literal (ast.literal_eval
+    evaluates literals only, never code); ValueError when it is neither."""
+    for parse in (json.loads, ast.literal_eval):
+        try:
+            items = parse(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
+        if isinstance(items, list) and all(isinstance(i, str) for i in items):
+            return items
+    raise ValueError(
+        f"{column} holds text that starts with '[' but is no list of strings ({text[:60]!r}): write a list "
+        f'as a JSON array of strings, such as ["a", "b"]'
+    )
 
 
 def gold_of(row: dict) -> dict:
@@ -386,20 +414,34 @@ def validate(spark, raw, max_chars: int, source: str):
 
 def _numbered(spark, raw, source: str):
     """raw with `input_row`: a row's position in the input, from each partition's row count (one small
-    aggregate) and the row's offset in its partition, without moving the rows."""
+    aggregate) and the row's offset in its partition, without moving the rows. The same aggregate
+    finds a JSONL file's required key that no line has (InputError, as a CSV file's missing column)."""
     from pyspark.sql import functions as F
 
     tagged = raw.withColumn("_id", F.monotonically_increasing_id()).withColumn("_part", F.spark_partition_id())
+    aggregates = [F.count(F.lit(1)).alias("count")]
+    jsonl = raw.columns == [JSONL_LINE]
+    if jsonl:  # which required keys some line has: a key no line has is a missing column, as in CSV
+        keys = F.json_object_keys(F.col(JSONL_LINE).cast("string"))  # null for a line that is no JSON object
+        aggregates += [F.max(keys.isNotNull()).alias("_objects")]
+        aggregates += [F.max(F.array_contains(keys, c)).alias(c) for c in REQUIRED]
     try:
-        counts = sorted((r["_part"], r["count"]) for r in tagged.groupBy("_part").count().collect())
+        parts = sorted(tagged.groupBy("_part").agg(*aggregates).collect(), key=lambda r: r["_part"])
     except spark_errors() as exc:
         raise InputError(f"cannot read questions: {_first_line(exc)}") from None
     offsets, total = [], 0
-    for part, count in counts:
-        offsets.append((part, total))
-        total += count
+    for part in parts:
+        offsets.append((part["_part"], total))
+        total += part["count"]
     if total == 0:
         raise InputError(f"questions {source} hold no rows")
+    if jsonl and any(p["_objects"] for p in parts):  # a file of lines that are no objects: reject rows say why
+        missing = [c for c in REQUIRED if not any(p[c] for p in parts)]
+        if missing:
+            raise InputError(
+                f"questions lack column(s) {', '.join(missing)}: no line of {source} has "
+                + ("that key" if len(missing) == 1 else "those keys")
+            )
     starts = spark.createDataFrame(offsets, "_part int, _start long")
     # monotonically_increasing_id: the partition index in the upper 31 bits, the row's offset below
     position = F.col("_id") - F.shiftleft(F.col("_part").cast("long"), 33)

@@ -14,6 +14,7 @@ OPENAI_CONF = REPO / "conf" / "openai.yaml"
 # question_id -> (row, expected reason)
 REJECTED = {
     "null-question": ({"question": None}, "question is missing (null)"),
+    "no-question-key": ({"text": "?"}, "question is missing (null)"),  # other lines have the key
     "empty": ({"question": ""}, "question is empty"),
     "spaces": ({"question": "  \t "}, "question is only whitespace"),
     "newlines": ({"question": "\n\n"}, "question is only whitespace"),
@@ -84,6 +85,14 @@ ERRORS = {
         lambda t: ["--questions", _write(t, "q.csv", b"question_id,question\n")],
         "q.csv hold no rows",
     ),
+    "no line with a question": (
+        lambda t: ["--questions", _write(t, "q.jsonl", b'{"question_id": "1", "text": "?"}\n["a"]\n')],
+        "questions lack column(s) question: no line of ",
+    ),
+    "no line with either key": (
+        lambda t: ["--questions", _write(t, "q.jsonl", b'{"id": "1", "text": "?"}\n')],
+        "questions lack column(s) question_id, question: no line of ",
+    ),
     "path does not exist": (lambda t: ["--questions", str(t / "nope.jsonl")], "questions not found"),
     "unsupported file": (lambda t: ["--questions", _write(t, "q.xlsx", b"x")], "unsupported questions file"),
     "folder not a Delta table": (lambda t: ["--questions", str(t)], "is a folder but not a Delta table"),
@@ -150,8 +159,6 @@ UNREADABLE = {
         b"question_id,question\n1,caf\xe9\n",
         "question holds U+FFFD, the replacement character: the input was probably not UTF-8",
     ),
-    "missing question field": ("q.jsonl", b'{"question_id": "1", "text": "?"}\n', "question is missing (null)"),
-    "missing id field": ("q.jsonl", b'{"question": "?"}\n', "question_id is missing"),
 }
 
 

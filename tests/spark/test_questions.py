@@ -1,6 +1,7 @@
 """The question table read and validated by Spark: every format, row numbers, repeated ids, text
 read as text, and every input row accounted for."""
 
+import csv
 import json
 
 import pandas as pd
@@ -33,6 +34,21 @@ def test_every_format_reads_the_same_rows(spark, tmp_path):
         out = _validated(spark, tmp_path / name)
         assert list(out["question"]) == ["one?", "two?"] and out["reason"].isna().all(), name
         assert list(out["input_row"]) == [0, 1], name
+
+
+def test_gold_lists_survive_a_csv_file(spark, tmp_path):
+    """A CSV cell is text: a list column pandas wrote, or a JSON array, is read back as the list."""
+    answers = [["every 12 months", "12 months"], ["a, b", 'say "c"']]
+    pd.DataFrame({"question_id": ["a", "b"], "question": ["one?", "two?"], "answers": answers}).to_csv(
+        tmp_path / "pandas.csv", index=False
+    )
+    with open(tmp_path / "json.csv", "w", newline="") as f:
+        csv.writer(f).writerows(
+            [("question_id", "question", "answers")] + [(q, "q?", json.dumps(a)) for q, a in zip("ab", answers)]
+        )
+    for name in ("pandas.csv", "json.csv"):
+        out = _validated(spark, tmp_path / name)
+        assert out["reason"].isna().all() and [list(a) for a in out["answers"]] == answers, name
 
 
 def test_a_parquet_file_is_read_for_its_question_and_gold_columns_only(spark, tmp_path):

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from crag.errors import InputError
-from crag.questions import check_one, check_rows
+from crag.questions import MAX_ID_CHARS, check_one, check_rows
 from tests.support import crag_run_args
 
 
@@ -60,6 +60,19 @@ def test_ids_integers_become_text_and_missing_ids_are_marked():
     assert list(checked["id_problem"]) == [False, False, True, True, False, False]
 
 
+def test_ids_are_trimmed_and_may_hold_no_control_character_nor_run_past_the_limit():
+    ids = [" q1 ", "line\nbreak", "tab\there", "bell\x07", "x" * MAX_ID_CHARS, "x" * (MAX_ID_CHARS + 1)]
+    checked = _check(["q?"] * len(ids), ids=ids)
+    assert checked.loc[0, "question_id"] == "q1" and checked.loc[4, "reason"] is None
+    assert list(checked["reason"][1:4]) == [
+        "question_id contains control character U+000A at position 4",
+        "question_id contains control character U+0009 at position 3",
+        "question_id contains control character U+0007 at position 4",
+    ]
+    assert checked.loc[5, "reason"] == f"question_id is {MAX_ID_CHARS + 1} characters; the limit is {MAX_ID_CHARS}"
+    assert list(checked["id_problem"]) == [False, True, True, True, False, True]
+
+
 def test_an_id_that_was_not_utf8_is_rejected_not_merged_with_another():
     """café and cafè in Latin-1 both read as caf\ufffd: taken as ids they would be one id."""
     checked = _check(["a?", "b?"], ids=["caf\ufffd", "caf\ufffd"])
@@ -109,6 +122,37 @@ def test_gold_columns_are_normalised_or_rejected():
     checked = check_rows(numbers, 10)
     assert list(checked["is_impossible"][:3]) == [True, False, True]
     assert checked.loc[3, "reason"] == "is_impossible must be true or false (got 2)"
+
+
+def test_a_list_written_out_as_text_is_that_list():
+    """CSV holds only text: pandas writes a list column as Python's repr, a hand-made file as JSON."""
+    cells = [
+        "['every 12 months', '12 months']",
+        '["a, b", "c"]',
+        " [] ",
+        "12 months",
+        "[citation needed]",
+        "[1, 2]",
+        "['a', __import__('os')]",
+    ]
+    frame = pd.DataFrame(
+        {"question_id": list("abcdefg"), "question": ["q?"] * 7, "answers": cells, "input_row": range(7)}
+    )
+    checked = check_rows(frame, 10)
+    assert [list(a) for a in checked["answers"][:4]] == [
+        ["every 12 months", "12 months"],
+        ["a, b", "c"],
+        [],
+        ["12 months"],
+    ]
+    assert checked["reason"][:4].isna().all()
+    for reason, cell in zip(checked["reason"][4:], cells[4:]):
+        assert reason == (
+            f"answers holds text that starts with '[' but is no list of strings ({cell!r}): "
+            'write a list as a JSON array of strings, such as ["a", "b"]'
+        )
+    gold_docs = check_rows(frame.assign(gold_doc_ids='["d1", "d2"]').head(1), 10)["gold_doc_ids"]
+    assert list(gold_docs[0]) == ["d1", "d2"]
 
 
 def test_json_python_cannot_convert_is_a_reject_row_not_a_failed_run():
