@@ -15,15 +15,27 @@ from typing import TextIO
 from tqdm import tqdm
 
 _UNIT = " questions"
-# rate_noinv_fmt: tqdm writes a rate below one per second inverted, as seconds per question, and then
-# puts the unit after "s/" (unit " questions" would give "1.09s/ questions"); questions per second reads
-# right either way.
-_BAR = "{desc}: {n_fmt}/{total_fmt}" + _UNIT + " |{bar}| {percentage:3.0f}% [{elapsed}<{remaining}, {rate_noinv_fmt}]"
-_LINE = (
-    "{desc}: {n_fmt}/{total_fmt}"
-    + _UNIT
-    + " ({percentage:.0f}%), {rate_noinv_fmt}, {elapsed} elapsed, {remaining} left"
-)
+_BAR = "{desc}: {n_fmt}/{total_fmt}" + _UNIT + " |{bar}| {percentage:3.0f}% [{elapsed}<{remaining}, {rate_text}]"
+_LINE = "{desc}: {n_fmt}/{total_fmt}" + _UNIT + " ({percentage:.0f}%), {rate_text}, {elapsed} elapsed, {remaining} left"
+
+
+def _rate_text(rate: float | None) -> str:
+    """tqdm's own rate text puts the unit after "s/" when it inverts a slow rate ("1.09s/ questions"),
+    and without inverting shows a rate under 0.005 as 0.00."""
+    if not rate:
+        return "? questions/s"
+    return f"{rate:.2f} questions/s" if rate >= 1 else f"{1 / rate:.2f} s/question"
+
+
+class _QuestionMeter(tqdm):
+    """tqdm whose format has `rate_text`: the rate as tqdm measures it (smoothed, or done / elapsed)."""
+
+    @staticmethod
+    def format_meter(n, total, elapsed, *args, rate=None, initial=0, **kwargs):
+        measured = rate if rate else ((n - initial) / elapsed if elapsed else None)
+        return tqdm.format_meter(
+            n, total, elapsed, *args, rate=rate, initial=initial, rate_text=_rate_text(measured), **kwargs
+        )
 
 
 class ProgressReporter:
@@ -44,7 +56,7 @@ class ProgressReporter:
         self.enabled = self.interactive if enabled is None else enabled
         self.desc = desc
         self._clock = clock
-        self._bar: tqdm | None = None
+        self._bar: _QuestionMeter | None = None
         self._total = self._done = self._initial = 0
         self._started_at = 0.0
 
@@ -53,7 +65,7 @@ class ProgressReporter:
         self._total, self._done, self._initial = total, done, done
         self._started_at = self._clock()
         if self.enabled and self.interactive:
-            self._bar = tqdm(
+            self._bar = _QuestionMeter(
                 total=total,
                 initial=done,
                 file=self.stream,
@@ -71,7 +83,7 @@ class ProgressReporter:
         if self._bar is not None:
             self._bar.update(n)
         elif self.enabled:
-            line = tqdm.format_meter(
+            line = _QuestionMeter.format_meter(
                 self._done,
                 self._total,
                 self._clock() - self._started_at,

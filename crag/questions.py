@@ -9,9 +9,11 @@ workers (`check_rows`, a pure function over a pandas frame) and marks repeated i
 from __future__ import annotations
 
 import ast
+import io
 import json
 import math
 import re
+import tokenize
 import unicodedata
 from decimal import Decimal
 from pathlib import Path
@@ -31,9 +33,11 @@ EXPECTED_ROUTES = ("internal", "web", "none")
 QUESTION_FILE_SUFFIXES = (".jsonl", ".parquet", ".csv")
 # C0/C1 control characters except tab, newline and carriage return, which are ordinary whitespace.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
-# Ids are keys in every table: any whitespace but a space is a control character in one, and a length
-# past which an id is surely a question or a document pasted into the wrong column.
-_ID_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Ids are keys in every table, printed by `crag eval` and `crag sql`: control characters (tab and
+# newline included), invisible ones (a zero-width space would make two ids that print alike, a bidi
+# override reorders the line) and line separators have no place in one; nor has a length past which an
+# id is surely a question or a document pasted into the wrong column.
+_ID_FORBIDDEN_CATEGORIES = ("Cc", "Cf", "Zl", "Zp")
 MAX_ID_CHARS = 1000
 _TRUE, _FALSE = {"true", "1", "yes"}, {"false", "0", "no", ""}
 # What a JSONL line becomes before it is checked: its bytes, decoded and parsed in the workers (Spark's JSON
@@ -206,14 +210,15 @@ def _storable(value):
 
 
 def _id_text(value) -> str | None:
-    """Ids may arrive as strings or integers (Parquet, Delta); both become strings, without the
-    whitespace around them (as a CSV cell's " q1" is q1). Floats that hold an integer lose their ".0"."""
+    """Ids may arrive as strings or integers (Parquet, Delta); both become strings, without the spaces
+    around them (as a CSV cell's " q1" is q1; a tab or newline is rejected, not trimmed). Floats that
+    hold an integer lose their ".0"."""
     if _is_missing(value):
         return None
     if isinstance(value, (float, np.floating, Decimal)) and math.isfinite(value) and value == int(value):
         value = int(value)  # Spark reads an unsigned 64-bit integer as a decimal
     if isinstance(value, (str, int, np.integer)) and not isinstance(value, (bool, np.bool_)):
-        text = str(value).strip()
+        text = str(value).strip(" ")
         return text or None
     return None
 
@@ -227,9 +232,14 @@ def _id_problem(raw, qid: str | None) -> str | None:
         return "question_id is not valid text (it holds a lone surrogate)"
     if "\ufffd" in qid:  # undecodable bytes of different ids would read as the same id
         return "question_id holds U+FFFD, the replacement character: the input was probably not UTF-8"
-    control = _ID_CONTROL.search(qid)
-    if control:
-        return f"question_id contains control character U+{ord(control.group(0)):04X} at position {control.start()}"
+    for position, char in enumerate(qid):
+        if unicodedata.category(char) in _ID_FORBIDDEN_CATEGORIES:
+            name = unicodedata.name(char, "")
+            return (
+                f"question_id contains control or invisible character U+{ord(char):04X}"
+                + (f" ({name})" if name else "")
+                + f" at position {position}"
+            )
     if len(qid) > MAX_ID_CHARS:
         return f"question_id is {len(qid)} characters; the limit is {MAX_ID_CHARS}"
     return None
@@ -260,12 +270,11 @@ def question_problem(question, max_chars: int) -> str | None:
 
 
 def _string_list(value, column: str):
-    """Gold lists: a list of strings, one string, or null (= empty). Text that is a list written out (a
-    CSV cell, where a list can only be text) is that list: `["a", "b"]` as JSON, or `['a', 'b']` as
-    pandas writes a list column to CSV."""
+    """Gold lists: a list of strings, one string, or null (= empty). Text that spells a list of strings
+    (a CSV cell, where a list can only be text) is that list; any other text is a list of one."""
     if isinstance(value, str):
-        text = value.strip()
-        value = _written_list(text, column) if text.startswith("[") and text.endswith("]") else [value]
+        items = _written_list(value)
+        value = [value] if items is None else items
     if not isinstance(value, (list, tuple, np.ndarray)):
         if _is_missing(value):
             return []
@@ -276,20 +285,55 @@ def _string_list(value, column: str):
     return list(value)
 
 
-def _written_list(text: str, column: str) -> list:
-    """The list of strings `text` spells, as a JSON array or a Python list literal (ast.literal_eval
-    evaluates literals only, never code); ValueError when it is neither."""
-    for parse in (json.loads, ast.literal_eval):
+# Past this, text is not read as Python's spelling of a list (tokenizing it costs about 200 bytes of
+# memory per character); JSON has no such limit.
+_MAX_PYTHON_LIST_CHARS = 100_000
+
+
+def _written_list(text: str) -> list[str] | None:
+    """The list of strings `text` spells, or None: a JSON array (`["a", "b"]`), a Python list
+    (`['a', 'b']`, as pandas writes a list column to CSV) or a numpy array of strings (`['a' 'b']`, as
+    pandas writes one read from Parquet). Python's literals are read one string token at a time (never
+    evaluated as a whole: `'a' 'b'` would be one string, and code is not run)."""
+    text = text.strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        return None
+    try:
+        items = json.loads(text)
+    except ValueError:
+        items = None
+    if isinstance(items, list):
+        return items if all(isinstance(i, str) for i in items) else None
+    if len(text) > _MAX_PYTHON_LIST_CHARS:
+        return None
+    try:
+        tokens = [
+            t
+            for t in tokenize.generate_tokens(io.StringIO(text).readline)
+            if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.ENDMARKER)
+        ]
+    except (tokenize.TokenError, SyntaxError):
+        return None
+    if [t.string for t in (tokens[0], tokens[-1])] != ["[", "]"]:
+        return None
+    strings, separators = tokens[1:-1:2], tokens[2:-1:2]
+    if any(t.type != tokenize.STRING for t in strings) or any(t.string != "," for t in separators):
+        # numpy's form: strings apart from each other (with no space between, Python would join them)
+        if any(t.type != tokenize.STRING for t in tokens[1:-1]) or any(
+            a.end == b.start for a, b in zip(tokens[1:-1], tokens[2:-1])
+        ):
+            return None
+        strings = tokens[1:-1]
+    items = []
+    for token in strings:
         try:
-            items = parse(text)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            continue
-        if isinstance(items, list) and all(isinstance(i, str) for i in items):
-            return items
-    raise ValueError(
-        f"{column} holds text that starts with '[' but is no list of strings ({text[:60]!r}): write a list "
-        f'as a JSON array of strings, such as ["a", "b"]'
-    )
+            item = ast.literal_eval(token.string)
+        except (ValueError, SyntaxError):
+            return None
+        if not isinstance(item, str):
+            return None
+        items.append(item)
+    return items
 
 
 def gold_of(row: dict) -> dict:

@@ -44,10 +44,12 @@ def _client(cfg: TrackingConfig, warehouse: str):
         written = Path(uri[len("sqlite:///") :]).parent
         stray = [folder for folder in (written, *written.parents) if not folder.exists()]
     client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name(cfg.experiment)  # the store is opened here
-    for folder in stray:  # deepest first
-        with contextlib.suppress(OSError):
-            folder.rmdir()
+    try:
+        experiment = client.get_experiment_by_name(cfg.experiment)  # the store is opened here
+    finally:
+        for folder in stray:  # deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()
     if experiment is not None:
         return client, experiment.experiment_id
     location = None if uri == "databricks" else (Path(warehouse) / "mlflow" / "artifacts").resolve().as_uri()

@@ -37,16 +37,18 @@ def test_every_format_reads_the_same_rows(spark, tmp_path):
 
 
 def test_gold_lists_survive_a_csv_file(spark, tmp_path):
-    """A CSV cell is text: a list column pandas wrote, or a JSON array, is read back as the list."""
+    """A CSV cell is text: a list column pandas wrote (from lists or numpy arrays), or a JSON array, is
+    read back as the list."""
     answers = [["every 12 months", "12 months"], ["a, b", 'say "c"']]
-    pd.DataFrame({"question_id": ["a", "b"], "question": ["one?", "two?"], "answers": answers}).to_csv(
-        tmp_path / "pandas.csv", index=False
-    )
+    frame = pd.DataFrame({"question_id": ["a", "b"], "question": ["one?", "two?"], "answers": answers})
+    frame.to_csv(tmp_path / "pandas.csv", index=False)
     with open(tmp_path / "json.csv", "w", newline="") as f:
         csv.writer(f).writerows(
             [("question_id", "question", "answers")] + [(q, "q?", json.dumps(a)) for q, a in zip("ab", answers)]
         )
-    for name in ("pandas.csv", "json.csv"):
+    frame.to_parquet(tmp_path / "q.parquet")
+    pd.read_parquet(tmp_path / "q.parquet").to_csv(tmp_path / "numpy.csv", index=False)  # lists as numpy arrays
+    for name in ("pandas.csv", "json.csv", "numpy.csv"):
         out = _validated(spark, tmp_path / name)
         assert out["reason"].isna().all() and [list(a) for a in out["answers"]] == answers, name
 

@@ -60,17 +60,28 @@ def test_ids_integers_become_text_and_missing_ids_are_marked():
     assert list(checked["id_problem"]) == [False, False, True, True, False, False]
 
 
-def test_ids_are_trimmed_and_may_hold_no_control_character_nor_run_past_the_limit():
-    ids = [" q1 ", "line\nbreak", "tab\there", "bell\x07", "x" * MAX_ID_CHARS, "x" * (MAX_ID_CHARS + 1)]
-    checked = _check(["q?"] * len(ids), ids=ids)
-    assert checked.loc[0, "question_id"] == "q1" and checked.loc[4, "reason"] is None
-    assert list(checked["reason"][1:4]) == [
-        "question_id contains control character U+000A at position 4",
-        "question_id contains control character U+0009 at position 3",
-        "question_id contains control character U+0007 at position 4",
+def test_ids_lose_their_spaces_and_may_hold_no_control_or_invisible_character_nor_run_past_the_limit():
+    ids = [
+        " q1 ",
+        "x" * MAX_ID_CHARS,
+        "line\nbreak",
+        "q1\t",
+        "bell\x07",
+        "a\u200bb",
+        "a\u2028b",
+        "x" * (MAX_ID_CHARS + 1),
     ]
-    assert checked.loc[5, "reason"] == f"question_id is {MAX_ID_CHARS + 1} characters; the limit is {MAX_ID_CHARS}"
-    assert list(checked["id_problem"]) == [False, True, True, True, False, True]
+    checked = _check(["q?"] * len(ids), ids=ids)
+    assert checked.loc[0, "question_id"] == "q1" and checked["reason"][:2].isna().all()
+    assert list(checked["reason"][2:7]) == [
+        "question_id contains control or invisible character U+000A at position 4",
+        "question_id contains control or invisible character U+0009 at position 2",  # not trimmed away
+        "question_id contains control or invisible character U+0007 at position 4",
+        "question_id contains control or invisible character U+200B (ZERO WIDTH SPACE) at position 1",
+        "question_id contains control or invisible character U+2028 (LINE SEPARATOR) at position 1",
+    ]
+    assert checked.loc[7, "reason"] == f"question_id is {MAX_ID_CHARS + 1} characters; the limit is {MAX_ID_CHARS}"
+    assert list(checked["id_problem"]) == [False, False] + [True] * 6
 
 
 def test_an_id_that_was_not_utf8_is_rejected_not_merged_with_another():
@@ -125,32 +136,24 @@ def test_gold_columns_are_normalised_or_rejected():
 
 
 def test_a_list_written_out_as_text_is_that_list():
-    """CSV holds only text: pandas writes a list column as Python's repr, a hand-made file as JSON."""
-    cells = [
-        "['every 12 months', '12 months']",
-        '["a, b", "c"]',
-        " [] ",
-        "12 months",
-        "[citation needed]",
-        "[1, 2]",
-        "['a', __import__('os')]",
-    ]
+    """CSV holds only text: pandas writes a list column as Python's repr (a numpy array's, when the
+    frame was read from Parquet), a hand-made file as JSON. Other text, even in brackets, is one answer."""
+    written = {
+        "['every 12 months', '12 months']": ["every 12 months", "12 months"],
+        "['every 12 months' '12 months']": ["every 12 months", "12 months"],  # numpy's repr
+        "['a' 'b'\n 'c']": ["a", "b", "c"],  # a long numpy array, wrapped
+        '["a, b", "say \\"c\\""]': ["a, b", 'say "c"'],
+        " [] ": [],
+        "['a',]": ["a"],
+    }
+    single = ["12 months", "[citation needed]", "[2, 3]", "['it''s']", "['a', __import__('os')]", "['a' ,'b' 'c']"]
+    cells = [*written, *single]
     frame = pd.DataFrame(
-        {"question_id": list("abcdefg"), "question": ["q?"] * 7, "answers": cells, "input_row": range(7)}
-    )
+        {"question_id": [f"q{i}" for i in range(len(cells))], "question": ["q?"] * len(cells), "answers": cells}
+    ).assign(input_row=range(len(cells)))
     checked = check_rows(frame, 10)
-    assert [list(a) for a in checked["answers"][:4]] == [
-        ["every 12 months", "12 months"],
-        ["a, b", "c"],
-        [],
-        ["12 months"],
-    ]
-    assert checked["reason"][:4].isna().all()
-    for reason, cell in zip(checked["reason"][4:], cells[4:]):
-        assert reason == (
-            f"answers holds text that starts with '[' but is no list of strings ({cell!r}): "
-            'write a list as a JSON array of strings, such as ["a", "b"]'
-        )
+    assert checked["reason"].isna().all()
+    assert [list(a) for a in checked["answers"]] == [*written.values(), *([c] for c in single)]
     gold_docs = check_rows(frame.assign(gold_doc_ids='["d1", "d2"]').head(1), 10)["gold_doc_ids"]
     assert list(gold_docs[0]) == ["d1", "d2"]
 
