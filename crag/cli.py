@@ -220,6 +220,9 @@ def _print_stage(name: str, row, raised: str | None) -> None:
             grade = f"{d['grade']:>3}  {d['relevance']:.2f}  " if "grade" in d else ""
             print(f"    {grade}{d['title']}  {d.get('url') or ''}")
     elif name == "refine":
+        for entry in row["decisions"]:
+            if entry["step"] == "last_resort":  # an answer from a document graded irrelevant: say so
+                print(f"[last_resort] {entry['decision']}: {entry['reason']}")
         print(f"[context] {len(row['context'])} documents")
     elif name == "generate":
         print(f"[generate] route {row['route']}" + (f", error: {raised}" if raised else ""))

@@ -24,6 +24,14 @@ def test_ask_prints_every_stage(capsys, index_overrides):
     assert "3,776 metres" in out and "https://example.org/wiki/Mount_Fuji" in out
 
 
+def test_ask_says_when_the_answer_comes_from_the_last_resort(capsys, index_overrides):
+    """The sample's one question answered from a document graded irrelevant (routing.last_resort)."""
+    assert main(["ask", "--conf", str(LOCAL_CONF), *set_args(index_overrides), "How much does the AQ-7 weigh?"]) == 0
+    out = capsys.readouterr().out
+    assert "[last_resort] " in out and "no relevant context survived" in out, out
+    assert out.index("[last_resort]") < out.index("[context] 1 documents") < out.index("[generate] route internal")
+
+
 def test_ask_rejects_a_blank_question_in_one_line(capsys, index_overrides):
     assert main(["ask", "--conf", str(LOCAL_CONF), *set_args(index_overrides), "   "]) == 2
     assert capsys.readouterr().err == "crag: error: question is only whitespace\n"
