@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import os
 import unicodedata
 from collections import Counter
 from datetime import UTC, datetime
@@ -536,11 +537,7 @@ def compare(
     tracking settings that run was logged with (its stored config), not with this command's."""
 
     path = Path(report or f"compare_{base_id}_vs_{candidate_id}.html")
-    if path.is_dir():  # checked first: not after both runs are read
-        raise InputError(
-            f"--report {path} is a folder: give the path of the HTML file to write, "
-            f"e.g. {path / f'compare_{base_id}_vs_{candidate_id}.html'}"
-        )
+    _check_report_path(path, base_id, candidate_id)  # first: not after both runs are read
     runs, configs = {}, {}
     for run_id in (base_id, candidate_id):
         check_run_id(run_id)
@@ -556,17 +553,39 @@ def compare(
     # question_changed and gold_changed are not columns of the table: there, a question asked
     # differently in the two runs shows as a row in both whose comparison columns are null
     stored = rows.assign(created_at=pd.Timestamp(datetime.now(UTC)))
+    # The report first: a path that cannot be written fails the command before the table is changed
+    html = render_report(rows, deltas, base, candidate, question_scores=scores, whole=whole)
+    try:
+        path.write_text(html, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot write the report {path}: {exc.strerror or exc}") from None
     pair = (F.col("base_run") == F.lit(base_id)) & (F.col("candidate_run") == F.lit(candidate_id))
     warehouse.replace(
         "comparisons",
         warehouse.frame("comparisons", pa.Table.from_pandas(stored, schema=schema.COMPARISONS, preserve_index=False)),
         pair,
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_report(rows, deltas, base, candidate, question_scores=scores, whole=whole), encoding="utf-8")
     if attach_report:
         _attach_report(configs[candidate_id].get("mlflow", {}), warehouse.location, candidate_id, path)
     return rows, summary_lines(rows, deltas, whole), str(path)
+
+
+def _check_report_path(path: Path, base_id: str, candidate_id: str) -> None:
+    """The report's folder made, and the path one a file can be written to (InputError otherwise)."""
+    if path.is_dir():
+        raise InputError(
+            f"--report {path} is a folder: give the path of the HTML file to write, "
+            f"e.g. {path / f'compare_{base_id}_vs_{candidate_id}.html'}"
+        )
+    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise InputError(f"cannot write the report {path}: {blocking} is a file, not a folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot write the report {path}: {exc.strerror or exc} ({exc.filename})") from None
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise InputError(f"cannot write the report {path}: permission denied")
 
 
 def _attach_report(stored_tracking: dict, location: str, candidate_id: str, path: Path) -> None:

@@ -70,6 +70,29 @@ def test_comparison_rows_match_the_run_tables(two_runs, capsys):
     assert len(table(wh, "comparisons")) == 49
 
 
+def test_a_report_path_that_cannot_be_written_fails_the_command_before_the_table_changes(two_runs, capsys, tmp_path):
+    (tmp_path / "afile").write_text("x")
+    for report, said in (
+        (tmp_path / "afile" / "x.html", f"{tmp_path / 'afile'} is a file, not a folder"),  # said before any work
+        ("/proc/crag-report.html", "No such file or directory"),  # only writing it can tell
+    ):
+        argv = [
+            "compare",
+            "--warehouse",
+            str(two_runs),
+            "--base",
+            "cand",
+            "--candidate",
+            "base",
+            "--report",
+            str(report),
+        ]
+        assert main([*argv, "--no-mlflow"]) == 2
+        assert capsys.readouterr().err == f"crag: error: cannot write the report {report}: {said}\n"
+        comparisons = two_runs / "comparisons"
+        assert not comparisons.exists() or table(two_runs, "comparisons", base_run="cand").empty
+
+
 def test_the_report_renders_its_sections(two_runs):
     report = two_runs / "report2.html"
     assert (
