@@ -7,6 +7,7 @@ flow 1. The same chunk table is the source of a Databricks Vector Search index.
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from collections.abc import Iterator
@@ -175,6 +176,8 @@ def html_to_markdown(page: str) -> tuple[str | None, str]:
 
 
 def _read_pdf(file: Path, doc_id: str) -> SourceDocument:
+    # pypdf logs what it works around in a damaged file; an unreadable one is the error line below
+    logging.getLogger("pypdf").setLevel(logging.ERROR)
     try:
         reader = PdfReader(file)
         pages = [page.extract_text() or "" for page in reader.pages]
@@ -229,12 +232,18 @@ class Chunker:
 def chunk_documents(path: str | Path, cfg: IndexingConfig) -> pa.Table:
     chunker = Chunker(cfg)
     rows: list[dict] = []
-    seen: set[str] = set()
+    seen: dict[str, str] = {}  # doc_id -> where it was read
     without_text: list[str] = []
     for doc in read_documents(path):
         if doc.doc_id in seen:
-            raise InputError(f"duplicate doc_id {doc.doc_id!r} in {doc.source_path}")
-        seen.add(doc.doc_id)
+            first = seen[doc.doc_id]
+            raise InputError(
+                f"duplicate doc_id {doc.doc_id!r} in {doc.source_path}"
+                if first == doc.source_path
+                else f"duplicate doc_id {doc.doc_id!r}: in {first} and in {doc.source_path} "
+                "(a file's doc_id is its path under the documents folder, without its suffix)"
+            )
+        seen[doc.doc_id] = doc.source_path
         before = len(rows)
         rows.extend(chunker.rows(doc))
         if len(rows) == before:
@@ -249,6 +258,9 @@ def chunk_documents(path: str | Path, cfg: IndexingConfig) -> pa.Table:
 def build_index(docs: str | Path, out: str | Path, cfg: IndexingConfig) -> dict:
     """Chunk the documents and write the chunk table (Delta) and the BM25 index under `out`, and the
     chunks' dense vectors when `indexing.embedding` names a model."""
+    blocking = next((p for p in (Path(out), *Path(out).parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:  # said before the documents are read and chunked
+        raise InputError(f"--out {out}: {blocking} is a file, not a folder")
     chunks = chunk_documents(docs, cfg)
     print(
         f"crag index: {chunks.num_rows} child chunks from {docs}"

@@ -278,3 +278,33 @@ def test_a_folder_says_which_files_it_left_out(tmp_path, capsys):
         "(a .jsonl file is read on its own: give it as --docs)",
         "crag index: left out 1 document (empty) without text",
     ]
+
+
+def test_two_files_with_one_doc_id_are_both_named(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "guide.md").write_text("# Guide\n\nthe markdown one\n")
+    (docs / "guide.txt").write_text("the text one\n")
+    with pytest.raises(InputError) as raised:
+        chunk_documents(docs, IndexingConfig())
+    assert str(raised.value) == (
+        f"duplicate doc_id 'guide': in {docs / 'guide.md'} and in {docs / 'guide.txt'} "
+        "(a file's doc_id is its path under the documents folder, without its suffix)"
+    )
+
+
+def test_an_out_path_through_a_file_is_said_before_the_documents_are_read(tmp_path, monkeypatch):
+    import crag.indexing
+
+    monkeypatch.setattr(crag.indexing, "chunk_documents", lambda *a: pytest.fail("the documents were read"))
+    (tmp_path / "afile").write_text("x")
+    for out in (tmp_path / "afile", tmp_path / "afile" / "sub"):
+        with pytest.raises(InputError, match=f"^--out {re.escape(str(out))}: .*afile is a file, not a folder$"):
+            build_index(tmp_path, out, IndexingConfig())
+
+
+def test_an_unreadable_pdf_is_one_line_without_pypdfs_warnings(tmp_path, capsys, caplog):
+    (tmp_path / "fake.pdf").write_text("this is not a pdf\n")
+    with pytest.raises(InputError, match="fake.pdf: cannot read as PDF"):
+        chunk_documents(tmp_path, IndexingConfig())
+    assert not [r for r in caplog.records if r.name.startswith("pypdf")] and capsys.readouterr().err == ""
