@@ -277,14 +277,41 @@ def calibrate(
     to score."""
     result: dict = {"routing_policy": current_policy}
     gold_docs = gold.set_index("question_id")["gold_doc_ids"].map(lambda v: set(_as_list(v)))
-    stored = grades
+
+    def propose(relevance_from: pd.DataFrame) -> dict:
+        return _proposals(
+            relevance_from, grades, gold, gold_docs, current_lower, current_upper, current_threshold, binary_grader
+        )
+
     refit = refit_semantic(grades, gold_docs)
     if refit is not None:
-        result["semantic"], grades = refit
-    elif current_threshold is not None:
-        lexical = refit_lexical(grades, gold, current_threshold)
-        if lexical is not None and lexical[0]:
-            result["lexical"], grades = lexical
+        result["semantic"], refitted = refit
+        return result | propose(refitted)
+    lexical = refit_lexical(grades, gold, current_threshold) if current_threshold is not None else None
+    if lexical is None or not lexical[0]:
+        return result | propose(grades)
+    proposals = propose(lexical[1])
+    if not _worse_than_current(proposals):
+        return result | {"lexical": lexical[0]} | proposals
+    # The exponents are fitted to the routing cut of each language they can fit (one with too few
+    # questions keeps its own): the thresholds fitted over them can score below the current settings,
+    # and then the run's own relevance is the better ground
+    return result | {"lexical_dropped": sorted(lexical[0])} | propose(grades)
+
+
+def _proposals(
+    grades: pd.DataFrame,
+    stored: pd.DataFrame,
+    gold: pd.DataFrame,
+    gold_docs: pd.Series,
+    current_lower: float,
+    current_upper: float,
+    current_threshold: float | None,
+    binary_grader: bool = False,
+) -> dict:
+    """The proposed routing thresholds and grader threshold on `grades`' relevance, and the current
+    settings scored on the relevance the run stored."""
+    result: dict = {}
     table = question_best_relevance(grades, gold)
     if len(table):
         internal = (table["expected_route"] == "internal").to_numpy()
@@ -305,6 +332,16 @@ def calibrate(
                 stored_relevance, np.array(is_gold), current_threshold, web_rule
             )
     return result
+
+
+def _worse_than_current(proposals: dict) -> bool:
+    """A proposed routing (accuracy) or grader threshold (F1) that scores below the current one."""
+    routing = proposals.get("routing"), proposals.get("routing_current")
+    grading = proposals.get("grade_threshold"), proposals.get("grade_threshold_current")
+    return bool(
+        (routing[0] is not None and routing[1] is not None and routing[0].accuracy < routing[1].accuracy)
+        or (grading[0] is not None and grading[1] is not None and grading[0][3] < grading[1][3])
+    )
 
 
 def _setting(value: float) -> str:
@@ -331,6 +368,12 @@ def report(result: dict) -> str:
                 "  use: "
                 + " ".join(f"--set grader.languages.{lang}.{k}={w[k]}" for k in ("lexical", "semantic", "bias"))
             )
+    if result.get("lexical_dropped"):
+        lines.append(
+            f"lexical grader exponents: a refit ({', '.join(result['lexical_dropped'])}) was tried and dropped, since "
+            "the thresholds fitted over it scored below the current settings; the thresholds below keep the "
+            "run's exponents"
+        )
     if result.get("lexical"):
         lines.append(
             "lexical grader exponents per language (each language's best cut on the score moved onto the "

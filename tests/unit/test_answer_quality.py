@@ -186,6 +186,30 @@ def test_calibrate_fits_one_exponent_per_language_so_that_one_cut_serves_both():
     assert f"--set grader.exponents.en={en['exponent']}" in text and "--set grader.exponents.ja=" in text
 
 
+def test_a_lexical_refit_whose_thresholds_score_below_the_current_settings_is_dropped(monkeypatch):
+    """The refit moves each language's routing cut onto the threshold, and only for languages with
+    questions of both routes: the thresholds fitted over it can lose to the current settings."""
+    import crag.calibration
+
+    grades, gold = _lexical_run({"en": 0.5})
+    kept = calibrate(grades, gold, 0.5, 0.5, current_threshold=0.5)
+    assert "lexical" in kept and "lexical_dropped" not in kept
+    assert kept["routing"].accuracy >= kept["routing_current"].accuracy
+    real = crag.calibration.refit_lexical
+
+    def upside_down(grades, gold, threshold):  # a refit that ranks every document the wrong way round
+        fitted = real(grades, gold, threshold)
+        return fitted and (fitted[0], fitted[1].assign(relevance=1 - fitted[1]["relevance"]))
+
+    monkeypatch.setattr(crag.calibration, "refit_lexical", upside_down)
+    result = calibrate(grades, gold, 0.5, 0.5, current_threshold=0.5)
+    plain = calibrate(grades.assign(rationale=None), gold, 0.5, 0.5, current_threshold=0.5)  # no refit at all
+    assert result["lexical_dropped"] == ["en"] and "lexical" not in result
+    assert result["routing"] == plain["routing"] and result["routing"].accuracy >= result["routing_current"].accuracy
+    text = report(result)
+    assert "a refit (en) was tried and dropped" in text and "--set grader.exponents" not in text
+
+
 def test_the_stage_cache_keeps_apart_answers_from_the_same_documents_graded_otherwise():
     """The extractive answer weighs each sentence by its document's relevance: a grader variant that
     returns the same documents with other relevances gets an answer of its own, not the cached one."""
