@@ -204,11 +204,17 @@ def metric_deltas(base_metrics: pd.DataFrame, candidate_metrics: pd.DataFrame, s
             "metric": metrics,
             "base": [x.loc[m, "value"] for m in metrics],
             "candidate": [y.loc[m, "value"] for m in metrics],
-            "delta": [y.loc[m, "value"] - x.loc[m, "value"] for m in metrics],
+            # a mean of the same values summed in another order differs in its last bits: no change
+            "delta": [_delta(x.loc[m, "value"], y.loc[m, "value"]) for m in metrics],
             "n_base": [int(x.loc[m, "n"]) for m in metrics],
             "n_candidate": [int(y.loc[m, "n"]) for m in metrics],
         }
     )
+
+
+def _delta(base: float, candidate: float) -> float:
+    delta = float(candidate - base)
+    return 0.0 if abs(delta) < 1e-9 else delta
 
 
 def paired_metrics(rows: pd.DataFrame, run: dict[str, pd.DataFrame]) -> pd.DataFrame:
@@ -253,7 +259,12 @@ def summary_lines(rows: pd.DataFrame, deltas: pd.DataFrame, whole: pd.DataFrame 
     if set_apart(rows):
         lines.append(f"  set apart         {set_apart(rows)}")
     lines += [
-        f"  answers changed   {int(both['answer_changed'].sum())} (mean similarity {both['answer_similarity'].mean():.3f})",
+        f"  answers changed   {int(both['answer_changed'].sum())}"
+        + (
+            f" (mean similarity {both['answer_similarity'].mean():.3f})"
+            if len(both)
+            else " (no question asked alike in both)"
+        ),
         f"  route flips       {int(both['route_flip'].sum())}"
         + "".join(
             f", {a}->{b} {n}"

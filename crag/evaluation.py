@@ -326,6 +326,8 @@ def run_record(warehouse, run_id: str, allow_unfinished: bool, doing: str):
     its tables may hold an earlier attempt's rows) is refused unless `allow_unfinished`."""
     record = warehouse.load_run("runs", run_id).select("status", "config").collect()
     if not record:
+        if warehouse.folder is not None and not warehouse.folder.exists():
+            raise InputError(f"no warehouse at {warehouse.location}: the folder does not exist")
         raise InputError(f"no run {run_id!r} in {warehouse.location}")
     if record[0]["status"] != "succeeded" and not allow_unfinished:
         raise InputError(

@@ -23,6 +23,8 @@ def test_eval_and_calibrate_commands_on_the_sample(spark, tmp_path, index_overri
     assert "proposed lower" in out and "--set routing.policy=thresholds" in out and "grader yes/no threshold" in out
     assert main(["calibrate", "--warehouse", str(tmp_path), "--run", "nosuch"]) == 2
     assert capsys.readouterr().err == f"crag: error: no run 'nosuch' in {tmp_path}\n"
+    assert main(["calibrate", "--warehouse", str(tmp_path / "nowh"), "--run", "gold"]) == 2
+    assert capsys.readouterr().err == f"crag: error: no warehouse at {tmp_path / 'nowh'}: the folder does not exist\n"
 
     # a run that has not succeeded (a failed re-run keeps the earlier attempt's rows): refused unless asked
     DeltaTable(str(tmp_path / "runs")).update({"status": "'failed'"}, predicate="run_id = 'gold'")

@@ -14,6 +14,18 @@ def test_metric_deltas_follow_crag_evals_order_not_the_stored_one():
     assert deltas["metric"].tolist()[:2] == ["exact_match", "f1"] and deltas["metric"].iloc[-1] == "grader_recall"
 
 
+def test_a_mean_summed_in_another_order_is_no_change_and_no_shared_question_is_said():
+    base = pd.DataFrame({"metric": ["f1"], "slice": "all", "value": [0.1 + 0.2 + 0.3], "n": 3})
+    candidate = base.assign(value=0.3 + 0.2 + 0.1)  # 0.6000000000000001 against 0.6
+    deltas = metric_deltas(base, candidate)
+    assert deltas["delta"].tolist() == [0.0] and f"{deltas['delta'][0]:+.3f}" == "+0.000"
+    only_base = _run({"a": ("What is one?", "one", "internal", ["one"])})
+    only_candidate = _run({"b": ("What is two?", "two", "internal", ["two"])})
+    rows, deltas, whole = _compared(only_base, only_candidate)
+    lines = summary_lines(rows, deltas, whole)
+    assert "  answers changed   0 (no question asked alike in both)" in lines and "nan" not in "\n".join(lines)
+
+
 def _run(questions: dict) -> dict[str, pd.DataFrame]:
     """A run's frames from {question_id: (question, answer, route, gold answers)}; every question is
     expected from the knowledge base, and an answer None is a refusal."""
