@@ -1,8 +1,9 @@
-"""Run ids: what a user may name a run."""
+"""Ids: what a user may name a run, and what no question or document id may hold."""
 
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from crag.errors import InputError
 
@@ -15,3 +16,22 @@ def check_run_id(run_id: str) -> str:
             f"invalid run id {run_id!r}: use 1-128 letters, digits, '_', '.' or '-', starting with a letter or digit"
         )
     return run_id
+
+
+# Ids are keys in every table, printed by `crag ask`, `crag eval` and `crag sql`: control characters (tab
+# and newline included), invisible ones (a zero-width space makes two ids that print alike, a bidi
+# override reorders the line) and line separators have no place in one.
+_FORBIDDEN_CATEGORIES = ("Cc", "Cf", "Zl", "Zp")
+
+
+def forbidden_character(text: str) -> str | None:
+    """The first control or invisible character in an id, described with its position; None if none."""
+    for position, char in enumerate(text):
+        if unicodedata.category(char) in _FORBIDDEN_CATEGORIES:
+            name = unicodedata.name(char, "")
+            return (
+                f"control or invisible character U+{ord(char):04X}"
+                + (f" ({name})" if name else "")
+                + f" at position {position}"
+            )
+    return None

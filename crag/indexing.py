@@ -28,6 +28,7 @@ from crag.backends.vector_search import sync_vector_index
 from crag.config import CragConfig, IndexingConfig
 from crag.document_loaders import LOADER_SUFFIXES, load_file  # formats read through LangChain loaders
 from crag.errors import InputError
+from crag.ids import forbidden_character
 from crag.spark import get_spark
 from crag.tables import iter_jsonl
 from crag.text import encodable
@@ -235,6 +236,13 @@ def chunk_documents(path: str | Path, cfg: IndexingConfig) -> pa.Table:
     seen: dict[str, str] = {}  # doc_id -> where it was read
     without_text: list[str] = []
     for doc in read_documents(path):
+        forbidden = forbidden_character(doc.doc_id)
+        if forbidden or doc.doc_id != doc.doc_id.strip():
+            # gold_doc_ids and the sources name documents by it: an id that prints as another must not be
+            raise InputError(
+                f"{doc.source_path}: doc_id {doc.doc_id!r} "
+                + (f"contains {forbidden}" if forbidden else "has spaces around it")
+            )
         if doc.doc_id in seen:
             first = seen[doc.doc_id]
             raise InputError(

@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from crag import schema
 from crag.errors import InputError, describe
+from crag.ids import forbidden_character
 from crag.text import encodable, invisible, parse_json_line
 
 REQUIRED = ("question_id", "question")
@@ -33,11 +34,7 @@ EXPECTED_ROUTES = ("internal", "web", "none")
 QUESTION_FILE_SUFFIXES = (".jsonl", ".parquet", ".csv")
 # C0/C1 control characters except tab, newline and carriage return, which are ordinary whitespace.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
-# Ids are keys in every table, printed by `crag eval` and `crag sql`: control characters (tab and
-# newline included), invisible ones (a zero-width space would make two ids that print alike, a bidi
-# override reorders the line) and line separators have no place in one; nor has a length past which an
-# id is surely a question or a document pasted into the wrong column.
-_ID_FORBIDDEN_CATEGORIES = ("Cc", "Cf", "Zl", "Zp")
+# A length past which an id is surely a question or a document pasted into the wrong column.
 MAX_ID_CHARS = 1000
 _TRUE, _FALSE = {"true", "1", "yes"}, {"false", "0", "no", ""}
 # What a JSONL line becomes before it is checked: its bytes, decoded and parsed in the workers (Spark's JSON
@@ -232,14 +229,9 @@ def _id_problem(raw, qid: str | None) -> str | None:
         return "question_id is not valid text (it holds a lone surrogate)"
     if "\ufffd" in qid:  # undecodable bytes of different ids would read as the same id
         return "question_id holds U+FFFD, the replacement character: the input was probably not UTF-8"
-    for position, char in enumerate(qid):
-        if unicodedata.category(char) in _ID_FORBIDDEN_CATEGORIES:
-            name = unicodedata.name(char, "")
-            return (
-                f"question_id contains control or invisible character U+{ord(char):04X}"
-                + (f" ({name})" if name else "")
-                + f" at position {position}"
-            )
+    forbidden = forbidden_character(qid)
+    if forbidden:
+        return f"question_id contains {forbidden}"
     if len(qid) > MAX_ID_CHARS:
         return f"question_id is {len(qid)} characters; the limit is {MAX_ID_CHARS}"
     return None
