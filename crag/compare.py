@@ -547,11 +547,12 @@ def compare(
     With `attach_report`, the report is also attached to the candidate's MLflow run, found with the
     tracking settings that run was logged with (its stored config), not with this command's."""
 
+    for run_id in (base_id, candidate_id):
+        check_run_id(run_id)  # before a path is made from them
     path = Path(report or f"compare_{base_id}_vs_{candidate_id}.html")
-    _check_report_path(path, base_id, candidate_id)  # first: not after both runs are read
+    _check_report_path(path, base_id, candidate_id)  # before both runs are read
     runs, configs = {}, {}
     for run_id in (base_id, candidate_id):
-        check_run_id(run_id)
         record = run_record(warehouse, run_id, allow_unfinished, "compare")
         runs[run_id] = read_run(warehouse, run_id, ("answers", "grades", "gold", "metrics"))
         configs[run_id] = json.loads(record["config"])
@@ -564,39 +565,43 @@ def compare(
     # question_changed and gold_changed are not columns of the table: there, a question asked
     # differently in the two runs shows as a row in both whose comparison columns are null
     stored = rows.assign(created_at=pd.Timestamp(datetime.now(UTC)))
-    # The report first: a path that cannot be written fails the command before the table is changed
-    html = render_report(rows, deltas, base, candidate, question_scores=scores, whole=whole)
-    try:
-        path.write_text(html, encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"cannot write the report {path}: {exc.strerror or exc}") from None
     pair = (F.col("base_run") == F.lit(base_id)) & (F.col("candidate_run") == F.lit(candidate_id))
     warehouse.replace(
         "comparisons",
         warehouse.frame("comparisons", pa.Table.from_pandas(stored, schema=schema.COMPARISONS, preserve_index=False)),
         pair,
     )
+    html = render_report(rows, deltas, base, candidate, question_scores=scores, whole=whole)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(html, encoding="utf-8")
+    except OSError as exc:  # what the check before could not foresee (a full disk, a special file system)
+        raise InputError(
+            f"the comparison is in the comparisons table, but the report could not be written to {path}: "
+            f"{exc.strerror or exc}"
+        ) from None
     if attach_report:
         _attach_report(configs[candidate_id].get("mlflow", {}), warehouse.location, candidate_id, path)
     return rows, summary_lines(rows, deltas, whole), str(path)
 
 
 def _check_report_path(path: Path, base_id: str, candidate_id: str) -> None:
-    """The report's folder made, and the path one a file can be written to (InputError otherwise)."""
+    """InputError when no file can be written at `path`: a folder there, a file in the way of its
+    folders, or no permission. Nothing is created: the report's folders are made when it is written."""
     if path.is_dir():
         raise InputError(
             f"--report {path} is a folder: give the path of the HTML file to write, "
             f"e.g. {path / f'compare_{base_id}_vs_{candidate_id}.html'}"
         )
-    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
-    if blocking is not None:
-        raise InputError(f"cannot write the report {path}: {blocking} is a file, not a folder")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"cannot write the report {path}: {exc.strerror or exc} ({exc.filename})") from None
-    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise InputError(f"cannot write the report {path}: permission denied")
+    if path.exists():  # replacing the file: its own permission counts
+        if not os.access(path, os.W_OK):
+            raise InputError(f"cannot write the report {path}: permission denied")
+        return
+    existing = next(p for p in path.absolute().parents if p.exists())  # the root exists
+    if not existing.is_dir():
+        raise InputError(f"cannot write the report {path}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(f"cannot write the report {path}: permission denied in {existing}")
 
 
 def _attach_report(stored_tracking: dict, location: str, candidate_id: str, path: Path) -> None:

@@ -19,15 +19,17 @@ def check_run_id(run_id: str) -> str:
 
 
 # Ids are keys in every table, printed by `crag ask`, `crag eval` and `crag sql`: control characters (tab
-# and newline included), invisible ones (a zero-width space makes two ids that print alike, a bidi
-# override reorders the line) and line separators have no place in one.
-_FORBIDDEN_CATEGORIES = ("Cc", "Cf", "Zl", "Zp")
+# and newline included), line separators, and the invisible characters that make two ids print alike
+# (zero-width space, word joiner, BOM) or reorder a line (bidi controls) have no place in one. The
+# joiners and the soft hyphen stay allowed: Persian and Indic names and emoji sequences need them.
+_FORBIDDEN_CATEGORIES = ("Cc", "Zl", "Zp")
+_INVISIBLE = re.compile("[\u061c\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
 
 
 def forbidden_character(text: str) -> str | None:
     """The first control or invisible character in an id, described with its position; None if none."""
     for position, char in enumerate(text):
-        if unicodedata.category(char) in _FORBIDDEN_CATEGORIES:
+        if unicodedata.category(char) in _FORBIDDEN_CATEGORIES or _INVISIBLE.match(char):
             name = unicodedata.name(char, "")
             return (
                 f"control or invisible character U+{ord(char):04X}"

@@ -11,6 +11,7 @@ import logging
 import re
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,15 +177,37 @@ def html_to_markdown(page: str) -> tuple[str | None, str]:
     return title, re.sub(r"\n(#{1,3} )", r"\n\n\1", text)
 
 
-def _read_pdf(file: Path, doc_id: str) -> SourceDocument:
-    # pypdf logs what it works around in a damaged file; an unreadable one is the error line below
-    logging.getLogger("pypdf").setLevel(logging.ERROR)
+@contextmanager
+def _pypdf_warnings() -> Iterator[list[str]]:
+    """pypdf's log records while a file is read, kept from the log and collected (the logger's own
+    settings restored after)."""
+    caught: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            caught.append(record.getMessage())
+
+    logger, handler = logging.getLogger("pypdf"), Collect(logging.WARNING)
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
     try:
-        reader = PdfReader(file)
-        pages = [page.extract_text() or "" for page in reader.pages]
-        title = (reader.metadata.title if reader.metadata else None) or file.stem.replace("_", " ")
-    except (PdfReadError, ValueError, OSError) as exc:
-        raise InputError(f"{file}: cannot read as PDF ({exc})") from None
+        yield caught
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
+def _read_pdf(file: Path, doc_id: str) -> SourceDocument:
+    with _pypdf_warnings() as warnings:
+        try:
+            reader = PdfReader(file)
+            pages = [page.extract_text() or "" for page in reader.pages]
+            title = (reader.metadata.title if reader.metadata else None) or file.stem.replace("_", " ")
+        except (PdfReadError, ValueError, OSError) as exc:  # the error says it: pypdf's warnings would repeat it
+            raise InputError(f"{file}: cannot read as PDF ({exc})") from None
+    if warnings:  # a damaged file read all the same: its text may be incomplete
+        print(f"crag index: {file}: pypdf read it with {_named(warnings, 'warning', shown=2)}", file=sys.stderr)
     text = "\n\n".join(p.strip() for p in pages if p.strip())
     if not text:
         raise InputError(f"{file}: no extractable text (a scanned PDF needs OCR first)")
@@ -248,8 +271,12 @@ def chunk_documents(path: str | Path, cfg: IndexingConfig) -> pa.Table:
             raise InputError(
                 f"duplicate doc_id {doc.doc_id!r} in {doc.source_path}"
                 if first == doc.source_path
-                else f"duplicate doc_id {doc.doc_id!r}: in {first} and in {doc.source_path} "
-                "(a file's doc_id is its path under the documents folder, without its suffix)"
+                else f"duplicate doc_id {doc.doc_id!r}: in {first} and in {doc.source_path}"
+                + (
+                    " (a file's doc_id is its path under the documents folder, without its suffix)"
+                    if all(Path(p).with_suffix("").as_posix().endswith(doc.doc_id) for p in (first, doc.source_path))
+                    else ""
+                )
             )
         seen[doc.doc_id] = doc.source_path
         before = len(rows)

@@ -70,27 +70,27 @@ def test_comparison_rows_match_the_run_tables(two_runs, capsys):
     assert len(table(wh, "comparisons")) == 49
 
 
-def test_a_report_path_that_cannot_be_written_fails_the_command_before_the_table_changes(two_runs, capsys, tmp_path):
+def test_a_report_path_that_cannot_be_written_is_one_line_and_said_before_the_runs_are_read(
+    two_runs, capsys, tmp_path, monkeypatch
+):
+    import crag.compare
+
     (tmp_path / "afile").write_text("x")
-    for report, said in (
-        (tmp_path / "afile" / "x.html", f"{tmp_path / 'afile'} is a file, not a folder"),  # said before any work
-        ("/proc/crag-report.html", "No such file or directory"),  # only writing it can tell
-    ):
-        argv = [
-            "compare",
-            "--warehouse",
-            str(two_runs),
-            "--base",
-            "cand",
-            "--candidate",
-            "base",
-            "--report",
-            str(report),
-        ]
-        assert main([*argv, "--no-mlflow"]) == 2
-        assert capsys.readouterr().err == f"crag: error: cannot write the report {report}: {said}\n"
-        comparisons = two_runs / "comparisons"
-        assert not comparisons.exists() or table(two_runs, "comparisons", base_run="cand").empty
+    argv = ["compare", "--warehouse", str(two_runs), "--base", "cand", "--candidate", "base", "--no-mlflow"]
+    report = tmp_path / "afile" / "sub" / "x.html"
+    with monkeypatch.context() as patched:  # said before the runs are read, and nothing is made
+        patched.setattr(crag.compare, "read_run", lambda *a: pytest.fail("the runs were read"))
+        assert main([*argv, "--report", str(report)]) == 2
+    said = f"crag: error: cannot write the report {report}: {tmp_path / 'afile'} is a file, not a folder\n"
+    assert capsys.readouterr().err == said
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+    # only writing it can tell: the comparison is stored, and the line says so
+    assert main([*argv, "--report", "/proc/crag-report.html"]) == 2
+    assert capsys.readouterr().err == (
+        "crag: error: the comparison is in the comparisons table, but the report could not be written to "
+        "/proc/crag-report.html: No such file or directory\n"
+    )
+    assert len(table(two_runs, "comparisons", base_run="cand")) == 49
 
 
 def test_the_report_renders_its_sections(two_runs):

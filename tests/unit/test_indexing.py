@@ -311,3 +311,21 @@ def test_an_unreadable_pdf_is_one_line_without_pypdfs_warnings(tmp_path, capsys,
     with pytest.raises(InputError, match="fake.pdf: cannot read as PDF"):
         chunk_documents(tmp_path, IndexingConfig())
     assert not [r for r in caplog.records if r.name.startswith("pypdf")] and capsys.readouterr().err == ""
+
+
+def test_a_damaged_pdf_that_reads_is_indexed_with_one_line_on_its_warnings(tmp_path, capsys):
+    import logging
+
+    from tests.unit.test_ingestion import write_pdf
+
+    pdf = tmp_path / "policy.pdf"
+    write_pdf(pdf, ["Water damage is not covered."])
+    content = pdf.read_bytes()
+    start = content.rindex(b"startxref\n") + len(b"startxref\n")
+    pdf.write_bytes(content[:start] + b"9" + content[start:])  # a wrong offset of its cross-reference table
+    level = logging.getLogger("pypdf").level
+    rows = chunk_documents(tmp_path, IndexingConfig()).to_pylist()
+    assert "Water damage is not covered." in rows[0]["parent_text"]
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"crag index: {pdf}: pypdf read it with "), err
+    assert logging.getLogger("pypdf").level == level and logging.getLogger("pypdf").propagate  # as it was

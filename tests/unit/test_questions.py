@@ -82,6 +82,9 @@ def test_ids_lose_their_spaces_and_may_hold_no_control_or_invisible_character_no
     ]
     assert checked.loc[7, "reason"] == f"question_id is {MAX_ID_CHARS + 1} characters; the limit is {MAX_ID_CHARS}"
     assert list(checked["id_problem"]) == [False, False] + [True] * 6
+    # the joiners and the soft hyphen are parts of real names (Persian, Indic, emoji sequences)
+    names = ["می‌خواهم", "👨‍👩", "co­operate"]
+    assert _check(["q?"] * 3, ids=names)["reason"].isna().all()
 
 
 def test_an_id_that_was_not_utf8_is_rejected_not_merged_with_another():
