@@ -233,6 +233,17 @@ def _print_stage(name: str, row, raised: str | None) -> None:
             print(f"    source: {s['source']} {s['doc_id']} {s['title']} {s['url'] or ''}".rstrip())
 
 
+def _backends_line(cfg) -> str:
+    """What answers: each stage's backend by its config name (bm25, lexical, extractive: no model),
+    and the model endpoint of each stage that calls one."""
+    models = cfg.llm_roles()
+    stages = ("retriever", "grader", "rewriter", "web_search", "generator")
+    return "[backends] " + ", ".join(
+        f"{name} {getattr(cfg, name).backend}" + (f" ({models[name].endpoint})" if name in models else "")
+        for name in stages
+    )
+
+
 def _print_untrusted(*values, **kwargs) -> None:
     """Print a line that holds what documents, web pages and services said: without secrets (scrub),
     and with their control and format characters shown as escapes ("\\x1b"), so that none clears the
@@ -437,6 +448,7 @@ def _run_command(args) -> int:
             check_one("ask", args.question, cfg.input.max_question_chars)
             question = pd.DataFrame({"question_id": ["ask"], "question": [args.question]})
             backends = build_backends(cfg, resolve_credentials(cfg))
+            print(_backends_line(cfg))
             error = run_pipeline(question, backends, cfg, on_stage=_StagePrinter()).iloc[0]["error"]
             if error is not None:  # the question failed: one line and exit code 2, as for an error crag names
                 _print_untrusted(f"crag: error: {error}", file=sys.stderr)

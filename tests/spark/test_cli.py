@@ -12,6 +12,9 @@ from tests.support import LOCAL_CONF, SAMPLE, crag_run_args, set_args
 def test_ask_prints_every_stage(capsys, index_overrides):
     assert main(["ask", "--conf", str(LOCAL_CONF), *set_args(index_overrides), "How high is Mount Fuji?"]) == 0
     out = capsys.readouterr().out
+    assert out.startswith(
+        "[backends] retriever bm25, grader lexical, rewriter keywords, web_search offline_corpus, generator extractive\n"
+    )
     for marker in (
         "[retrieve]",
         "[grade]",
@@ -283,6 +286,6 @@ def test_ask_fails_with_its_question_in_one_line(capsys, index_overrides, monkey
     printed = capsys.readouterr()
     assert printed.err == "crag: error: grade: RuntimeError: grader down\\x1b[2J\n"
     stages = [line.split("]")[0] + "]" for line in printed.out.splitlines() if line.startswith("[")]
-    assert stages == ["[retrieve]", "[grade]", "[generate]"], printed.out
+    assert stages == ["[backends]", "[retrieve]", "[grade]", "[generate]"], printed.out
     assert "[grade] error: grade: RuntimeError: grader down\\x1b[2J\n" in printed.out
     assert printed.out.count("grader down") == 1 and "[generate] route error\n" in printed.out
