@@ -32,6 +32,7 @@ class LoadedDocument:
     text: str
     url: str | None
     markdown: bool
+    row: int | None = None  # a CSV or TSV row's number (its doc_id's default says row-N)
 
 
 def _community():
@@ -159,6 +160,7 @@ def _load_table(loaders, file: Path, doc_id: str, stem_title: str, delimiter: st
                 text=row.page_content,
                 url=row.metadata.get("url") or None,
                 markdown=False,
+                row=number,
             )
         )
     return documents

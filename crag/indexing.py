@@ -49,6 +49,11 @@ class SourceDocument:
     url: str | None
     source_path: str
     markdown: bool
+    place: str = ""  # where in source_path, for messages: a JSONL line (":12") or a CSV row (", row 3")
+
+    @property
+    def where(self) -> str:
+        return self.source_path + self.place
 
 
 def read_documents(path: str | Path) -> Iterator[SourceDocument]:
@@ -112,6 +117,7 @@ def _read_jsonl(path: Path) -> Iterator[SourceDocument]:
             url=row.get("url"),
             source_path=str(path),
             markdown=False,
+            place=f":{lineno}",
         )
 
 
@@ -120,7 +126,8 @@ def _read_file(file: Path, root: Path) -> Iterator[SourceDocument]:
         yield _read_text_file(file, root)
         return
     for doc in load_file(file, file.relative_to(root).with_suffix("").as_posix()):
-        yield SourceDocument(doc.doc_id, doc.title, doc.text, doc.url, str(file), doc.markdown)
+        place = f", row {doc.row}" if doc.row is not None else ""
+        yield SourceDocument(doc.doc_id, doc.title, doc.text, doc.url, str(file), doc.markdown, place)
 
 
 def _read_text_file(file: Path, root: Path) -> SourceDocument:
@@ -256,29 +263,28 @@ class Chunker:
 def chunk_documents(path: str | Path, cfg: IndexingConfig) -> pa.Table:
     chunker = Chunker(cfg)
     rows: list[dict] = []
-    seen: dict[str, str] = {}  # doc_id -> where it was read
+    seen: dict[str, SourceDocument] = {}  # by doc_id
     without_text: list[str] = []
     for doc in read_documents(path):
         forbidden = forbidden_character(doc.doc_id)
         if forbidden or doc.doc_id != doc.doc_id.strip():
             # gold_doc_ids and the sources name documents by it: an id that prints as another must not be
             raise InputError(
-                f"{doc.source_path}: doc_id {doc.doc_id!r} "
+                f"{doc.where}: doc_id {doc.doc_id!r} "
                 + (f"contains {forbidden}" if forbidden else "has spaces around it")
             )
         if doc.doc_id in seen:
             first = seen[doc.doc_id]
+            from_paths = not first.place and not doc.place  # both ids made from file paths
             raise InputError(
-                f"duplicate doc_id {doc.doc_id!r} in {doc.source_path}"
-                if first == doc.source_path
-                else f"duplicate doc_id {doc.doc_id!r}: in {first} and in {doc.source_path}"
+                f"duplicate doc_id {doc.doc_id!r}: in {first.where} and in {doc.where}"
                 + (
                     " (a file's doc_id is its path under the documents folder, without its suffix)"
-                    if all(Path(p).with_suffix("").as_posix().endswith(doc.doc_id) for p in (first, doc.source_path))
+                    if from_paths
                     else ""
                 )
             )
-        seen[doc.doc_id] = doc.source_path
+        seen[doc.doc_id] = doc
         before = len(rows)
         rows.extend(chunker.rows(doc))
         if len(rows) == before:

@@ -121,6 +121,18 @@ def test_csv_rows_become_documents_with_their_field_columns(tmp_path):
     assert docs[0].text == "question: How often do I replace the filter?\nanswer: Every twelve months, or sooner."
 
 
+def test_a_bad_or_duplicate_doc_id_in_a_table_names_its_rows(tmp_path):
+    file = write_csv(tmp_path / "faq.csv", [["doc_id", "answer"], ["a", "one"], ["b", "two"], ["a", "three"]])
+    assert [d.where for d in read_documents(file)] == [f"{file}, row {n}" for n in (1, 2, 3)]
+    with pytest.raises(InputError) as raised:
+        chunk_documents(file, IndexingConfig())
+    assert str(raised.value) == f"duplicate doc_id 'a': in {file}, row 1 and in {file}, row 3"
+    write_csv(file, [["doc_id", "answer"], ["a", "one"], ["b ", "two"]])
+    with pytest.raises(InputError) as raised:
+        chunk_documents(file, IndexingConfig())
+    assert str(raised.value) == f"{file}, row 2: doc_id 'b ' has spaces around it"
+
+
 def test_tsv_without_field_columns(tmp_path):
     file = write_csv(
         tmp_path / "modes.tsv", [["mode", "decibels"], ["sleep", "24"], ["turbo, max", "52"]], delimiter="\t"

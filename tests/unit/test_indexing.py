@@ -98,7 +98,7 @@ def test_jsonl_documents_and_their_errors(tmp_path):
         b'{"doc_id": "a"\n': "not valid JSON",
         b'["a"]\n': "line is not a JSON object \\(got list\\)",
         b'{"doc_id": "a", "text": "caf\xe9"}\n': "not valid UTF-8",
-        b'{"doc_id": "a", "text": "x"}\n{"doc_id": "a", "text": "y"}\n': "duplicate doc_id 'a'",
+        b'{"doc_id": "a", "text": "x"}\n\n{"doc_id": "a", "text": "y"}\n': r"duplicate doc_id 'a': in \S*bad.jsonl:1 and in \S*bad.jsonl:3$",
         b'{"doc_id": "a", "text": "x", "x": '
         + b"[" * 100_000
         + b"]" * 100_000
@@ -108,9 +108,9 @@ def test_jsonl_documents_and_their_errors(tmp_path):
         + b"}\n": r":1: line is not readable JSON \(Exceeds the limit",
         b'{"doc_id": "a", "text": "x", "url": 5}\n': ":1: url must be a string \\(got int\\)",
         b'{"doc_id": "a\\ud800", "text": "x"}\n': ":1: doc_id is not valid text \\(it holds a lone surrogate",
-        b'{"doc_id": "a\\nb", "text": "x"}\n': r"bad.jsonl: doc_id 'a\\nb' contains control or invisible character U\+000A at position 1$",
+        b'{"doc_id": "a\\nb", "text": "x"}\n': r"bad.jsonl:1: doc_id 'a\\nb' contains control or invisible character U\+000A at position 1$",
         b'{"doc_id": "a\\u200bb", "text": "x"}\n': r"doc_id 'a\\u200bb' contains control or invisible character U\+200B \(ZERO WIDTH SPACE\)",
-        b'{"doc_id": "a ", "text": "x"}\n': r"bad.jsonl: doc_id 'a ' has spaces around it$",
+        b'{"doc_id": "a ", "text": "x"}\n': r"bad.jsonl:1: doc_id 'a ' has spaces around it$",
     }
     for content, message in cases.items():
         bad = tmp_path / "bad.jsonl"
