@@ -153,7 +153,8 @@ def build_graph(cfg):
     )
     tavily = TavilyClient(api_key=os.environ["TAVILY_API_KEY"], api_base_url=cfg.web_search.api_base_url)
     grade_prompt, rewrite_prompt, answer_prompt = (
-        Prompt(c.prompt_text, "p") for c in (cfg.grader, cfg.rewriter, cfg.generator)
+        Prompt(c.prompt_text, "p", role)
+        for c, role in ((cfg.grader, "grader"), (cfg.rewriter, "rewriter"), (cfg.generator, "generator"))
     )
 
     class State(TypedDict, total=False):

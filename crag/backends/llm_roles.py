@@ -33,10 +33,21 @@ GRADE_SCHEMA = {
 GRADE_REGEX = r'\{"grade": "(yes|no)"\}'
 
 
-class Prompt:
-    """A system/user template pair with $placeholders, from a YAML prompt file."""
+# The $placeholders each role fills: (those its prompt must use, those it may use)
+PLACEHOLDERS = {
+    "grader": (("question", "document"), ()),
+    "rewriter": (("question",), ()),
+    "generator": (("question", "context"), ("refusal", "language_line")),
+    "web_search.verify": (("web_result",), ("question", "subject")),
+}
 
-    def __init__(self, text: str, origin: str):
+
+class Prompt:
+    """A system/user template pair with $placeholders, from a YAML prompt file: those of `role`
+    (PLACEHOLDERS), every required one used and no other, so that a prompt that would send the model
+    a literal "$document", or no document at all, is one line before any call."""
+
+    def __init__(self, text: str, origin: str, role: str):
         try:
             data = safe_yaml(text)
         except yaml.YAMLError:
@@ -50,6 +61,16 @@ class Prompt:
         self.system = string.Template(data["system"])
         self.user = string.Template(data["user"])
         self.hash = stable_hash(text)
+        required, optional = PLACEHOLDERS[role]
+        used = {*self.system.get_identifiers(), *self.user.get_identifiers()}
+        fills = ", ".join(f"${name}" for name in (*required, *optional))
+        if missing := [name for name in required if name not in used]:
+            raise ConfigError(f"prompt {origin} lacks {', '.join('$' + n for n in missing)}: the {role} fills {fills}")
+        if unknown := sorted(used - {*required, *optional}):
+            raise ConfigError(
+                f"prompt {origin} uses {', '.join('$' + n for n in unknown)}, which the {role} does not fill "
+                f"(it fills {fills}; write $$ for a dollar sign)"
+            )
 
     def messages(self, **values: str) -> list[dict]:
         return [
@@ -123,7 +144,7 @@ def render_context(context: list[Document], max_chars: int) -> str:
 class _Role:
     def __init__(self, model: ChatModel, cfg: LLMConfig, role: str):
         self.model, self.cfg = model, cfg
-        self.prompt = Prompt(cfg.prompt_text or "", f"{role}.prompt ({cfg.prompt})")
+        self.prompt = Prompt(cfg.prompt_text or "", f"{role}.prompt ({cfg.prompt})", role)
         self.name = model.name
         self.concurrency = model.concurrency
 
@@ -140,6 +161,14 @@ class LLMGrader(_Role):
         self.prompt_hash = self.prompt.hash
         if cfg.batch and not hasattr(model, "batch"):
             raise ConfigError("grader.batch needs the databricks backend (a batch-inference serving endpoint)")
+        if cfg.batch and (
+            "document" in self.prompt.system.get_identifiers() or "question" in self.prompt.user.get_identifiers()
+        ):
+            # the batch endpoint takes the system part once, filled with the question, and one user part per document
+            raise ConfigError(
+                f"prompt grader.prompt ({cfg.prompt}): with grader.batch, $question goes in its system part and "
+                "$document in its user part"
+            )
 
     def _parse(self, output: str) -> Grade:
         parsed = (parse_score if self.cfg.format == "score" else parse_binary)(output)

@@ -95,7 +95,9 @@ def test_injected_web_result_stays_inside_its_block():
     )
     [[system, user]] = model.messages
     expected_system = (
-        Prompt(cfg.prompt_text, "g").system.safe_substitute(refusal=cfg.refusal_message, language_line="").strip()
+        Prompt(cfg.prompt_text, "g", "generator")
+        .system.safe_substitute(refusal=cfg.refusal_message, language_line="")
+        .strip()
     )
     assert system["content"] == expected_system  # the instructions are exactly the template's
     body = user["content"]

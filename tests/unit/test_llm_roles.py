@@ -37,7 +37,7 @@ def test_injected_instructions_stay_inside_the_document_block():
         "What is the filter part number?", [{"source": "web", "title": "t", "text": INJECTION}], Usage()
     )
     [[system, user]] = model.messages
-    template = Prompt(cfg.prompt_text, "grader")
+    template = Prompt(cfg.prompt_text, "grader", "grader")
     assert system["content"] == template.system.safe_substitute(question="What is the filter part number?").strip()
     body = user["content"]
     assert body.startswith("<document>\n") and body.endswith("\n</document>")
@@ -207,3 +207,58 @@ def test_a_role_the_run_never_calls_does_not_limit_its_tasks():
     assert smallest_budget(load_config(REPO / "conf" / "databricks.yaml", own_rewriter)) == ("rewriter", 1)
     without_web = load_config(REPO / "conf" / "databricks.yaml", [*own_rewriter, "web_search={backend: none}"])
     assert smallest_budget(without_web) == ("grader", 8)  # no web search: the rewriter is never called
+
+
+@pytest.mark.parametrize(
+    ("file", "role"),
+    [
+        ("grade_binary.yaml", "grader"),
+        ("grade_score.yaml", "grader"),
+        ("rewrite.yaml", "rewriter"),
+        ("answer_concise.yaml", "generator"),
+        ("answer_strict.yaml", "generator"),
+        ("source_check.yaml", "web_search.verify"),
+    ],
+)
+def test_every_shipped_prompt_uses_its_roles_placeholders(file, role):
+    Prompt((REPO / "conf" / "prompts" / file).read_text(encoding="utf-8"), file, role)
+
+
+def test_a_prompt_that_lacks_a_placeholder_or_uses_an_unknown_one_is_one_line():
+    from crag.errors import ConfigError
+
+    def prompt(system: str, user: str, role: str = "grader") -> Prompt:
+        return Prompt(f"system: {system!r}\nuser: {user!r}\n", "grader.prompt (p.yaml)", role)
+
+    with pytest.raises(ConfigError) as raised:
+        prompt("Grade it.", "hello")
+    assert (
+        str(raised.value)
+        == "prompt grader.prompt (p.yaml) lacks $question, $document: the grader fills $question, $document"
+    )
+    with pytest.raises(ConfigError) as raised:
+        prompt("Grade it for $question.", "$document $bogus and ${other}")
+    assert str(raised.value) == (
+        "prompt grader.prompt (p.yaml) uses $bogus, $other, which the grader does not fill "
+        "(it fills $question, $document; write $$ for a dollar sign)"
+    )
+    costs = prompt("Is it about $question? It costs $$5, or $5.", "$document")  # $$ and a $ before a digit are text
+    assert costs.messages(question="q", document="d")[0]["content"] == "Is it about q? It costs $5, or $5."
+    assert prompt("$question", "$context $language_line", "generator").hash
+
+
+def test_a_batch_graders_prompt_keeps_the_question_in_its_system_part():
+    from crag.errors import ConfigError
+
+    grader = load_config(REPO / "conf" / "databricks.yaml").grader
+    grader = grader.model_copy(update={"prompt_text": "system: x\nuser: $question $document"})
+
+    class BatchModel:
+        name, concurrency = "m", 1
+
+        def batch(self, *args, **kwargs): ...
+
+    with pytest.raises(
+        ConfigError, match=r"with grader.batch, \$question goes in its system part and \$document in its user part$"
+    ):
+        LLMGrader(BatchModel(), grader)
