@@ -786,7 +786,7 @@ def _drop_replaced_backends_keys(data: dict, file_backends: dict[str, Any], over
 def load_config(path: str | Path | None, overrides: Sequence[str] = (), variant: str | None = None) -> CragConfig:
     path = config_path(path) if path else None
     data: dict = _read_yaml(path, "config file") if path else {}
-    if variant and variant != BASE_VARIANT:
+    if variant is not None and variant != BASE_VARIANT:  # "" too: an unset shell variable, said, not the base run
         if not path:
             raise ConfigError("--variant needs --conf: variants are overlays on a config file")
         vpath = variant_path(path, variant)
@@ -899,6 +899,11 @@ def describe_validation_error(exc: ValidationError) -> str:
             )
         elif err["type"] == "missing":
             lines.append(f"config key {key!r} is required here")
+        elif err["type"] == "string_type" and isinstance(err["input"], dict):
+            # a text with ": " in it, unquoted (a refusal message): YAML reads it as a mapping
+            lines.append(
+                f"config key {key!r}: {err['msg']} (got a mapping: YAML reads `a: b` as one; put the value in quotes)"
+            )
         else:
             where = f"config key {key!r}: " if key else "config: "
             # a check across a section's keys names the keys and their values itself: not the whole

@@ -365,3 +365,19 @@ def test_a_grading_prompt_of_ones_own_is_not_judged_by_its_file_name(tmp_path):
     copy.write_text((REPO / "conf" / "prompts" / "grade_binary.yaml").read_text())
     with pytest.raises(ConfigError, match="is crag's grade_binary.yaml, which asks for the binary format"):
         load_config(REPO / "conf" / "openai.yaml", ["grader.format=score", f"grader.prompt={copy}"])
+
+
+def test_a_text_value_with_a_colon_in_it_says_to_quote_it(index_overrides):
+    with pytest.raises(ConfigError) as caught:
+        load_config(LOCAL_CONF, [*index_overrides, "generator.refusal_message=I don't know: nothing."])
+    assert str(caught.value) == (
+        "config key 'generator.refusal_message': Input should be a valid string "
+        "(got a mapping: YAML reads `a: b` as one; put the value in quotes)"
+    )
+    quoted = load_config(LOCAL_CONF, [*index_overrides, 'generator.refusal_message="I don\'t know: nothing."'])
+    assert quoted.generator.refusal_message == "I don't know: nothing."
+
+
+def test_an_empty_variant_is_an_error_not_the_base_config():
+    with pytest.raises(ConfigError, match=r"^--variant '': give the name of a file in "):
+        load_config(LOCAL_CONF, [], "")
