@@ -378,6 +378,12 @@ def _run_command(args) -> int:
                 progress=args.progress,
             )
             print(result.summary())
+            if result.status == "failed":  # a scheduled job's task fails with it
+                raise CragError(
+                    f"run {result.run_id} is recorded as failed: every one of its {result.counts['accepted']} "
+                    "accepted questions ended in an error (its answers table has each one): once that is mended, "
+                    f"answer it again with --run-id {result.run_id}"
+                )
         elif args.command == "eval":
             from crag.console import render_metrics, slice_names
             from crag.evaluation import evaluate_run, run_record

@@ -196,6 +196,7 @@ class RunResult:
     counts: dict[str, int]
     metrics: pd.DataFrame | None = None  # when the questions carry gold columns
     tables: str = ""  # the catalog schema the tables are registered in
+    status: str = "succeeded"  # as recorded in `runs`: failed when every accepted question is an error
 
     def summary(self) -> str:
         c = self.counts
@@ -609,26 +610,19 @@ def answer_batches(plan: RunPlan, progress: bool | None = None) -> None:
             F.current_timestamp().alias("created_at"),
         )
 
-    def answered_after(i: int) -> int:
-        # Batches are hash buckets of about equal size: progress is estimated, not counted again.
-        return round(remaining * (i + 1) / batches)
-
+    answered = plan.accepted - remaining
     with plan.heartbeat() as heartbeat:
         for i in range(batches):
             plan.check_held()
             observed = wh.append_observed(plan.staging, staged(i), _count_aggregates())
             for key, value in observed.items():
                 counted[key] = counted.get(key, 0) + int(value or 0)
-            reporter.advance(answered_after(i) - answered_after(i - 1))
+            committed = int(observed["accepted"] or 0)  # the batch's rows, counted as Spark wrote them
+            answered += committed
+            reporter.advance(committed)
             heartbeat.check()
             if not reporter.enabled:  # the bar says it on a terminal; a log line says it elsewhere
-                log.info(
-                    "batch %d/%d committed: about %d of %d questions answered",
-                    i + 1,
-                    batches,
-                    plan.accepted - remaining + answered_after(i),
-                    plan.accepted,
-                )
+                log.info("batch %d/%d committed: %d of %d questions answered", i + 1, batches, answered, plan.accepted)
     reporter.close()
 
 
@@ -707,6 +701,8 @@ def finalise(plan: RunPlan, status: str = "succeeded") -> RunResult:
         counts = deduplicated
     check_invariant(counts, plan)
     del counts["question_ids"]  # a fingerprint, not a count
+    if counts["accepted"] and counts["errors"] == counts["accepted"]:
+        status = "failed"  # nothing was answered (a backend down all run): its tables are kept to say why
     derived = _derived_tables(plan, staged)
     is_run = F.col("run_id") == F.lit(run_id)
     # Independent tables: their commits overlap. Each is one atomic replace of the run's rows (an
@@ -757,7 +753,7 @@ def finalise(plan: RunPlan, status: str = "succeeded") -> RunResult:
         mlflow_run = None
     if mlflow_run:
         log.info("logged to MLflow run %s", mlflow_run)
-    return RunResult(run_id, plan.variant, wh.location, seconds, counts, metrics, f"{wh.catalog}.{wh.schema}")
+    return RunResult(run_id, plan.variant, wh.location, seconds, counts, metrics, f"{wh.catalog}.{wh.schema}", status)
 
 
 def _replace_run_rows(wh: Warehouse, table: str, rows, is_run) -> None:

@@ -65,3 +65,28 @@ def test_an_endpoint_that_always_fails_errors_its_questions_and_the_job_goes_on(
     assert result.counts["errors"] == len(errored) and result.counts["retries"] > 0
     assert "errors      " + str(len(errored)) in result.summary()
     assert pd.Series(answers["question_id"]).is_unique
+
+
+def test_a_run_whose_every_question_ended_in_an_error_is_recorded_as_failed(spark, emulator, tmp_path, capsys):
+    """Its tables are written, and its command fails (a scheduled job's task with it)."""
+    from crag.cli import main
+
+    for service in ("serving", "tavily"):
+        emulator.behaviour[service].fault_rates = {"500": 1.0}
+    fast = [
+        f"--set={role}.policy.{key}"
+        for role in ("grader", "rewriter", "generator", "web_search")
+        for key in ("max_attempts=1", "backoff_initial_s=0.01")
+    ]
+    args = ["run", "--conf", str(REPO / "conf" / "databricks.yaml"), "--questions", str(SAMPLE / "questions.jsonl")]
+    assert main([*args, "--warehouse", str(tmp_path), "--run-id", "all-down", *fast]) == 2
+    out, err = capsys.readouterr()
+    assert re.search(r"^  errors      49$", out, re.M)
+    assert err.strip().splitlines()[-1] == (
+        "crag: error: run all-down is recorded as failed: every one of its 49 accepted questions ended in an "
+        "error (its answers table has each one): once that is mended, answer it again with --run-id all-down"
+    )
+    answers = run_rows(str(tmp_path), "answers", "all-down")
+    assert len(answers) == 49 and (answers["route"] == "error").all()
+    [row] = run_rows(str(tmp_path), "runs", "all-down").to_dict("records")
+    assert row["status"] == "failed" and dict(row["counts"])["errors"] == 49

@@ -1,6 +1,7 @@
 """The whole job on Spark over the bundled sample, checked through the Delta tables it writes."""
 
 import json
+import logging
 import uuid
 from datetime import UTC, datetime
 
@@ -327,6 +328,32 @@ def test_a_new_run_with_no_rejects_or_gold_still_leaves_those_tables(spark, inde
     for name in ("rejects", "gold"):
         assert table(warehouse, name).empty
         assert list(table(warehouse, name).columns) == schema.ALL_TABLES[name].names
+
+
+def test_progress_counts_the_questions_each_batch_committed(spark, index_overrides, tmp_path, caplog):
+    """Not an estimate: batches are hash buckets, and their sizes differ."""
+    caplog.set_level(logging.INFO, logger="crag")
+    overrides = [*index_overrides, "spark.batch_questions=10"]
+    result = run(
+        str(LOCAL_CONF),
+        str(QUESTIONS),
+        str(tmp_path),
+        run_id="counted",
+        overrides=overrides,
+        spark=spark,
+        progress=False,
+    )
+    lines = [r.getMessage() for r in caplog.records if " committed: " in r.getMessage()]
+    batches, accepted = len(lines), result.counts["accepted"]
+    ids = spark.createDataFrame(
+        [(q,) for q in table(tmp_path, "answers", "counted")["question_id"]], "question_id string"
+    )
+    sizes = dict(ids.groupBy(F.pmod(F.xxhash64("question_id"), F.lit(batches))).count().collect())
+    assert batches == 5 and len(set(sizes.values())) > 1
+    answered = [sum(sizes.get(b, 0) for b in range(i + 1)) for i in range(batches)]
+    assert lines == [
+        f"batch {i + 1}/{batches} committed: {n} of {accepted} questions answered" for i, n in enumerate(answered)
+    ]
 
 
 def test_a_run_that_cannot_reach_mlflow_keeps_its_tables_and_its_status(
