@@ -379,9 +379,15 @@ def _run_command(args) -> int:
             )
             print(result.summary())
             if result.status == "failed":  # a scheduled job's task fails with it
+                where = (
+                    "its tables were left as they were"
+                    if result.kept_earlier_rows
+                    else "its answers table has each one"
+                )
+                first = _escaped(result.first_error or "?")[:300]  # a service's text, on one line
                 raise CragError(
                     f"run {result.run_id} is recorded as failed: every one of its {result.counts['accepted']} "
-                    "accepted questions ended in an error (its answers table has each one): once that is mended, "
+                    f"accepted questions ended in an error ({where}; one of them: {first}): once that is mended, "
                     f"answer it again with --run-id {result.run_id}"
                 )
         elif args.command == "eval":

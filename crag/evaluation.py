@@ -331,8 +331,8 @@ def run_record(warehouse, run_id: str, allow_unfinished: bool, doing: str):
         raise InputError(f"no run {run_id!r} in {warehouse.location}")
     if record[0]["status"] != "succeeded" and not allow_unfinished:
         raise InputError(
-            f"run {run_id!r} has not finished (status {record[0]['status']}): {doing} it when it "
-            f"has succeeded, or pass --allow-unfinished to {doing} the rows it has"
+            f"run {run_id!r} has not succeeded (status {record[0]['status']}): {doing} it when it "
+            f"has, or pass --allow-unfinished to {doing} the rows it has"
         )
     return record[0]
 

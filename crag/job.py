@@ -197,6 +197,8 @@ class RunResult:
     metrics: pd.DataFrame | None = None  # when the questions carry gold columns
     tables: str = ""  # the catalog schema the tables are registered in
     status: str = "succeeded"  # as recorded in `runs`: failed when every accepted question is an error
+    first_error: str | None = None  # then, one of the errors
+    kept_earlier_rows: bool = False  # then, a re-run of the id left the earlier rows in place
 
     def summary(self) -> str:
         c = self.counts
@@ -701,8 +703,13 @@ def finalise(plan: RunPlan, status: str = "succeeded") -> RunResult:
         counts = deduplicated
     check_invariant(counts, plan)
     del counts["question_ids"]  # a fingerprint, not a count
-    if counts["accepted"] and counts["errors"] == counts["accepted"]:
-        status = "failed"  # nothing was answered (a backend down all run): its tables are kept to say why
+    all_errors = bool(counts["accepted"]) and counts["errors"] == counts["accepted"]
+    if all_errors:
+        status = "failed"  # nothing was answered: an endpoint was down all along
+    # A re-run that failed so keeps the earlier rows of its run id, as any failed re-run does; a new
+    # run's tables get its error rows, which say why
+    keep_earlier = all_errors and not plan.fresh
+    first_error = staged.where(F.col("error").isNotNull()).select("error").first()[0] if all_errors else None
     derived = _derived_tables(plan, staged)
     is_run = F.col("run_id") == F.lit(run_id)
     # Independent tables: their commits overlap. Each is one atomic replace of the run's rows (an
@@ -713,7 +720,9 @@ def finalise(plan: RunPlan, status: str = "succeeded") -> RunResult:
     # would look stale to another process, which could take it over in the middle
     plan.check_held()
     with plan.heartbeat(), ThreadPoolExecutor(max_workers=len(derived) + 1, thread_name_prefix="crag-commit") as pool:
-        if plan.fresh:
+        if keep_earlier:
+            writes = []
+        elif plan.fresh:
             without_rows = {name for name, rows in (("rejects", plan.rejected), ("gold", plan.gold_rows)) if not rows}
             writes = [
                 pool.submit(wh.ensure, name) if name in without_rows else pool.submit(wh.append, name, frame)
@@ -723,13 +732,14 @@ def finalise(plan: RunPlan, status: str = "succeeded") -> RunResult:
             writes = [pool.submit(_replace_run_rows, wh, name, frame, is_run) for name, frame in derived.items()]
         writes.append(pool.submit(_store_cache_rows, plan))
         evaluated = None
-        if plan.gold_rows:  # from the same derived rows, beside their commits
-            evaluated = pool.submit(evaluate_run, wh, run_id, plan.variant, derived, not plan.fresh)
-        elif not plan.fresh:  # answered again without gold: its earlier metrics describe other answers
-            writes.append(pool.submit(_forget_rows, wh, "metrics", is_run))
-        if not plan.fresh:  # and its earlier comparisons compared them
-            in_pair = (F.col("base_run") == F.lit(run_id)) | (F.col("candidate_run") == F.lit(run_id))
-            writes.append(pool.submit(_forget_rows, wh, "comparisons", in_pair))
+        if not keep_earlier:
+            if plan.gold_rows:  # from the same derived rows, beside their commits
+                evaluated = pool.submit(evaluate_run, wh, run_id, plan.variant, derived, not plan.fresh)
+            elif not plan.fresh:  # answered again without gold: its earlier metrics describe other answers
+                writes.append(pool.submit(_forget_rows, wh, "metrics", is_run))
+            if not plan.fresh:  # and its earlier comparisons compared them
+                in_pair = (F.col("base_run") == F.lit(run_id)) | (F.col("candidate_run") == F.lit(run_id))
+                writes.append(pool.submit(_forget_rows, wh, "comparisons", in_pair))
         for write in writes:
             write.result()
         metrics = evaluated.result() if evaluated else None
@@ -747,13 +757,25 @@ def finalise(plan: RunPlan, status: str = "succeeded") -> RunResult:
             metrics,
             seconds,
             redacted(plan.cfg.model_dump(mode="json")),
+            status,
         )
     except Exception as exc:  # the tables are the run's record, written and recorded above: it stands
         log.warning("run %s is written, but it was not logged to MLflow (%s)", run_id, describe(exc))
         mlflow_run = None
     if mlflow_run:
         log.info("logged to MLflow run %s", mlflow_run)
-    return RunResult(run_id, plan.variant, wh.location, seconds, counts, metrics, f"{wh.catalog}.{wh.schema}", status)
+    return RunResult(
+        run_id,
+        plan.variant,
+        wh.location,
+        seconds,
+        counts,
+        metrics,
+        f"{wh.catalog}.{wh.schema}",
+        status,
+        first_error,
+        keep_earlier,
+    )
 
 
 def _replace_run_rows(wh: Warehouse, table: str, rows, is_run) -> None:

@@ -65,14 +65,17 @@ def log_run(
     metrics,
     seconds: float,
     config_json: dict,
+    status: str = "succeeded",
 ) -> str | None:
-    """Log one crag run; returns the MLflow run id (None when tracking is off)."""
+    """Log one crag run, ended FINISHED or (status `failed`) FAILED; returns the MLflow run id (None when
+    tracking is off)."""
     if not cfg.mlflow.enabled:
         return None
     from mlflow.entities import Metric, Param  # noqa: PLC0415  # as above
 
     client, experiment_id = _client(cfg.mlflow, warehouse)
-    run = client.create_run(experiment_id, run_name=run_id, tags={"crag.run_id": run_id, "crag.variant": variant})
+    tags = {"crag.run_id": run_id, "crag.variant": variant, "crag.status": status}
+    run = client.create_run(experiment_id, run_name=run_id, tags=tags)
     params = {
         "run_id": run_id,
         "variant": variant,
@@ -113,7 +116,7 @@ def log_run(
         metrics=[Metric(k, float(v), 0, 0) for k, v in values.items()],
     )
     client.log_dict(run.info.run_id, config_json, "config.json")
-    client.set_terminated(run.info.run_id)
+    client.set_terminated(run.info.run_id, "FAILED" if status == "failed" else "FINISHED")
     return run.info.run_id
 
 

@@ -35,7 +35,7 @@ def test_eval_and_calibrate_commands_on_the_sample(spark, tmp_path, index_overri
     ):
         assert main([command, "--warehouse", str(tmp_path), "--run", "gold"]) == 2
         assert capsys.readouterr().err == (
-            f"crag: error: run 'gold' has not finished (status failed): {doing} it when it has succeeded, "
+            f"crag: error: run 'gold' has not succeeded (status failed): {doing} it when it has, "
             f"or pass --allow-unfinished to {doing} the rows it has\n"
         )
         assert main([command, "--warehouse", str(tmp_path), "--run", "gold", "--allow-unfinished"]) == 0
@@ -45,7 +45,7 @@ def test_eval_and_calibrate_commands_on_the_sample(spark, tmp_path, index_overri
         main(["compare", "--warehouse", str(tmp_path), "--base", "gold", "--candidate", "gold", "--report", report])
         == 2
     )
-    assert "has not finished (status failed): compare it when" in capsys.readouterr().err
+    assert "has not succeeded (status failed): compare it when" in capsys.readouterr().err
 
 
 def test_eval_without_gold_is_a_clear_error(spark, tmp_path, index_overrides, capsys):

@@ -1,6 +1,7 @@
 """Faults on every endpoint lose nothing: every question ends in an answer or in route=error with its
 error text, accepted + rejected = input rows, and retries and errors are counted."""
 
+import json
 import re
 
 import pandas as pd
@@ -68,25 +69,42 @@ def test_an_endpoint_that_always_fails_errors_its_questions_and_the_job_goes_on(
 
 
 def test_a_run_whose_every_question_ended_in_an_error_is_recorded_as_failed(spark, emulator, tmp_path, capsys):
-    """Its tables are written, and its command fails (a scheduled job's task with it)."""
+    """Its command fails (a scheduled job's task with it). A new run's tables get its error rows; a
+    re-run of an id keeps the id's earlier rows, as any failed re-run does."""
     from crag.cli import main
 
-    for service in ("serving", "tavily"):
-        emulator.behaviour[service].fault_rates = {"500": 1.0}
     fast = [
         f"--set={role}.policy.{key}"
         for role in ("grader", "rewriter", "generator", "web_search")
         for key in ("max_attempts=1", "backoff_initial_s=0.01")
     ]
-    args = ["run", "--conf", str(REPO / "conf" / "databricks.yaml"), "--questions", str(SAMPLE / "questions.jsonl")]
-    assert main([*args, "--warehouse", str(tmp_path), "--run-id", "all-down", *fast]) == 2
-    out, err = capsys.readouterr()
-    assert re.search(r"^  errors      49$", out, re.M)
-    assert err.strip().splitlines()[-1] == (
-        "crag: error: run all-down is recorded as failed: every one of its 49 accepted questions ended in an "
-        "error (its answers table has each one): once that is mended, answer it again with --run-id all-down"
-    )
-    answers = run_rows(str(tmp_path), "answers", "all-down")
-    assert len(answers) == 49 and (answers["route"] == "error").all()
-    [row] = run_rows(str(tmp_path), "runs", "all-down").to_dict("records")
-    assert row["status"] == "failed" and dict(row["counts"])["errors"] == 49
+    sample = [json.loads(line) for line in (SAMPLE / "questions.jsonl").read_text(encoding="utf-8").splitlines()]
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps(q) + "\n" for q in sample[:8] if str(q["question"]).strip()))
+    n = len(questions.read_text().splitlines())
+    args = ["run", "--conf", str(REPO / "conf" / "databricks.yaml"), "--questions", str(questions)]
+    args += ["--warehouse", str(tmp_path / "wh"), "--no-cache", *fast]  # the first run's cache would answer the others
+    assert main([*args, "--run-id", "kept"]) == 0
+    before = run_rows(tmp_path / "wh", "answers", "kept").sort_values("question_id", ignore_index=True)
+    for service in ("serving", "tavily"):
+        emulator.behaviour[service].fault_rates = {"500": 1.0}
+    capsys.readouterr()
+    for run_id, where in (
+        ("all-down", "its answers table has each one"),
+        ("kept", "its tables were left as they were"),
+    ):
+        assert main([*args, "--run-id", run_id]) == 2
+        out, err = capsys.readouterr()
+        assert re.search(rf"^  errors      {n}$", out, re.M)
+        [line] = err.strip().splitlines()[-1:]
+        assert line.startswith(
+            f"crag: error: run {run_id} is recorded as failed: every one of its {n} accepted questions ended in an "
+            f"error ({where}; one of them: "
+        ), line
+        assert "500" in line and line.endswith(f"): once that is mended, answer it again with --run-id {run_id}")
+        [row] = run_rows(tmp_path / "wh", "runs", run_id).to_dict("records")
+        assert row["status"] == "failed" and dict(row["counts"])["errors"] == n
+    answers = run_rows(tmp_path / "wh", "answers", "all-down")
+    assert len(answers) == n > 5 and (answers["route"] == "error").all()
+    after = run_rows(tmp_path / "wh", "answers", "kept").sort_values("question_id", ignore_index=True)
+    assert after.equals(before) and not (after["route"] == "error").any()

@@ -19,3 +19,13 @@ def test_a_warehouse_folder_with_url_characters_in_its_name_gets_its_store(tmp_p
 
     logged = MlflowClient(tracking_uri(cfg.mlflow, str(warehouse))).get_run(mlflow_run)
     assert logged.data.params["run_id"] == "r1" and logged.data.metrics["accepted"] == 3
+
+
+@pytest.mark.parametrize(("status", "mlflow_status"), [("succeeded", "FINISHED"), ("failed", "FAILED")])
+def test_a_runs_status_is_its_mlflow_runs(tmp_path, status, mlflow_status):
+    from mlflow.tracking import MlflowClient
+
+    cfg = CragConfig()
+    mlflow_run = log_run(cfg, str(tmp_path), "r1", "base", {"accepted": 3, "errors": 3}, None, 1.5, {}, status)
+    logged = MlflowClient(tracking_uri(cfg.mlflow, str(tmp_path))).get_run(mlflow_run)
+    assert logged.info.status == mlflow_status and logged.data.tags["crag.status"] == status
