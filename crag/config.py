@@ -786,7 +786,9 @@ def _drop_replaced_backends_keys(data: dict, file_backends: dict[str, Any], over
 def load_config(path: str | Path | None, overrides: Sequence[str] = (), variant: str | None = None) -> CragConfig:
     path = config_path(path) if path else None
     data: dict = _read_yaml(path, "config file") if path else {}
-    if variant is not None and variant != BASE_VARIANT:  # "" too: an unset shell variable, said, not the base run
+    if variant == "":  # an unset shell variable (--variant "$V"): said, not run as the base config
+        raise ConfigError("--variant is empty: give a variant's name, or leave --variant out for the base config")
+    if variant and variant != BASE_VARIANT:
         if not path:
             raise ConfigError("--variant needs --conf: variants are overlays on a config file")
         vpath = variant_path(path, variant)

@@ -263,7 +263,7 @@ class Chunker:
 def chunk_documents(path: str | Path, cfg: IndexingConfig) -> pa.Table:
     chunker = Chunker(cfg)
     rows: list[dict] = []
-    seen: dict[str, SourceDocument] = {}  # by doc_id
+    seen: dict[str, tuple[str, bool]] = {}  # doc_id -> where it was read, and whether from a file's path
     without_text: list[str] = []
     for doc in read_documents(path):
         forbidden = forbidden_character(doc.doc_id)
@@ -274,17 +274,16 @@ def chunk_documents(path: str | Path, cfg: IndexingConfig) -> pa.Table:
                 + (f"contains {forbidden}" if forbidden else "has spaces around it")
             )
         if doc.doc_id in seen:
-            first = seen[doc.doc_id]
-            from_paths = not first.place and not doc.place  # both ids made from file paths
+            first, first_from_path = seen[doc.doc_id]
             raise InputError(
-                f"duplicate doc_id {doc.doc_id!r}: in {first.where} and in {doc.where}"
+                f"duplicate doc_id {doc.doc_id!r}: in {first} and in {doc.where}"
                 + (
                     " (a file's doc_id is its path under the documents folder, without its suffix)"
-                    if from_paths
+                    if first_from_path and not doc.place
                     else ""
                 )
             )
-        seen[doc.doc_id] = doc
+        seen[doc.doc_id] = (doc.where, not doc.place)  # not the document: its text need not stay in memory
         before = len(rows)
         rows.extend(chunker.rows(doc))
         if len(rows) == before:

@@ -64,13 +64,21 @@ class Prompt:
         required, optional = PLACEHOLDERS[role]
         used = {*self.system.get_identifiers(), *self.user.get_identifiers()}
         fills = ", ".join(f"${name}" for name in (*required, *optional))
-        if missing := [name for name in required if name not in used]:
-            raise ConfigError(f"prompt {origin} lacks {', '.join('$' + n for n in missing)}: the {role} fills {fills}")
+        for template in (self.system, self.user):
+            for match in template.pattern.finditer(template.template):
+                if match["invalid"] is not None and template.template.startswith("${", match.start()):
+                    # "${ document }" or "${document": it would reach the model as text
+                    near = template.template[match.start() : match.start() + 20].split("\n")[0]
+                    raise ConfigError(
+                        f"prompt {origin} has a malformed placeholder at {near!r}: write ${{name}} or $name"
+                    )
         if unknown := sorted(used - {*required, *optional}):
             raise ConfigError(
                 f"prompt {origin} uses {', '.join('$' + n for n in unknown)}, which the {role} does not fill "
                 f"(it fills {fills}; write $$ for a dollar sign)"
             )
+        if missing := [name for name in required if name not in used]:
+            raise ConfigError(f"prompt {origin} lacks {', '.join('$' + n for n in missing)}: the {role} fills {fills}")
 
     def messages(self, **values: str) -> list[dict]:
         return [

@@ -379,5 +379,6 @@ def test_a_text_value_with_a_colon_in_it_says_to_quote_it(index_overrides):
 
 
 def test_an_empty_variant_is_an_error_not_the_base_config():
-    with pytest.raises(ConfigError, match=r"^--variant '': give the name of a file in "):
-        load_config(LOCAL_CONF, [], "")
+    for conf in (LOCAL_CONF, None):
+        with pytest.raises(ConfigError, match=r"^--variant is empty: give a variant's name, or leave --variant out"):
+            load_config(conf, [], "")

@@ -242,6 +242,11 @@ def test_a_prompt_that_lacks_a_placeholder_or_uses_an_unknown_one_is_one_line():
         "prompt grader.prompt (p.yaml) uses $bogus, $other, which the grader does not fill "
         "(it fills $question, $document; write $$ for a dollar sign)"
     )
+    for malformed in ("$document ${ document }", "${document", "$document ${document"):
+        with pytest.raises(ConfigError, match=r"^prompt grader.prompt \(p.yaml\) has a malformed placeholder at '\$\{"):
+            prompt("$question", malformed)
+    with pytest.raises(ConfigError, match=r"uses \$Question, which the grader does not fill"):
+        prompt("$Question", "$document")
     costs = prompt("Is it about $question? It costs $$5, or $5.", "$document")  # $$ and a $ before a digit are text
     assert costs.messages(question="q", document="d")[0]["content"] == "Is it about q? It costs $5, or $5."
     assert prompt("$question", "$context $language_line", "generator").hash
