@@ -331,8 +331,9 @@ def test_crag_run_stores_no_credential_in_errors_reasons_or_config(
         for o in _databricks_grader(sample_indexes["kb"], sample_indexes["web"])
     ]
     code = main(crag_run_args(warehouse, "--run-id", "leak", questions=questions, overrides=overrides))
-    assert code == 0
     out, err = capfd.readouterr()
+    # every question's grading failed: the run is recorded as failed, and its line quotes an error
+    assert code == 2 and "crag: error: run leak is recorded as failed" in err and f":{closed_port}" in err
     answers = DeltaTable(str(warehouse / "answers")).to_pandas()
     assert answers["error"].notna().sum() >= 1  # the grader's calls failed, and said so
     assert answers["error"].str.contains(f"127.0.0.1:{closed_port}").any()
