@@ -616,7 +616,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         value = safe_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
         # the value is not repeated: it may be a credential typed on the command line
-        raise ConfigError(f"--set {key}: its value is not valid YAML ({_yaml_problem(exc)})") from None
+        raise ConfigError(f"--set {key}: its value is not valid YAML ({yaml_problem(exc)})") from None
     return key.strip().split("."), value
 
 
@@ -657,6 +657,7 @@ def _count_values(node: yaml.Node, counted: dict[int, int], open_nodes: set[int]
     if isinstance(node, yaml.SequenceNode):
         children = node.value
     elif isinstance(node, yaml.MappingNode):
+        _refuse_repeated_keys(node)
         children = [item for pair in node.value for item in pair]
     total = 1 + sum(_count_values(child, counted, open_nodes) for child in children)
     open_nodes.discard(id(node))
@@ -664,6 +665,20 @@ def _count_values(node: yaml.Node, counted: dict[int, int], open_nodes: set[int]
         raise yaml.YAMLError(f"aliases expand it to more than {MAX_YAML_VALUES} values")
     counted[id(node)] = total
     return total
+
+
+def _refuse_repeated_keys(node: yaml.MappingNode) -> None:
+    """PyYAML keeps the last of two equal keys and drops the first without a word: a config whose
+    `retriever:` section is written twice would silently lose half of its settings. The error gives
+    the lines, not the key: a key is the user's text and may be anything."""
+    first_line: dict[str, int] = {}
+    for key, _ in node.value:
+        if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+            continue
+        line = key.start_mark.line + 1
+        if key.value in first_line:
+            raise yaml.YAMLError(f"a key on line {line} repeats the key on line {first_line[key.value]}")
+        first_line[key.value] = line
 
 
 def safe_yaml(text: str) -> Any:
@@ -681,7 +696,7 @@ def _read_yaml(path: Path, what: str) -> dict:
     try:
         data = safe_yaml(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{what} {path} is not valid YAML: {_yaml_problem(exc)}") from None
+        raise ConfigError(f"{what} {path} is not valid YAML: {yaml_problem(exc)}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{what} {path} is not valid YAML: {describe(exc, with_type=False)}") from None
     if not isinstance(data, dict):
@@ -689,7 +704,7 @@ def _read_yaml(path: Path, what: str) -> dict:
     return data
 
 
-def _yaml_problem(exc: yaml.YAMLError) -> str:
+def yaml_problem(exc: yaml.YAMLError) -> str:
     """What PyYAML found wrong and where, without the text it quotes from the document (a value that
     may be a credential: "found undefined alias 'p4ss'")."""
     if not isinstance(exc, yaml.MarkedYAMLError) or not exc.problem:

@@ -16,7 +16,15 @@ import yaml
 
 from crag.backends.base import Answer, ChatModel, Document, Grade, Usage
 from crag.backends.parsing import clean_query, parse_answer, parse_binary, parse_score, parse_yes_no
-from crag.config import LLMConfig, LLMGeneratorConfig, LLMGraderConfig, SourceCheckConfig, safe_yaml, stable_hash
+from crag.config import (
+    LLMConfig,
+    LLMGeneratorConfig,
+    LLMGraderConfig,
+    SourceCheckConfig,
+    safe_yaml,
+    stable_hash,
+    yaml_problem,
+)
 from crag.errors import ConfigError
 from crag.text import invisible
 
@@ -50,8 +58,8 @@ class Prompt:
     def __init__(self, text: str, origin: str, role: str):
         try:
             data = safe_yaml(text)
-        except yaml.YAMLError:
-            raise ConfigError(f"prompt {origin} is not valid YAML") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"prompt {origin} is not valid YAML: {yaml_problem(exc)}") from None
         if (
             not isinstance(data, dict)
             or not isinstance(data.get("system"), str)

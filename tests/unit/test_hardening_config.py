@@ -79,6 +79,34 @@ def test_modest_aliases_still_work(tmp_path):
     assert data["routing"] == {"policy": "thresholds", "upper": 0.7, "lower": 0.2}
 
 
+def test_a_repeated_key_is_an_error_not_a_silently_lost_section(tmp_path, capsys):
+    # PyYAML keeps the second `retriever:` and drops the first: its k and index would be lost.
+    text = "retriever:\n  k: 4\ngrader:\n  threshold: 0.4\nretriever:\n  top_parents: 2\n"
+    with pytest.raises(ConfigError, match="is not valid YAML: a key on line 5 repeats the key on line 1"):
+        load_config(_write(tmp_path, text))
+    with pytest.raises(ConfigError, match="a key on line 3 repeats the key on line 2"):
+        load_config(_write(tmp_path, "grader:\n  threshold: 0.4\n  threshold: 0.6\n"))
+    assert main(["ask", "--conf", str(_write(tmp_path, "a: 1\na: 2\n")), "q?"]) == 2
+    err = capsys.readouterr().err
+    assert "a key on line 2 repeats the key on line 1" in err and err.count("\n") == 1
+    # a merge key (<<) is not a repeated key, and keys equal only in a nested mapping are not either
+    merged = safe_yaml("p: &p {k: 1}\nq:\n  <<: *p\n  j: 2\nr: {k: 1}\n")
+    assert merged["q"] == {"k": 1, "j": 2}
+
+
+def test_a_prompt_template_with_a_repeated_key_is_refused(tmp_path):
+    shutil.copytree(REPO / "conf" / "prompts", tmp_path / "prompts")
+    (tmp_path / "prompts" / "twice.yaml").write_text("system: s $question\nuser: u\nuser: $context\n", encoding="utf-8")
+    conf = _write(tmp_path, "generator: {backend: openai, endpoint: m, prompt: prompts/twice.yaml}\n")
+    from crag.backends.llm_roles import LLMGenerator
+
+    class Model:  # never called: the template is refused first
+        name, concurrency = "m", 1
+
+    with pytest.raises(ConfigError, match="a key on line 3 repeats the key on line 2"):
+        LLMGenerator(Model(), load_config(conf).generator)
+
+
 def test_the_cli_prints_one_line_for_a_bomb(tmp_path, capsys):
     path = _write(tmp_path, _bomb(9, 9))
     assert main(["ask", "--conf", str(path), "q?"]) == 2
