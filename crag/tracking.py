@@ -16,6 +16,7 @@ from urllib.parse import quote, unquote
 
 from crag.backends.remote import on_databricks
 from crag.config import CragConfig, TrackingConfig
+from crag.ids import check_run_id
 from crag.secrets import scrub
 
 
@@ -124,6 +125,9 @@ def log_report(cfg: TrackingConfig, warehouse: str, run_id: str, report_path: st
     """Attach a comparison report to the candidate run's MLflow run, if that run was tracked."""
     if not cfg.enabled:
         return None
+    # MLflow's search takes a filter string and no bound parameters: the id goes into the text, so it
+    # is checked here to hold nothing but letters, digits, '_', '.' and '-' (no quote can end the value)
+    check_run_id(run_id)
     client, experiment_id = _client(cfg, warehouse)
     found = client.search_runs([experiment_id], filter_string=f"tags.`crag.run_id` = '{run_id}'", max_results=1)
     if not found:

@@ -29,3 +29,23 @@ def test_a_runs_status_is_its_mlflow_runs(tmp_path, status, mlflow_status):
     mlflow_run = log_run(cfg, str(tmp_path), "r1", "base", {"accepted": 3, "errors": 3}, None, 1.5, {}, status)
     logged = MlflowClient(tracking_uri(cfg.mlflow, str(tmp_path))).get_run(mlflow_run)
     assert logged.info.status == mlflow_status and logged.data.tags["crag.status"] == status
+
+
+def test_a_report_is_attached_to_its_run_only_and_an_id_cannot_rewrite_the_search(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from crag.errors import InputError
+    from crag.tracking import log_report
+
+    cfg = CragConfig()
+    runs = {rid: log_run(cfg, str(tmp_path), rid, "base", {"accepted": 1}, None, 1.0, {}) for rid in ("a", "b")}
+    report = tmp_path / "report.html"
+    report.write_text("<html></html>")
+    assert log_report(cfg.mlflow, str(tmp_path), "b", str(report)) == runs["b"]
+    client = MlflowClient(tracking_uri(cfg.mlflow, str(tmp_path)))
+    assert [f.path for f in client.list_artifacts(runs["b"], "reports")] == ["reports/report.html"]
+    assert client.list_artifacts(runs["a"], "reports") == []
+    assert log_report(cfg.mlflow, str(tmp_path), "c", str(report)) is None  # never tracked: nothing to attach to
+    # MLflow's search has no bound parameters: an id that would end the quoted value is refused first
+    with pytest.raises(InputError, match="invalid run id"):
+        log_report(cfg.mlflow, str(tmp_path), "x' OR tags.`crag.run_id` != '", str(report))
