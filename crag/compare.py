@@ -24,7 +24,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from pyspark.sql import functions as F
 
 from crag import schema
-from crag.config import TrackingConfig
+from crag.config import TrackingConfig, config_changes
 from crag.errors import InputError, describe
 from crag.evaluation import (
     METRIC_DIRECTIONS,
@@ -247,15 +247,20 @@ def set_apart(rows: pd.DataFrame) -> str:
     return ", ".join(parts)
 
 
-def summary_lines(rows: pd.DataFrame, deltas: pd.DataFrame, whole: pd.DataFrame | None = None) -> list[str]:
+def summary_lines(
+    rows: pd.DataFrame, deltas: pd.DataFrame, whole: pd.DataFrame | None = None, config: list | None = None
+) -> list[str]:
     """The CLI's summary. `whole` (from metric_figures): each run's figures over all its questions,
-    listed apart when not every question is paired."""
+    listed apart when not every question is paired. `config`: the keys in which the two runs' stored
+    configs differ (crag.config.config_changes), the first few with their values."""
     both = rows[asked_alike(rows)]
     lines = [
         f"compare {rows['base_run'].iloc[0]} (base) -> {rows['candidate_run'].iloc[0]} (candidate): "
         f"{int((rows['in_base'] & rows['in_candidate']).sum())} questions in both, "
         f"{int((~rows['in_candidate']).sum())} only in base, {int((~rows['in_base']).sum())} only in candidate",
     ]
+    if config is not None:
+        lines.append(f"  config            {_config_line(config)}")
     if set_apart(rows):
         lines.append(f"  set apart         {set_apart(rows)}")
     lines += [
@@ -290,6 +295,23 @@ def summary_lines(rows: pd.DataFrame, deltas: pd.DataFrame, whole: pd.DataFrame 
         for r in whole.itertuples(index=False):
             lines.append(f"  {r.metric:18s}{r.base:8.3f}    {r.candidate:8.3f}  (n {r.n_base} / {r.n_candidate})")
     return lines
+
+
+_CONFIG_SHOWN = 4  # changed config keys on the summary's line; the report lists them all
+
+
+def _config_line(changes: list) -> str:
+    if not changes:
+        return "the same in both runs"
+    shown = "; ".join(f"{key} {config_value(a)} -> {config_value(b)}" for key, a, b in changes[:_CONFIG_SHOWN])
+    more = f"; and {len(changes) - _CONFIG_SHOWN} more (in the report)" if len(changes) > _CONFIG_SHOWN else ""
+    return f"{len(changes)} {'key differs' if len(changes) == 1 else 'keys differ'}: {shown}{more}"
+
+
+def config_value(value, width: int = 60) -> str:
+    """A stored config value on one short line: JSON, cut to `width` characters."""
+    text = "(absent)" if value is None else json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 # ------------------------------------------------------------------ HTML report
@@ -402,10 +424,12 @@ def render_report(
     most_changed: int = _CHANGED_SHOWN,
     question_scores: tuple[pd.DataFrame, pd.DataFrame] | None = None,
     whole: pd.DataFrame | None = None,
+    config: list | None = None,
 ) -> str:
     """The self-contained HTML report (crag/templates/compare_report.html.j2). `question_scores`
     (each run's crag.evaluation.question_scores, when gold exists) gives each changed answer its gold
-    verdict. `deltas` and `whole` as metric_figures gives them."""
+    verdict. `deltas` and `whole` as metric_figures gives them; `config` as crag.config.config_changes
+    gives it (None: not known, and not shown)."""
     base_id, cand_id = rows["base_run"].iloc[0], rows["candidate_run"].iloc[0]
     both = rows[asked_alike(rows)]
     scores = [
@@ -514,6 +538,7 @@ def render_report(
             base_id=base_id,
             candidate_id=cand_id,
             summary=summary,
+            config=None if config is None else [(key, config_value(a), config_value(b)) for key, a, b in config],
             metrics=metrics,
             whole_runs=whole_runs,
             route_charts=[
@@ -571,7 +596,8 @@ def compare(
         warehouse.frame("comparisons", pa.Table.from_pandas(stored, schema=schema.COMPARISONS, preserve_index=False)),
         pair,
     )
-    html = render_report(rows, deltas, base, candidate, question_scores=scores, whole=whole)
+    changes = config_changes(configs[base_id], configs[candidate_id])
+    html = render_report(rows, deltas, base, candidate, question_scores=scores, whole=whole, config=changes)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(html, encoding="utf-8")
@@ -582,7 +608,7 @@ def compare(
         ) from None
     if attach_report:
         _attach_report(configs[candidate_id].get("mlflow", {}), warehouse.location, candidate_id, path)
-    return rows, summary_lines(rows, deltas, whole), str(path)
+    return rows, summary_lines(rows, deltas, whole, changes), str(path)
 
 
 def _check_report_path(path: Path, base_id: str, candidate_id: str) -> None:

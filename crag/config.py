@@ -595,6 +595,17 @@ class CragConfig(Section):
         return stable_hash(masked(self.model_dump(mode="json")))
 
 
+def config_changes(before: Any, after: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """The dotted keys whose values differ between two JSON-able configs (stored ones: `runs.config`),
+    with both values (None where a key is absent), in key order. A list is one value."""
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return [] if before == after else [(prefix, before, after)]
+    changes = []
+    for key in sorted(set(before) | set(after), key=str):
+        changes += config_changes(before.get(key), after.get(key), f"{prefix}.{key}" if prefix else str(key))
+    return changes
+
+
 def stable_hash(value: Any) -> str:
     """Short content hash of a JSON-able value, independent of key order."""
     blob = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))

@@ -34,7 +34,7 @@ import pyarrow as pa
 from crag import schema
 from crag.backends import build_backends, resolve_credentials, smallest_budget
 from crag.backends.remote import call_with_deadline
-from crag.config import CragConfig, load_config, redacted
+from crag.config import CragConfig, config_changes, load_config, redacted
 from crag.console import render_metrics
 from crag.errors import CragError, InputError, describe
 from crag.evaluation import ACTIONS, evaluate_run
@@ -343,7 +343,8 @@ def _run_to_resume(plan: RunPlan):
     if previous["config_hash"] != plan.cfg.hash() or previous["variant"] != plan.variant:
         raise CragError(
             f"run {plan.run_id!r} was started with config {previous['config_hash']} (variant {previous['variant']}); "
-            f"this one is {plan.cfg.hash()} (variant {plan.variant}): resume with the same --conf, --variant and --set"
+            f"this one is {plan.cfg.hash()} (variant {plan.variant}){_differing_keys(previous, plan)}: "
+            "resume with the same --conf, --variant and --set"
         )
     if previous["status"] == "succeeded":
         # a process stopped between recording the run and dropping its work tables left them behind
@@ -357,6 +358,18 @@ def _run_to_resume(plan: RunPlan):
             f"run {plan.run_id!r} left no record of its input to resume from: start it again without --resume"
         )
     return previous
+
+
+def _differing_keys(previous, plan: RunPlan, shown: int = 5) -> str:
+    """Which keys of the stored config differ from this one's, by name only, to keep the line short:
+    ", differing in k1, k2"."""
+    keys = [
+        key for key, _, _ in config_changes(json.loads(previous["config"]), redacted(plan.cfg.model_dump(mode="json")))
+    ]
+    if not keys:
+        return ", differing in a value stored masked"  # a setting kept out of stored configs (a store's text_key)
+    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
+    return f", differing in {', '.join(keys[:shown])}{more}"
 
 
 def _check_same_input(checked, stored, run_id: str) -> None:

@@ -164,7 +164,9 @@ def test_a_batch_committed_after_its_process_stopped_is_kept_once(
 
 def test_resume_refuses_a_different_config(spark, tmp_path, index_overrides):
     run_sample(spark, tmp_path, "r2", index_overrides)
-    with pytest.raises(CragError, match="was started with config .* resume with the same --conf"):
+    with pytest.raises(
+        CragError, match=r"was started with config .*, differing in retriever\.k: resume with the same --conf"
+    ):
         resume_sample(spark, tmp_path, "r2", [*index_overrides, "retriever.k=3"])
     with pytest.raises(CragError, match="no run 'nope' to resume"):
         resume_sample(spark, tmp_path, "nope", index_overrides)

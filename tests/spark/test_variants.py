@@ -5,6 +5,7 @@ import pytest
 from deltalake import DeltaTable
 
 from crag.cli import main
+from crag.config import load_config, safe_yaml
 from crag.job import run
 from tests.support import LOCAL_CONF, REPO, SAMPLE, ReportMarkup, crag_run_args
 
@@ -34,7 +35,7 @@ def two_runs(spark, index_overrides, tmp_path_factory):
     return wh
 
 
-def test_comparison_rows_match_the_run_tables(two_runs, capsys):
+def test_comparison_rows_match_the_run_tables(two_runs, capsys, index_overrides):
     wh = two_runs
     report = wh / "report.html"
     assert (
@@ -63,6 +64,21 @@ def test_comparison_rows_match_the_run_tables(two_runs, capsys):
     assert rows["grade_flips"].map(len).sum() == len(flipped) > 0  # the lower threshold flips some "no" to "yes"
     assert rows["f1_delta"].notna().sum() == 41  # answerable questions, gold present in both runs
     assert "grade flips" in out and "web_search_rate" in out
+    # the summary names what the two configs differ in: the variant's keys and the --set, with values
+    base_cfg, cand_cfg = (
+        load_config(LOCAL_CONF, index_overrides).model_dump(mode="json"),
+        load_config(LOCAL_CONF, [*index_overrides, "grader.threshold=0.4"], "paper_thresholds").model_dump(mode="json"),
+    )
+    overlay = safe_yaml((REPO / "conf" / "variants" / "paper_thresholds.yaml").read_text())["routing"]
+    changed = {f"routing.{k}" for k, v in overlay.items() if base_cfg["routing"][k] != v} | {"grader.threshold"}
+    assert cand_cfg["routing"]["upper"] != base_cfg["routing"]["upper"]  # so the check below shows four keys
+    (line,) = [line for line in out.splitlines() if line.startswith("  config ")]
+    assert line.split(":")[0].split() == ["config", str(len(changed)), "keys", "differ"]
+    assert "grader.threshold 0.5 -> 0.4" in line
+    shown = [part.split()[0] for part in line.split(": ", 1)[1].split("; ")]
+    assert sorted(shown) == sorted(changed)
+    page = report.read_text()
+    assert all(f"<td><code>{key}</code></td>" in page for key in changed)
     # running the comparison again replaces its rows
     assert (
         main(["compare", "--warehouse", str(wh), "--base", "base", "--candidate", "cand", "--report", str(report)]) == 0

@@ -151,3 +151,31 @@ def test_the_report_sets_apart_a_question_asked_differently():
     assert "1 asked differently (answers not compared)" in page and "No answer changed." in page
     assert "No document was graded differently." in page  # its one document flipped, for another question
     assert "Each run over all its questions" in page
+
+
+def test_the_summary_and_report_say_what_the_configs_differ_in():
+    from crag.config import config_changes
+
+    base_cfg = {"grader": {"threshold": 0.5, "prompt": "p.yaml"}, "routing": {"policy": "any_irrelevant"}, "k": 1}
+    same = {"a": ("What is one?", "one", "internal", ["one"])}
+    rows, deltas, whole = _compared(_run(same), _run(same))
+    assert "  config            the same in both runs" in summary_lines(
+        rows, deltas, whole, config_changes(base_cfg, base_cfg)
+    )
+    assert not any(line.startswith("  config") for line in summary_lines(rows, deltas, whole))  # not known: not said
+    candidate_cfg = {
+        "grader": {"threshold": 0.4, "prompt": "p.yaml"},
+        "routing": {"policy": "thresholds", "upper": 0.6},
+        "k": 1,
+        "note": "x" * 100,
+    }
+    changes = config_changes(base_cfg, candidate_cfg)
+    assert [key for key, _, _ in changes] == ["grader.threshold", "note", "routing.policy", "routing.upper"]
+    (line,) = [line for line in summary_lines(rows, deltas, whole, changes) if line.startswith("  config")]
+    assert line.startswith('  config            4 keys differ: grader.threshold 0.5 -> 0.4; note (absent) -> "xxx')
+    assert line.endswith('…; routing.policy "any_irrelevant" -> "thresholds"; routing.upper (absent) -> 0.6')
+    five = config_changes(base_cfg, {**candidate_cfg, "k": 2})
+    assert summary_lines(rows, deltas, whole, five)[1].endswith("; and 1 more (in the report)")
+    page = render_report(rows, deltas, _run(same), _run(same), whole=whole, config=five)
+    assert "5 keys differ (below)" in page and page.count("<tr><td><code>") == 5
+    assert "<td><code>&#34;any_irrelevant&#34;</code></td>" in page  # escaped, as every value of a run
