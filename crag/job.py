@@ -380,17 +380,27 @@ def _check_same_input(checked, stored, run_id: str) -> None:
 
     key = ["question_id", "question", "input_row"]
     sides = checked.select(*key, F.lit(1).alias("side")).unionByName(stored.select(*key, F.lit(-1).alias("side")))
-    surplus = sides.groupBy(*key).agg(F.sum("side").alias("n"))  # copies here minus copies in the input
-    totals = surplus.agg(
-        F.sum(F.greatest("n", F.lit(0))).alias("added"), F.sum(F.greatest(-F.col("n"), F.lit(0))).alias("removed")
-    ).collect()[0]
-    added, removed = int(totals["added"] or 0), int(totals["removed"] or 0)
-    if added or removed:
+
+    def differences(columns: list[str]) -> tuple[int, int]:
+        surplus = sides.groupBy(*columns).agg(F.sum("side").alias("n"))  # copies here minus copies in the input
+        totals = surplus.agg(
+            F.sum(F.greatest("n", F.lit(0))).alias("added"), F.sum(F.greatest(-F.col("n"), F.lit(0))).alias("removed")
+        ).collect()[0]
+        return int(totals["added"] or 0), int(totals["removed"] or 0)
+
+    added, removed = differences(key)
+    if not (added or removed):
+        return
+    if differences(key[:2]) == (0, 0):  # the same rows, at other places in the file
         raise CragError(
-            f"run {run_id!r} was started on other questions: {added} row(s) here are not in its input and "
-            f"{removed} of its rows are not here (changed text counts in both): resume with the same "
-            f"--questions, or start a new run"
+            f"run {run_id!r} was started on these questions in another order ({added} row(s) moved): a resume "
+            f"checks each row at its place in the file, so resume with the file as it was, or start a new run"
         )
+    raise CragError(
+        f"run {run_id!r} was started on other questions: {added} row(s) here are not in its input and "
+        f"{removed} of its rows are not here (changed text counts in both): resume with the same "
+        f"--questions, or start a new run"
+    )
 
 
 def claim_run(plan: RunPlan, previous=None) -> bool:

@@ -186,7 +186,8 @@ def test_resume_refuses_a_different_config(spark, tmp_path, index_overrides):
 
 
 def test_resume_refuses_other_questions(spark, tmp_path, index_overrides, monkeypatch):
-    """--resume over input that changed (a question edited, a row removed) is refused, saying so."""
+    """--resume over input that changed (a question edited, a row removed, rows reordered) is refused,
+    saying which."""
 
     def dies(*args, **kwargs):
         raise RuntimeError("killed")
@@ -203,6 +204,13 @@ def test_resume_refuses_other_questions(spark, tmp_path, index_overrides, monkey
         CragError, match=r"started on other questions: 1 row\(s\) here are not in its input and 2 of its rows"
     ):
         resume_sample(spark, tmp_path, "r3", index_overrides, questions=edited)
+    # the same rows, two of them swapped: said as such, not as other questions
+    rows = [json.loads(line) for line in QUESTIONS.read_text().splitlines() if line.strip()]
+    rows[0], rows[1] = rows[1], rows[0]
+    swapped = tmp_path / "swapped.jsonl"
+    swapped.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows))
+    with pytest.raises(CragError, match=r"started on these questions in another order \(2 row\(s\) moved\)"):
+        resume_sample(spark, tmp_path, "r3", index_overrides, questions=swapped)
     result = resume_sample(spark, tmp_path, "r3", index_overrides)
     assert result.counts["accepted"] == 49
 
