@@ -543,6 +543,14 @@ class TrackingConfig(Section):
     tracking_uri: str | None = None  # None: SQLite under the warehouse; "databricks" on a Databricks cluster
     experiment: str = "crag"  # on Databricks, a workspace path such as /Shared/crag
 
+    @field_validator("experiment")
+    @classmethod
+    def _named(cls, value: str) -> str:
+        # MLflow refuses an empty name only once the run is over, when the run would be logged
+        if not value.strip():
+            raise ValueError("an MLflow experiment needs a name (on Databricks, a workspace path such as /Shared/crag)")
+        return value
+
 
 class TablesConfig(Section):
     """Where a local warehouse folder's tables are registered in the session's catalog (a warehouse

@@ -410,3 +410,11 @@ def test_an_empty_variant_is_an_error_not_the_base_config():
     for conf in (LOCAL_CONF, None):
         with pytest.raises(ConfigError, match=r"^--variant is empty: give a variant's name, or leave --variant out"):
             load_config(conf, [], "")
+
+
+@pytest.mark.parametrize("value", ["", "'  '"])
+def test_an_empty_mlflow_experiment_is_refused_when_the_config_loads(index_overrides, value):
+    # MLflow itself refused it only after the run, when the run was to be logged
+    with pytest.raises(ConfigError, match="config key 'mlflow.experiment': .*an MLflow experiment needs a name"):
+        load_config(LOCAL_CONF, [f"mlflow.experiment={value}"])
+    assert load_config(LOCAL_CONF, ["mlflow.experiment=/Shared/crag"]).mlflow.experiment == "/Shared/crag"
