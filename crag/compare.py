@@ -14,6 +14,7 @@ import logging
 import os
 import unicodedata
 from collections import Counter
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from pyspark.sql import functions as F
 
 from crag import schema
-from crag.config import TrackingConfig, config_changes
+from crag.config import ABSENT, TrackingConfig, config_changes, shown_key
 from crag.errors import InputError, describe
 from crag.evaluation import (
     METRIC_DIRECTIONS,
@@ -248,11 +249,11 @@ def set_apart(rows: pd.DataFrame) -> str:
 
 
 def summary_lines(
-    rows: pd.DataFrame, deltas: pd.DataFrame, whole: pd.DataFrame | None = None, config: list | None = None
+    rows: pd.DataFrame, deltas: pd.DataFrame, whole: pd.DataFrame | None = None, config: ConfigDifference | None = None
 ) -> list[str]:
     """The CLI's summary. `whole` (from metric_figures): each run's figures over all its questions,
-    listed apart when not every question is paired. `config`: the keys in which the two runs' stored
-    configs differ (crag.config.config_changes), the first few with their values."""
+    listed apart when not every question is paired. `config`: what the two runs' stored configs
+    differ in, the first few keys with their values."""
     both = rows[asked_alike(rows)]
     lines = [
         f"compare {rows['base_run'].iloc[0]} (base) -> {rows['candidate_run'].iloc[0]} (candidate): "
@@ -260,7 +261,7 @@ def summary_lines(
         f"{int((~rows['in_candidate']).sum())} only in base, {int((~rows['in_base']).sum())} only in candidate",
     ]
     if config is not None:
-        lines.append(f"  config            {_config_line(config)}")
+        lines.append(f"  config            {config.line()}")
     if set_apart(rows):
         lines.append(f"  set apart         {set_apart(rows)}")
     lines += [
@@ -300,18 +301,51 @@ def summary_lines(
 _CONFIG_SHOWN = 4  # changed config keys on the summary's line; the report lists them all
 
 
-def _config_line(changes: list) -> str:
-    if not changes:
-        return "the same in both runs"
-    shown = "; ".join(f"{key} {config_value(a)} -> {config_value(b)}" for key, a, b in changes[:_CONFIG_SHOWN])
-    more = f"; and {len(changes) - _CONFIG_SHOWN} more (in the report)" if len(changes) > _CONFIG_SHOWN else ""
-    return f"{len(changes)} {'key differs' if len(changes) == 1 else 'keys differ'}: {shown}{more}"
+@dataclass(frozen=True)
+class ConfigDifference:
+    """What two runs' stored configs differ in: `changes` as crag.config.config_changes gives them;
+    `masked`: the config hashes differ, so a value the stored configs mask differs too (a store's
+    `text_key`: see crag.secrets.masked)."""
+
+    changes: list
+    masked: bool = False
+
+    @classmethod
+    def of(cls, base_record, candidate_record) -> ConfigDifference:
+        changes = config_changes(json.loads(base_record["config"]), json.loads(candidate_record["config"]))
+        return cls(changes, not changes and base_record["config_hash"] != candidate_record["config_hash"])
+
+    def headline(self) -> str:
+        if not self.changes:
+            return (
+                "differ in a value stored masked (the config hashes differ)" if self.masked else "the same in both runs"
+            )
+        return f"{len(self.changes)} {'key differs' if len(self.changes) == 1 else 'keys differ'}"
+
+    def line(self) -> str:
+        """The summary's line: the headline, and the first few keys with both values."""
+        if not self.changes:
+            return self.headline()
+        shown = "; ".join(
+            f"{shown_key(key)} {' -> '.join(config_values(a, b))}" for key, a, b in self.changes[:_CONFIG_SHOWN]
+        )
+        more = len(self.changes) - _CONFIG_SHOWN
+        return f"{self.headline()}: {shown}" + (f"; and {more} more (in the report)" if more > 0 else "")
 
 
-def config_value(value, width: int = 60) -> str:
-    """A stored config value on one short line: JSON, cut to `width` characters."""
-    text = "(absent)" if value is None else json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= width else text[: width - 1] + "…"
+def config_values(a, b, width: int = 60) -> tuple[str, str]:
+    """Two stored config values, each on one line of at most `width` characters: JSON, cut where
+    they start to differ when their beginnings are alike (two prompt texts under one header)."""
+    texts = ["(absent)" if v is ABSENT else json.dumps(v, ensure_ascii=False) for v in (a, b)]
+    if all(len(t) <= width for t in texts):
+        return texts[0], texts[1]
+    common = len(os.path.commonprefix(texts))
+    start = max(0, common - 10) if common > width - 20 else 0
+    shown = []
+    for text in texts:
+        part = ("…" if start else "") + text[start:]
+        shown.append(part if len(part) <= width else part[: width - 1] + "…")
+    return shown[0], shown[1]
 
 
 # ------------------------------------------------------------------ HTML report
@@ -424,12 +458,12 @@ def render_report(
     most_changed: int = _CHANGED_SHOWN,
     question_scores: tuple[pd.DataFrame, pd.DataFrame] | None = None,
     whole: pd.DataFrame | None = None,
-    config: list | None = None,
+    config: ConfigDifference | None = None,
 ) -> str:
     """The self-contained HTML report (crag/templates/compare_report.html.j2). `question_scores`
     (each run's crag.evaluation.question_scores, when gold exists) gives each changed answer its gold
-    verdict. `deltas` and `whole` as metric_figures gives them; `config` as crag.config.config_changes
-    gives it (None: not known, and not shown)."""
+    verdict. `deltas` and `whole` as metric_figures gives them; `config` what the runs' configs differ
+    in (None: not known, and not shown)."""
     base_id, cand_id = rows["base_run"].iloc[0], rows["candidate_run"].iloc[0]
     both = rows[asked_alike(rows)]
     scores = [
@@ -538,7 +572,12 @@ def render_report(
             base_id=base_id,
             candidate_id=cand_id,
             summary=summary,
-            config=None if config is None else [(key, config_value(a), config_value(b)) for key, a, b in config],
+            config=None
+            if config is None
+            else {
+                "headline": config.headline(),
+                "rows": [(key, *config_values(a, b, width=240)) for key, a, b in config.changes],
+            },
             metrics=metrics,
             whole_runs=whole_runs,
             route_charts=[
@@ -576,11 +615,11 @@ def compare(
         check_run_id(run_id)  # before a path is made from them
     path = Path(report or f"compare_{base_id}_vs_{candidate_id}.html")
     _check_report_path(path, base_id, candidate_id)  # before both runs are read
-    runs, configs = {}, {}
+    runs, configs, records = {}, {}, {}
     for run_id in (base_id, candidate_id):
         record = run_record(warehouse, run_id, allow_unfinished, "compare")
         runs[run_id] = read_run(warehouse, run_id, ("answers", "grades", "gold", "metrics"))
-        configs[run_id] = json.loads(record["config"])
+        configs[run_id], records[run_id] = json.loads(record["config"]), record
     base, candidate = runs[base_id], runs[candidate_id]
     scores = None
     if not base["gold"].empty and not candidate["gold"].empty:
@@ -596,7 +635,7 @@ def compare(
         warehouse.frame("comparisons", pa.Table.from_pandas(stored, schema=schema.COMPARISONS, preserve_index=False)),
         pair,
     )
-    changes = config_changes(configs[base_id], configs[candidate_id])
+    changes = ConfigDifference.of(records[base_id], records[candidate_id])
     html = render_report(rows, deltas, base, candidate, question_scores=scores, whole=whole, config=changes)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

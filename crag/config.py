@@ -603,15 +603,34 @@ class CragConfig(Section):
         return stable_hash(masked(self.model_dump(mode="json")))
 
 
+class _Absent:
+    """A key one of two configs lacks (config_changes), apart from a key whose value is null."""
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT = _Absent()
+
+
 def config_changes(before: Any, after: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
     """The dotted keys whose values differ between two JSON-able configs (stored ones: `runs.config`),
-    with both values (None where a key is absent), in key order. A list is one value."""
+    with both values (ABSENT where a key is missing, None where it is null), in key order. A list is
+    one value."""
     if not isinstance(before, dict) or not isinstance(after, dict):
         return [] if before == after else [(prefix, before, after)]
     changes = []
     for key in sorted(set(before) | set(after), key=str):
-        changes += config_changes(before.get(key), after.get(key), f"{prefix}.{key}" if prefix else str(key))
+        changes += config_changes(
+            before.get(key, ABSENT), after.get(key, ABSENT), f"{prefix}.{key}" if prefix else str(key)
+        )
     return changes
+
+
+def shown_key(key: str) -> str:
+    """A config key fit for a terminal line: as it is, or JSON-escaped when it holds a control,
+    format or line-separating character (a key under `kwargs` or `filters` is the user's text)."""
+    return key if key.isprintable() else json.dumps(key)
 
 
 def stable_hash(value: Any) -> str:
@@ -688,16 +707,26 @@ def _count_values(node: yaml.Node, counted: dict[int, int], open_nodes: set[int]
 
 def _refuse_repeated_keys(node: yaml.MappingNode) -> None:
     """PyYAML keeps the last of two equal keys and drops the first without a word: a config whose
-    `retriever:` section is written twice would silently lose half of its settings. The error gives
-    the lines, not the key: a key is the user's text and may be anything."""
-    first_line: dict[str, int] = {}
+    `retriever:` section is written twice would silently lose half of its settings. Keys are equal as
+    PyYAML builds them (`true` and `yes`, `1` and `0x1`; not `1` and `"1"`). The error gives the lines
+    (and columns, for two on one line), not the key: a key is the user's text and may be anything."""
+    first: dict[Any, yaml.Mark] = {}
     for key, _ in node.value:
         if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
-            continue
-        line = key.start_mark.line + 1
-        if key.value in first_line:
-            raise yaml.YAMLError(f"a key on line {line} repeats the key on line {first_line[key.value]}")
-        first_line[key.value] = line
+            continue  # a list or mapping as a key is refused by PyYAML itself; `<<` may be repeated
+        try:
+            value = yaml.constructor.SafeConstructor().construct_object(key)
+            hash(value)
+        except (yaml.YAMLError, TypeError, ValueError):
+            value = (key.tag, key.value)
+        if value in first:
+            here, there = key.start_mark, first[value]
+            same_line = here.line == there.line
+            raise yaml.YAMLError(
+                f"a key on line {here.line + 1}{f' (column {here.column + 1})' if same_line else ''} repeats "
+                f"the key on line {there.line + 1}{f' (column {there.column + 1})' if same_line else ''}"
+            )
+        first[value] = key.start_mark
 
 
 def safe_yaml(text: str) -> Any:

@@ -324,7 +324,7 @@ def evaluate(answers: pd.DataFrame, grades: pd.DataFrame, gold: pd.DataFrame) ->
 def run_record(warehouse, run_id: str, allow_unfinished: bool, doing: str):
     """The run's `runs` row (status, config). A run that has not succeeded (still running, or failed:
     its tables may hold an earlier attempt's rows) is refused unless `allow_unfinished`."""
-    record = warehouse.load_run("runs", run_id).select("status", "config").collect()
+    record = warehouse.load_run("runs", run_id).select("status", "config", "config_hash").collect()
     if not record:
         if warehouse.folder is not None and not warehouse.folder.exists():
             raise InputError(f"no warehouse at {warehouse.location}: the folder does not exist")

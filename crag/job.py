@@ -34,7 +34,7 @@ import pyarrow as pa
 from crag import schema
 from crag.backends import build_backends, resolve_credentials, smallest_budget
 from crag.backends.remote import call_with_deadline
-from crag.config import CragConfig, config_changes, load_config, redacted
+from crag.config import CragConfig, config_changes, load_config, redacted, shown_key
 from crag.console import render_metrics
 from crag.errors import CragError, InputError, describe
 from crag.evaluation import ACTIONS, evaluate_run
@@ -362,12 +362,13 @@ def _run_to_resume(plan: RunPlan):
 
 def _differing_keys(previous, plan: RunPlan, shown: int = 5) -> str:
     """Which keys of the stored config differ from this one's, by name only, to keep the line short:
-    ", differing in k1, k2"."""
-    keys = [
-        key for key, _, _ in config_changes(json.loads(previous["config"]), redacted(plan.cfg.model_dump(mode="json")))
-    ]
-    if not keys:
+    ", differing in k1, k2". Nothing when only the variant's name differs (the line gives both)."""
+    if previous["config_hash"] == plan.cfg.hash():
+        return ""
+    changes = config_changes(json.loads(previous["config"]), redacted(plan.cfg.model_dump(mode="json")))
+    if not changes:
         return ", differing in a value stored masked"  # a setting kept out of stored configs (a store's text_key)
+    keys = [shown_key(key) for key, _, _ in changes]
     more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
     return f", differing in {', '.join(keys[:shown])}{more}"
 

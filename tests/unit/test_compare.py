@@ -1,8 +1,18 @@
 """crag.compare's pure functions: the comparison rows, the metric deltas and the summary lines."""
 
+import json
+
 import pandas as pd
 
-from crag.compare import compare_runs, metric_deltas, metric_figures, render_report, summary_lines
+from crag.compare import (
+    ConfigDifference,
+    compare_runs,
+    config_values,
+    metric_deltas,
+    metric_figures,
+    render_report,
+    summary_lines,
+)
 from crag.evaluation import METRICS, evaluate, question_scores
 
 
@@ -153,29 +163,53 @@ def test_the_report_sets_apart_a_question_asked_differently():
     assert "Each run over all its questions" in page
 
 
-def test_the_summary_and_report_say_what_the_configs_differ_in():
-    from crag.config import config_changes
+def _records(base_cfg: dict, candidate_cfg: dict, hashes=("h1", "h2")):
+    return [{"config": json.dumps(c), "config_hash": h} for c, h in zip((base_cfg, candidate_cfg), hashes)]
 
+
+def test_the_summary_and_report_say_what_the_configs_differ_in():
     base_cfg = {"grader": {"threshold": 0.5, "prompt": "p.yaml"}, "routing": {"policy": "any_irrelevant"}, "k": 1}
     same = {"a": ("What is one?", "one", "internal", ["one"])}
     rows, deltas, whole = _compared(_run(same), _run(same))
-    assert "  config            the same in both runs" in summary_lines(
-        rows, deltas, whole, config_changes(base_cfg, base_cfg)
-    )
+    alike = ConfigDifference.of(*_records(base_cfg, base_cfg, ("h1", "h1")))
+    assert "  config            the same in both runs" in summary_lines(rows, deltas, whole, alike)
     assert not any(line.startswith("  config") for line in summary_lines(rows, deltas, whole))  # not known: not said
+    # equal as stored, but the hashes differ: a value the stored configs mask (a store's text_key)
+    masked = ConfigDifference.of(*_records(base_cfg, base_cfg))
+    assert "  config            differ in a value stored masked (the config hashes differ)" in summary_lines(
+        rows, deltas, whole, masked
+    )
     candidate_cfg = {
         "grader": {"threshold": 0.4, "prompt": "p.yaml"},
-        "routing": {"policy": "thresholds", "upper": 0.6},
+        "routing": {"policy": "thresholds", "upper": 0.6, "last_resort": None},
         "k": 1,
         "note": "x" * 100,
     }
-    changes = config_changes(base_cfg, candidate_cfg)
-    assert [key for key, _, _ in changes] == ["grader.threshold", "note", "routing.policy", "routing.upper"]
+    changes = ConfigDifference.of(
+        *_records({**base_cfg, "routing": {**base_cfg["routing"], "last_resort": 0.4}}, candidate_cfg)
+    )
+    keys = [key for key, _, _ in changes.changes]
+    assert keys == ["grader.threshold", "note", "routing.last_resort", "routing.policy", "routing.upper"]
     (line,) = [line for line in summary_lines(rows, deltas, whole, changes) if line.startswith("  config")]
-    assert line.startswith('  config            4 keys differ: grader.threshold 0.5 -> 0.4; note (absent) -> "xxx')
-    assert line.endswith('…; routing.policy "any_irrelevant" -> "thresholds"; routing.upper (absent) -> 0.6')
-    five = config_changes(base_cfg, {**candidate_cfg, "k": 2})
-    assert summary_lines(rows, deltas, whole, five)[1].endswith("; and 1 more (in the report)")
-    page = render_report(rows, deltas, _run(same), _run(same), whole=whole, config=five)
+    assert line.startswith('  config            5 keys differ: grader.threshold 0.5 -> 0.4; note (absent) -> "xxx')
+    # a key set to null is not a missing key
+    assert line.endswith(
+        '…; routing.last_resort 0.4 -> null; routing.policy "any_irrelevant" -> "thresholds"; and 1 more (in the report)'
+    )
+    page = render_report(rows, deltas, _run(same), _run(same), whole=whole, config=changes)
     assert "5 keys differ (below)" in page and page.count("<tr><td><code>") == 5
     assert "<td><code>&#34;any_irrelevant&#34;</code></td>" in page  # escaped, as every value of a run
+    assert "<td><code>(absent)</code></td><td><code>0.6</code></td>" in page
+
+
+def test_two_long_values_alike_at_first_are_shown_where_they_differ():
+    prompt = "# Concise grounded answer, the header every shipped prompt opens with, and more words\nsystem: $question"
+    a, b = config_values(prompt, prompt.replace("$question", "$question (x)"))
+    assert a != b and len(a) <= 60 and len(b) <= 60 and a.startswith("…") and "(x)" in b
+    assert config_values("x" * 100, "y")[0] == '"' + "x" * 58 + "…"  # unlike at once: cut at the end
+
+
+def test_a_key_with_control_characters_cannot_forge_a_summary_line():
+    forged = {"retriever": {"kwargs": {"a\n  answers changed   99\x1b[2J": 1}}}
+    line = ConfigDifference.of(*_records({}, forged)).line()
+    assert "\n" not in line and "\x1b" not in line and "\\n  answers changed" in line

@@ -9,6 +9,7 @@ import typing
 from types import SimpleNamespace
 
 import pytest
+import yaml
 
 from crag.cli import main
 from crag.config import MAX_YAML_VALUES, CragConfig, EndpointPolicy, SparkConfig, load_config, safe_yaml
@@ -89,9 +90,18 @@ def test_a_repeated_key_is_an_error_not_a_silently_lost_section(tmp_path, capsys
     assert main(["ask", "--conf", str(_write(tmp_path, "a: 1\na: 2\n")), "q?"]) == 2
     err = capsys.readouterr().err
     assert "a key on line 2 repeats the key on line 1" in err and err.count("\n") == 1
-    # a merge key (<<) is not a repeated key, and keys equal only in a nested mapping are not either
-    merged = safe_yaml("p: &p {k: 1}\nq:\n  <<: *p\n  j: 2\nr: {k: 1}\n")
-    assert merged["q"] == {"k": 1, "j": 2}
+    # a merge key (<<) may be repeated, and keys equal only in a nested mapping are not repeated
+    merged = safe_yaml("p: &p {k: 1}\nq: &q {j: 2}\nr:\n  <<: *p\n  <<: *q\ns: {k: 1}\n")
+    assert merged["r"] == {"k": 1, "j": 2}
+    # keys are equal as PyYAML builds them: a number and the same digits quoted are two keys ...
+    for distinct in ('1: a\n"1": b\n', 'true: a\n"true": b\n', "!!str 1: a\n1: b\n"):
+        assert len(safe_yaml(distinct)) == 2
+    # ... while spellings of one value are one key, which PyYAML would silently keep once
+    for repeated in ("true: a\nyes: b\n", "null: a\n~: b\n", "1: a\n0x1: b\n"):
+        with pytest.raises(yaml.YAMLError, match="a key on line 2 repeats the key on line 1$"):
+            safe_yaml(repeated)
+    with pytest.raises(yaml.YAMLError, match=r"line 1 \(column 11\) repeats the key on line 1 \(column 5\)"):
+        safe_yaml("x: {a: 1, a: 2}\n")  # two on one line (a --set value): the columns tell them apart
 
 
 def test_a_prompt_template_with_a_repeated_key_is_refused(tmp_path):
@@ -418,3 +428,21 @@ def test_an_empty_mlflow_experiment_is_refused_when_the_config_loads(index_overr
     with pytest.raises(ConfigError, match="config key 'mlflow.experiment': .*an MLflow experiment needs a name"):
         load_config(LOCAL_CONF, [f"mlflow.experiment={value}"])
     assert load_config(LOCAL_CONF, ["mlflow.experiment=/Shared/crag"]).mlflow.experiment == "/Shared/crag"
+
+
+def test_a_refused_resume_names_the_keys_that_differ_and_only_real_ones(index_overrides):
+    import json
+
+    from crag.config import redacted
+    from crag.job import _differing_keys
+
+    def stored(cfg):
+        return {"config": json.dumps(redacted(cfg.model_dump(mode="json"))), "config_hash": cfg.hash()}
+
+    started = load_config(LOCAL_CONF, index_overrides, "paper_thresholds")
+    plan = SimpleNamespace(cfg=load_config(LOCAL_CONF, [*index_overrides, "retriever.k=3"], "paper_thresholds"))
+    assert _differing_keys(stored(started), plan) == ", differing in retriever.k"
+    # the same config under another variant name: no key is said to differ (the line names both variants)
+    spelled_out = ["routing.policy=thresholds", "routing.upper=0.6", "routing.lower=0.3"]
+    plan = SimpleNamespace(cfg=load_config(LOCAL_CONF, [*index_overrides, *spelled_out]))
+    assert plan.cfg.hash() == started.hash() and _differing_keys(stored(started), plan) == ""
