@@ -14,7 +14,6 @@ import logging
 import os
 import unicodedata
 from collections import Counter
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from pyspark.sql import functions as F
 
 from crag import schema
-from crag.config import ABSENT, TrackingConfig, config_changes, shown_key
+from crag.config import ABSENT, ConfigDifference, TrackingConfig, shown_key
 from crag.errors import InputError, describe
 from crag.evaluation import (
     METRIC_DIRECTIONS,
@@ -261,7 +260,7 @@ def summary_lines(
         f"{int((~rows['in_candidate']).sum())} only in base, {int((~rows['in_base']).sum())} only in candidate",
     ]
     if config is not None:
-        lines.append(f"  config            {config.line()}")
+        lines.append(f"  config            {config_line(config)}")
     if set_apart(rows):
         lines.append(f"  set apart         {set_apart(rows)}")
     lines += [
@@ -301,36 +300,36 @@ def summary_lines(
 _CONFIG_SHOWN = 4  # changed config keys on the summary's line; the report lists them all
 
 
-@dataclass(frozen=True)
-class ConfigDifference:
-    """What two runs' stored configs differ in: `changes` as crag.config.config_changes gives them;
-    `masked`: the config hashes differ, so a value the stored configs mask differs too (a store's
-    `text_key`: see crag.secrets.masked)."""
+def config_difference(base_record, candidate_record) -> ConfigDifference:
+    """What two runs' `runs` rows say their configs differ in."""
+    return ConfigDifference.between(
+        json.loads(base_record["config"]),
+        base_record["config_hash"],
+        json.loads(candidate_record["config"]),
+        candidate_record["config_hash"],
+    )
 
-    changes: list
-    masked: bool = False
 
-    @classmethod
-    def of(cls, base_record, candidate_record) -> ConfigDifference:
-        changes = config_changes(json.loads(base_record["config"]), json.loads(candidate_record["config"]))
-        return cls(changes, not changes and base_record["config_hash"] != candidate_record["config_hash"])
-
-    def headline(self) -> str:
-        if not self.changes:
-            return (
-                "differ in a value stored masked (the config hashes differ)" if self.masked else "the same in both runs"
-            )
-        return f"{len(self.changes)} {'key differs' if len(self.changes) == 1 else 'keys differ'}"
-
-    def line(self) -> str:
-        """The summary's line: the headline, and the first few keys with both values."""
-        if not self.changes:
-            return self.headline()
-        shown = "; ".join(
-            f"{shown_key(key)} {' -> '.join(config_values(a, b))}" for key, a, b in self.changes[:_CONFIG_SHOWN]
+def config_headline(difference: ConfigDifference) -> str:
+    if not difference.changes:
+        return (
+            "differ in a value stored masked (the config hashes differ)"
+            if difference.masked
+            else "the same in both runs"
         )
-        more = len(self.changes) - _CONFIG_SHOWN
-        return f"{self.headline()}: {shown}" + (f"; and {more} more (in the report)" if more > 0 else "")
+    n = len(difference.changes)
+    return f"{n} {'key differs' if n == 1 else 'keys differ'}"
+
+
+def config_line(difference: ConfigDifference) -> str:
+    """The summary's line: the headline, and the first few keys with both values."""
+    if not difference.changes:
+        return config_headline(difference)
+    shown = "; ".join(
+        f"{shown_key(key)} {' -> '.join(config_values(a, b))}" for key, a, b in difference.changes[:_CONFIG_SHOWN]
+    )
+    more = len(difference.changes) - _CONFIG_SHOWN
+    return f"{config_headline(difference)}: {shown}" + (f"; and {more} more (in the report)" if more > 0 else "")
 
 
 def config_values(a, b, width: int = 60) -> tuple[str, str]:
@@ -575,7 +574,7 @@ def render_report(
             config=None
             if config is None
             else {
-                "headline": config.headline(),
+                "headline": config_headline(config),
                 "rows": [(key, *config_values(a, b, width=240)) for key, a, b in config.changes],
             },
             metrics=metrics,
@@ -615,11 +614,10 @@ def compare(
         check_run_id(run_id)  # before a path is made from them
     path = Path(report or f"compare_{base_id}_vs_{candidate_id}.html")
     _check_report_path(path, base_id, candidate_id)  # before both runs are read
-    runs, configs, records = {}, {}, {}
+    runs, records = {}, {}
     for run_id in (base_id, candidate_id):
-        record = run_record(warehouse, run_id, allow_unfinished, "compare")
+        records[run_id] = run_record(warehouse, run_id, allow_unfinished, "compare")
         runs[run_id] = read_run(warehouse, run_id, ("answers", "grades", "gold", "metrics"))
-        configs[run_id], records[run_id] = json.loads(record["config"]), record
     base, candidate = runs[base_id], runs[candidate_id]
     scores = None
     if not base["gold"].empty and not candidate["gold"].empty:
@@ -635,7 +633,7 @@ def compare(
         warehouse.frame("comparisons", pa.Table.from_pandas(stored, schema=schema.COMPARISONS, preserve_index=False)),
         pair,
     )
-    changes = ConfigDifference.of(records[base_id], records[candidate_id])
+    changes = config_difference(records[base_id], records[candidate_id])
     html = render_report(rows, deltas, base, candidate, question_scores=scores, whole=whole, config=changes)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -646,7 +644,8 @@ def compare(
             f"{exc.strerror or exc}"
         ) from None
     if attach_report:
-        _attach_report(configs[candidate_id].get("mlflow", {}), warehouse.location, candidate_id, path)
+        tracking = json.loads(records[candidate_id]["config"]).get("mlflow", {})
+        _attach_report(tracking, warehouse.location, candidate_id, path)
     return rows, summary_lines(rows, deltas, whole, changes), str(path)
 
 

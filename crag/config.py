@@ -12,6 +12,7 @@ import json
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 from urllib.parse import ParseResult, unquote, urlparse
@@ -627,6 +628,24 @@ def config_changes(before: Any, after: Any, prefix: str = "") -> list[tuple[str,
     return changes
 
 
+@dataclass(frozen=True)
+class ConfigDifference:
+    """What two stored configs (`runs.config`, redacted) differ in: `changes` as config_changes gives
+    them; `masked`: no stored value differs but the config hashes do, so a value the stored configs
+    mask differs (a store's `text_key`: see crag.secrets.masked)."""
+
+    changes: list[tuple[str, Any, Any]]
+    masked: bool = False
+
+    @classmethod
+    def between(cls, before: dict, before_hash: str, after: dict, after_hash: str) -> ConfigDifference:
+        changes = config_changes(before, after)
+        return cls(changes, not changes and before_hash != after_hash)
+
+    def keys(self) -> list[str]:
+        return [shown_key(key) for key, _, _ in self.changes]
+
+
 def shown_key(key: str) -> str:
     """A config key fit for a terminal line: as it is, or JSON-escaped when it holds a control,
     format or line-separating character (a key under `kwargs` or `filters` is the user's text)."""
@@ -711,11 +730,12 @@ def _refuse_repeated_keys(node: yaml.MappingNode) -> None:
     PyYAML builds them (`true` and `yes`, `1` and `0x1`; not `1` and `"1"`). The error gives the lines
     (and columns, for two on one line), not the key: a key is the user's text and may be anything."""
     first: dict[Any, yaml.Mark] = {}
+    constructor = yaml.constructor.SafeConstructor()
     for key, _ in node.value:
         if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
             continue  # a list or mapping as a key is refused by PyYAML itself; `<<` may be repeated
         try:
-            value = yaml.constructor.SafeConstructor().construct_object(key)
+            value = constructor.construct_object(key)
             hash(value)
         except (yaml.YAMLError, TypeError, ValueError):
             value = (key.tag, key.value)

@@ -34,7 +34,7 @@ import pyarrow as pa
 from crag import schema
 from crag.backends import build_backends, resolve_credentials, smallest_budget
 from crag.backends.remote import call_with_deadline
-from crag.config import CragConfig, config_changes, load_config, redacted, shown_key
+from crag.config import ConfigDifference, CragConfig, load_config, redacted
 from crag.console import render_metrics
 from crag.errors import CragError, InputError, describe
 from crag.evaluation import ACTIONS, evaluate_run
@@ -365,10 +365,15 @@ def _differing_keys(previous, plan: RunPlan, shown: int = 5) -> str:
     ", differing in k1, k2". Nothing when only the variant's name differs (the line gives both)."""
     if previous["config_hash"] == plan.cfg.hash():
         return ""
-    changes = config_changes(json.loads(previous["config"]), redacted(plan.cfg.model_dump(mode="json")))
-    if not changes:
+    difference = ConfigDifference.between(
+        json.loads(previous["config"]),
+        previous["config_hash"],
+        redacted(plan.cfg.model_dump(mode="json")),
+        plan.cfg.hash(),
+    )
+    if difference.masked:
         return ", differing in a value stored masked"  # a setting kept out of stored configs (a store's text_key)
-    keys = [shown_key(key) for key, _, _ in changes]
+    keys = difference.keys()
     more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
     return f", differing in {', '.join(keys[:shown])}{more}"
 

@@ -5,8 +5,9 @@ import json
 import pandas as pd
 
 from crag.compare import (
-    ConfigDifference,
     compare_runs,
+    config_difference,
+    config_line,
     config_values,
     metric_deltas,
     metric_figures,
@@ -171,11 +172,11 @@ def test_the_summary_and_report_say_what_the_configs_differ_in():
     base_cfg = {"grader": {"threshold": 0.5, "prompt": "p.yaml"}, "routing": {"policy": "any_irrelevant"}, "k": 1}
     same = {"a": ("What is one?", "one", "internal", ["one"])}
     rows, deltas, whole = _compared(_run(same), _run(same))
-    alike = ConfigDifference.of(*_records(base_cfg, base_cfg, ("h1", "h1")))
+    alike = config_difference(*_records(base_cfg, base_cfg, ("h1", "h1")))
     assert "  config            the same in both runs" in summary_lines(rows, deltas, whole, alike)
     assert not any(line.startswith("  config") for line in summary_lines(rows, deltas, whole))  # not known: not said
     # equal as stored, but the hashes differ: a value the stored configs mask (a store's text_key)
-    masked = ConfigDifference.of(*_records(base_cfg, base_cfg))
+    masked = config_difference(*_records(base_cfg, base_cfg))
     assert "  config            differ in a value stored masked (the config hashes differ)" in summary_lines(
         rows, deltas, whole, masked
     )
@@ -185,7 +186,7 @@ def test_the_summary_and_report_say_what_the_configs_differ_in():
         "k": 1,
         "note": "x" * 100,
     }
-    changes = ConfigDifference.of(
+    changes = config_difference(
         *_records({**base_cfg, "routing": {**base_cfg["routing"], "last_resort": 0.4}}, candidate_cfg)
     )
     keys = [key for key, _, _ in changes.changes]
@@ -211,5 +212,5 @@ def test_two_long_values_alike_at_first_are_shown_where_they_differ():
 
 def test_a_key_with_control_characters_cannot_forge_a_summary_line():
     forged = {"retriever": {"kwargs": {"a\n  answers changed   99\x1b[2J": 1}}}
-    line = ConfigDifference.of(*_records({}, forged)).line()
+    line = config_line(config_difference(*_records({}, forged)))
     assert "\n" not in line and "\x1b" not in line and "\\n  answers changed" in line
