@@ -32,7 +32,8 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def run_rows(warehouse: str | Path, name: str, run_id: str):
-    """One run's rows of a table in a local warehouse, read with delta-rs as any Delta reader would."""
-    from deltalake import DeltaTable
+    """One run's rows of a table or view in a local warehouse, read without a JVM (crag.sql)."""
+    from crag.sql import read_table
 
-    return DeltaTable(str(Path(warehouse) / name)).to_pyarrow_table(filters=[("run_id", "=", run_id)]).to_pandas()
+    rows = read_table(warehouse, name).to_pandas()
+    return rows[rows["run_id"] == run_id].reset_index(drop=True)

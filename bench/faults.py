@@ -86,7 +86,7 @@ def run_scenario(
         "faults_injected": faults,
         "retries": int(answers["retries"].sum()),
         "errors": int((answers["route"] == "error").sum()),
-        "unreadable_grades": result.counts.get("grade_parse_failed", 0),
+        "unreadable_grades": result.counts.grade_parse.get("failed", 0),
         "rows_lost": len(inputs) - len(answers) - len(rejects),
         "duplicates": int(answers["question_id"].duplicated().sum()),
         "unanswered_without_error": len(unanswered) + len(errors_without_text),

@@ -2,7 +2,7 @@
 shared corpora (SQuAD 2.0, JSQuAD, JaQuAD paragraphs; children of 100 characters sliding by 50), on
 the machine's cores. The three corpora hold about 1.2 million characters, 23,000 such chunks; to reach
 the size asked for they are indexed `--copies` times (3) as separate document sets. Reports index
-build time, the job's wall time after Spark start-up and a Delta warm-up (bench/warm.py; both
+build time, the job's wall time after Spark start-up and a Delta warm-up (crag/spark_warm.py; both
 reported apart), and the peak memory of the whole process tree
 (driver, JVM, Python workers) and of the Python driver alone, sampled every 0.2 s.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 
 from bench.datasets import read_jsonl, require_dataset
-from bench.warm import warm_up_delta
+from crag.spark_warm import warm_up
 
 DATASETS = ("squad_v2", "jsquad", "jaquad")
 
@@ -139,7 +139,7 @@ def run_scale(
     spark = spark or get_spark(cfg.spark)
     spark.range(1).count()
     startup_s = time.perf_counter() - t0
-    warm_up_s = warm_up_delta(spark, workdir / "warm_up")
+    warm_up_s = warm_up(spark, workdir / "warm_up")
     overrides = [
         *sets,
         f"retriever.index={workdir / 'kb_index'}",
@@ -171,8 +171,8 @@ def run_scale(
         "questions_per_s": round(n_questions / wall_s, 1),
         "peak_memory_gb": round(memory.peak / 2**30, 2),
         "driver_peak_rss_gb": round(memory.driver_peak / 2**30, 3),
-        "answered": result.counts["accepted"] - result.counts["refused"] - result.counts["errors"],
-        "errors": result.counts["errors"],
+        "answered": result.counts.accepted - result.counts.refused - result.counts.errors,
+        "errors": result.counts.errors,
         "cores": psutil.cpu_count(),
     }
 

@@ -35,7 +35,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.datasets import REPO, run_rows
-from bench.warm import warm_up_delta
+from crag.spark_warm import warm_up
 
 LLM_LATENCY_S = 0.2
 SEARCH_LATENCY_S = 0.08
@@ -111,7 +111,7 @@ def load_client_libraries() -> float:
     return time.perf_counter() - t0
 
 
-def warm_up(spark) -> dict:
+def warm_up_workers(spark) -> dict:
     """Before timing: the JVM, one Python worker per task slot, and the client libraries imported in
     the driver and every worker, as on a warm cluster (Spark reuses its Python workers; a notebook's
     driver keeps its imports). A cold process pays the import once; its seconds are reported."""
@@ -311,9 +311,9 @@ def run_benchmark(
 
             spark = get_spark(SparkConfig())
             spark.sparkContext.setLogLevel("ERROR")
-            report["client_library_imports_s"] = warm_up(spark)
+            report["client_library_imports_s"] = warm_up_workers(spark)
         report["spark_startup_s"] = round(time.perf_counter() - t0, 2)
-        report["delta_warm_up_s"] = round(warm_up_delta(spark, workdir / "warm_up"), 2)
+        report["delta_warm_up_s"] = round(warm_up(spark, workdir / "warm_up"), 2)
 
         def timed_run(run_id: str):
             """One run of ours into the benchmark's warehouse, the emulator's record cleared first:
@@ -341,8 +341,8 @@ def run_benchmark(
             "wall_s": round(ours, 2),
             "questions_per_s": round(n / ours, 1),
             "calls": dict(calls),
-            "errors": result.counts["errors"],
-            "retries": result.counts["retries"],
+            "errors": result.counts.errors,
+            "retries": result.counts.retries,
             "capacity_429": emulator.faults_injected.get("capacity_429", 0),
             "grading_requests_per_question": round(batch_requests / max(1, int((answers["n_retrieved"] > 0).sum())), 3),
             "peak_in_flight": {e: v for e, v in emulator.peak_in_flight.items() if ":" in e or e == "tavily"},
@@ -369,7 +369,7 @@ def run_benchmark(
         report["ours_next_run"] = {
             "wall_s": round(next_s, 2),
             "calls": dict(_endpoint_calls(emulator)),
-            "errors": again.counts["errors"],
+            "errors": again.counts.errors,
             "connections": emulator.connections,
             "ours_over_bound": round(next_s / bound, 3),
         }

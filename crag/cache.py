@@ -11,7 +11,6 @@ and ships them to the Spark tasks in a column; the tasks return their new rows i
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -26,11 +25,8 @@ from crag.backends.bm25 import build_identity
 from crag.backends.parsing import READING_VERSION
 from crag.backends.remote import on_databricks
 from crag.config import CragConfig, LLMConfig, stable_hash
+from crag.questions import question_key
 from crag.secrets import masked
-
-
-def question_key(question: str) -> str:
-    return hashlib.sha256(question.encode("utf-8")).hexdigest()[:24]
 
 
 def service_url(url: str | None) -> str | None:

@@ -75,8 +75,16 @@ def parser() -> argparse.ArgumentParser:
     root = _Parser(prog="crag", description="Batch Corrective RAG on Spark and Delta Lake.")
     sub = root.add_subparsers(dest="command", required=True)
     root.commands = sub.choices
+    for add in (_index_parser, _run_parser, _eval_parser, _calibrate_parser, _compare_parser):
+        add(sub)
+    for add in (_sql_parser, _emulate_parser, _ask_parser, _spark_parser):
+        add(sub)
+    return root
 
+
+def _index_parser(sub) -> None:
     p = sub.add_parser("index", help="build a chunk table and BM25 index from documents")
+    p.set_defaults(func=_index)
     _conf_args(p)
     p.add_argument(
         "--docs",
@@ -86,7 +94,10 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", required=True, help="index directory to write")
 
+
+def _run_parser(sub) -> None:
     p = sub.add_parser("run", help="answer a table of questions; write answers, grades, decisions, runs, rejects")
+    p.set_defaults(func=_run)
     _conf_args(p)
     p.add_argument(
         "--questions",
@@ -114,48 +125,46 @@ def parser() -> argparse.ArgumentParser:
         help="continue a killed or failed run: answered questions are kept and not sent to any backend again",
     )
 
+
+def _eval_parser(sub) -> None:
     p = sub.add_parser("eval", help="score a run against its gold columns; writes the metrics table")
-    p.add_argument("--warehouse", required=True, help="folder of Delta tables (catalog.schema on Databricks)")
-    p.add_argument("--run", required=True, dest="run_id", help="the run_id to evaluate")
+    p.set_defaults(func=_eval)
+    _run_arg(p, "the run_id to evaluate")
     p.add_argument(
         "--slices",
         help="slices to show, e.g. language=en,language=ja or language (all of its slices); "
         "default: all, then every slice",
     )
-    p.add_argument(
-        "--allow-unfinished",
-        action="store_true",
-        help="evaluate a run that has not succeeded (still running or failed) from the rows it has",
-    )
+    _unfinished_arg(p, "evaluate a run that has not succeeded (still running or failed) from the rows it has")
     _format_arg(p)
     _session_args(p)
 
+
+def _calibrate_parser(sub) -> None:
     p = sub.add_parser("calibrate", help="propose routing and grading thresholds from a run's stored scores")
-    p.add_argument("--warehouse", required=True, help="folder of Delta tables (catalog.schema on Databricks)")
-    p.add_argument("--run", required=True, dest="run_id", help="a run whose questions have gold columns")
-    p.add_argument(
-        "--allow-unfinished",
-        action="store_true",
-        help="calibrate from a run that has not succeeded (still running or failed) with the rows it has",
-    )
+    p.set_defaults(func=_calibrate)
+    _run_arg(p, "a run whose questions have gold columns")
+    _unfinished_arg(p, "calibrate from a run that has not succeeded (still running or failed) with the rows it has")
     _session_args(p)
 
+
+def _compare_parser(sub) -> None:
     p = sub.add_parser(
         "compare", help="compare two runs question by question; writes the comparisons table and an HTML report"
     )
+    p.set_defaults(func=_compare)
     p.add_argument("--warehouse", required=True, help="folder of Delta tables (catalog.schema on Databricks)")
     p.add_argument("--base", required=True, help="run_id of the baseline")
     p.add_argument("--candidate", required=True, help="run_id of the variant under test")
     p.add_argument("--report", help="HTML report path (default: compare_BASE_vs_CANDIDATE.html here)")
     p.add_argument("--no-mlflow", action="store_true", help="do not attach the report to the candidate's MLflow run")
-    p.add_argument(
-        "--allow-unfinished",
-        action="store_true",
-        help="compare runs that have not succeeded (still running or failed) with the rows they have",
-    )
+    _unfinished_arg(p, "compare runs that have not succeeded (still running or failed) with the rows they have")
     _session_args(p)
 
+
+def _sql_parser(sub) -> None:
     p = sub.add_parser("sql", help="query a local warehouse's tables with SQL (read-only, no JVM)")
+    p.set_defaults(func=_sql)
     p.add_argument("--warehouse", required=True, help="folder of Delta tables written by crag run")
     _format_arg(p)
     p.add_argument("sql", help='one read-only statement, e.g. "SELECT route, count(*) FROM answers GROUP BY route"')
@@ -163,18 +172,46 @@ def parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=60.0, metavar="SECONDS", help="stop the query after this long (default 60)"
     )
 
+
+def _emulate_parser(sub) -> None:
     p = sub.add_parser(
         "emulate", help="serve local emulators of model serving, the OpenAI chat API, Vector Search and Tavily"
     )
+    p.set_defaults(func=_emulate)
     p.add_argument("--kb-index", help="crag index directory the Vector Search emulator searches")
     p.add_argument("--web-index", help="crag index directory the Tavily emulator searches")
     p.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 to serve on (default 8765)")
     p.add_argument("--token", help="require this bearer token / API key (default: accept any)")
 
+
+def _ask_parser(sub) -> None:
     p = sub.add_parser("ask", help="answer one question without Spark, printing every stage")
+    p.set_defaults(func=_ask)
     _conf_args(p)
     p.add_argument("question")
-    return root
+
+
+def _spark_parser(sub) -> None:
+    p = sub.add_parser(
+        "spark", help="a warm local Spark (a Spark Connect server) that every command uses while it runs"
+    )
+    p.set_defaults(func=_spark)
+    p.add_argument(
+        "action",
+        choices=("start", "status", "stop"),
+        help="start: start it (once it answers, return); status: say whether one runs; stop: end it",
+    )
+    p.add_argument("--port", type=int, help="port on 127.0.0.1 to serve on (default: a free one)")
+    p.add_argument("--conf", help="YAML config whose spark section to use (default: built-in: local[2])")
+
+
+def _run_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--warehouse", required=True, help="folder of Delta tables (catalog.schema on Databricks)")
+    p.add_argument("--run", required=True, dest="run_id", help=what)
+
+
+def _unfinished_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--allow-unfinished", action="store_true", help=what)
 
 
 class _StagePrinter:
@@ -311,7 +348,7 @@ def _setup_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
 
-def _emulate(args) -> None:
+def _emulate(args) -> int:
     import time
 
     from crag.emulators import Emulator
@@ -346,128 +383,151 @@ def _emulate(args) -> None:
                 time.sleep(3600)
         except KeyboardInterrupt:
             pass
+    return 0
 
 
-def _run_command(args) -> int:
-    try:
-        if args.command == "index":
-            from crag.config import load_config
-            from crag.indexing import build_knowledge_base
+def _index(args) -> int:
+    from crag.config import load_config
+    from crag.indexing import build_knowledge_base
 
-            cfg = load_config(args.conf, _overrides(args), args.variant)
-            manifest = build_knowledge_base(args.docs, args.out, cfg)
-            print(
-                f"indexed {manifest['n_documents']} documents -> {manifest['n_parents']} parents, "
-                f"{manifest['n_chunks']} child chunks at {args.out}"
-                + (f"; Vector Search index {manifest['vector_index']}" if "vector_index" in manifest else "")
-            )
-        elif args.command == "run":
-            from crag.job import run
+    cfg = load_config(args.conf, _overrides(args), args.variant)
+    manifest = build_knowledge_base(args.docs, args.out, cfg)
+    print(
+        f"indexed {manifest['n_documents']} documents -> {manifest['n_parents']} parents, "
+        f"{manifest['n_chunks']} child chunks at {args.out}"
+        + (f"; Vector Search index {manifest['vector_index']}" if "vector_index" in manifest else "")
+    )
+    return 0
 
-            if args.resume and args.run_id and args.resume != args.run_id:
-                raise CragError("give either --run-id or --resume, not two different ids")
-            overrides = [*_overrides(args), "cache.enabled=false"] if args.no_cache else _overrides(args)
-            result = run(
-                args.conf,
-                args.questions,
-                args.warehouse,
-                args.variant,
-                args.resume or args.run_id,
-                overrides,
-                resume=bool(args.resume),
-                progress=args.progress,
-            )
-            print(result.summary())
-            if result.status == "failed":  # a scheduled job's task fails with it
-                where = (
-                    "its tables were left as they were"
-                    if result.kept_earlier_rows
-                    else "its answers table has each one"
-                )
-                first = _escaped(result.first_error or "?")[:300]  # a service's text, on one line
-                raise CragError(
-                    f"run {result.run_id} is recorded as failed: every one of its {result.counts['accepted']} "
-                    f"accepted questions ended in an error ({where}; one of them: {first}): once that is mended, "
-                    f"answer it again with --run-id {result.run_id}"
-                )
-        elif args.command == "eval":
-            from crag.console import render_metrics, slice_names
-            from crag.evaluation import evaluate_run, run_record
 
-            if args.slices is not None:
-                slice_names(args.slices)  # a wrong name is said before any metric is written
-            warehouse = _warehouse(args)
-            run_record(warehouse, check_run_id(args.run_id), args.allow_unfinished, "evaluate")
-            metrics = evaluate_run(warehouse, args.run_id)
-            print(
-                f"crag: run {args.run_id}: {len(metrics)} metric values written to the metrics table", file=sys.stderr
-            )
-            print(render_metrics(metrics, args.slices, args.format))
-        elif args.command == "calibrate":
-            import json
+def _run(args) -> int:
+    from crag.job import run
 
-            from crag.calibration import calibrate, report
-            from crag.evaluation import read_run, run_record
+    if args.resume and args.run_id and args.resume != args.run_id:
+        raise CragError("give either --run-id or --resume, not two different ids")
+    overrides = [*_overrides(args), "cache.enabled=false"] if args.no_cache else _overrides(args)
+    result = run(
+        args.conf,
+        args.questions,
+        args.warehouse,
+        args.variant,
+        args.resume or args.run_id,
+        overrides,
+        resume=bool(args.resume),
+        progress=args.progress,
+    )
+    print(result.summary())
+    if result.status == "failed":  # a scheduled job's task fails with it
+        where = "its tables were left as they were" if result.kept_earlier_rows else "its answers table has each one"
+        first = _escaped(result.first_error or "?")[:300]  # a service's text, on one line
+        raise CragError(
+            f"run {result.run_id} is recorded as failed: every one of its {result.counts.accepted} "
+            f"accepted questions ended in an error ({where}; one of them: {first}): once that is mended, "
+            f"answer it again with --run-id {result.run_id}"
+        )
+    return 0
 
-            wh = _warehouse(args)
-            # a failed re-run's row holds its own config beside the earlier attempt's grades
-            recorded = run_record(wh, check_run_id(args.run_id), args.allow_unfinished, "calibrate")
-            parts = read_run(wh, args.run_id, ("grades", "gold"))
-            if parts["gold"].empty:
-                raise CragError(f"run {args.run_id!r} has no gold columns to calibrate against")
-            config = json.loads(recorded["config"])
-            routing, grader = config["routing"], config["grader"]
-            print(
-                report(
-                    calibrate(
-                        parts["grades"],
-                        parts["gold"],
-                        routing["lower"],
-                        routing["upper"],
-                        grader.get("threshold"),
-                        routing["policy"],
-                        grader.get("format") == "binary",
-                    )
-                )
-            )
-        elif args.command == "compare":
-            from crag.compare import compare
 
-            _, lines, path = compare(
-                _warehouse(args), args.base, args.candidate, args.report, not args.no_mlflow, args.allow_unfinished
-            )
-            print("\n".join(lines))
-            print(f"report: {path}")
-        elif args.command == "sql":
-            from crag.console import render
-            from crag.sql import query
+def _eval(args) -> int:
+    from crag.console import render_metrics, slice_names
+    from crag.evaluation import evaluate_run, run_record
 
-            if not 0 < args.timeout <= 86400:
-                raise CragError(f"--timeout {args.timeout:g}: give seconds, more than 0 and at most 86400")
-            print(render(query(args.warehouse, args.sql, args.timeout), args.format))
-        elif args.command == "emulate":
-            _emulate(args)
-        elif args.command == "ask":
-            import pandas as pd
+    if args.slices is not None:
+        slice_names(args.slices)  # a wrong name is said before any metric is written
+    warehouse = _warehouse(args)
+    run_record(warehouse, check_run_id(args.run_id), args.allow_unfinished, "evaluate")
+    metrics = evaluate_run(warehouse, args.run_id)
+    print(f"crag: run {args.run_id}: {len(metrics)} metric values written to the metrics table", file=sys.stderr)
+    print(render_metrics(metrics, args.slices, args.format))
+    return 0
 
-            from crag.backends import build_backends, resolve_credentials
-            from crag.config import load_config
-            from crag.job import resolve_paths
-            from crag.questions import check_one
-            from crag.stages import run_pipeline
 
-            cfg = resolve_paths(load_config(args.conf, _overrides(args), args.variant))
-            check_one("ask", args.question, cfg.input.max_question_chars)
-            question = pd.DataFrame({"question_id": ["ask"], "question": [args.question]})
-            backends = build_backends(cfg, resolve_credentials(cfg))
-            print(_backends_line(cfg))
-            error = run_pipeline(question, backends, cfg, on_stage=_StagePrinter()).iloc[0]["error"]
-            if error is not None:  # the question failed: one line and exit code 2, as for an error crag names
-                _print_untrusted(f"crag: error: {error}", file=sys.stderr)
-                return 2
-    except CragError as exc:
-        print(f"crag: error: {scrub(str(exc))}", file=sys.stderr)
+def _calibrate(args) -> int:
+    import json
+
+    from crag.calibration import calibrate, report
+    from crag.evaluation import read_run, run_record
+
+    wh = _warehouse(args)
+    # a failed re-run's row holds its own config beside the earlier attempt's grades
+    recorded = run_record(wh, check_run_id(args.run_id), args.allow_unfinished, "calibrate")
+    parts = read_run(wh, args.run_id, ("grades", "gold"))
+    if parts["gold"].empty:
+        raise CragError(f"run {args.run_id!r} has no gold columns to calibrate against")
+    config = json.loads(recorded["config"])
+    routing, grader = config["routing"], config["grader"]
+    proposed = calibrate(
+        parts["grades"],
+        parts["gold"],
+        routing["lower"],
+        routing["upper"],
+        grader.get("threshold"),
+        routing["policy"],
+        grader.get("format") == "binary",
+    )
+    print(report(proposed))
+    return 0
+
+
+def _compare(args) -> int:
+    from crag.compare import compare
+
+    _, lines, path = compare(
+        _warehouse(args), args.base, args.candidate, args.report, not args.no_mlflow, args.allow_unfinished
+    )
+    print("\n".join(lines))
+    print(f"report: {path}")
+    return 0
+
+
+def _sql(args) -> int:
+    from crag.console import render
+    from crag.sql import query
+
+    if not 0 < args.timeout <= 86400:
+        raise CragError(f"--timeout {args.timeout:g}: give seconds, more than 0 and at most 86400")
+    print(render(query(args.warehouse, args.sql, args.timeout), args.format))
+    return 0
+
+
+def _ask(args) -> int:
+    import pandas as pd
+
+    from crag.backends import build_backends, resolve_credentials
+    from crag.config import load_config, resolve_paths
+    from crag.questions import check_one
+    from crag.stages import run_pipeline
+
+    cfg = resolve_paths(load_config(args.conf, _overrides(args), args.variant))
+    check_one("ask", args.question, cfg.input.max_question_chars)
+    question = pd.DataFrame({"question_id": ["ask"], "question": [args.question]})
+    backends = build_backends(cfg, resolve_credentials(cfg))
+    print(_backends_line(cfg))
+    error = run_pipeline(question, backends, cfg, on_stage=_StagePrinter()).iloc[0]["error"]
+    if error is not None:  # the question failed: one line and exit code 2, as for an error crag names
+        _print_untrusted(f"crag: error: {error}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _spark(args) -> int:
+    from crag import spark_server
+    from crag.config import load_config
+
+    if args.action == "status":
+        state = spark_server.ServerState.read()
+        print(f"a Spark server runs at {state.url} (pid {state.pid})" if state else "no Spark server runs")
+        return 0
+    if args.action == "stop":
+        state = spark_server.stop()
+        print(f"stopped the Spark server at {state.url}" if state else "no Spark server ran")
+        return 0
+    cfg = load_config(args.conf, []).spark
+    running = spark_server.ServerState.read()
+    state = running or spark_server.start(cfg, args.port)
+    print(
+        f"a Spark server {'runs' if running else 'started'} at {state.url}: crag commands use it until crag spark stop"
+    )
     return 0
 
 
@@ -557,16 +617,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     _setup_logging()
     if args.command == "run" and not (args.run_id or args.resume):
-        from crag.job import new_run_id
+        from crag.ids import run_id_or_new
 
-        args.run_id = new_run_id()  # chosen here, so that an interrupted run can be named in the resume line
+        args.run_id = run_id_or_new(None)  # chosen here, so that an interrupted run can be named in the resume line
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     quiet = _NoInterruptTracebacks() if not os.environ.get("CRAG_DEBUG") else logging.Filter()
     for name in _INTERRUPT_LOGGERS:
         logging.getLogger(name).addFilter(quiet)
     try:
-        return _run_command(args)
+        return args.func(args)
+    except CragError as exc:
+        print(f"crag: error: {scrub(str(exc))}", file=sys.stderr)
+        return 2
     except BrokenPipeError as exc:
         if not _stdout_gone():  # another pipe or socket: a failure like any other
             print(f"crag: error: {describe(exc, limit=500)}", file=sys.stderr)

@@ -507,7 +507,11 @@ class SparkConfig(Section):
     remote: str | None = None
     jars_dir: str | None = None  # Delta Lake jars for local Spark (None: .crag/jars, fetched by make)
     partitions: int | None = Field(None, gt=0)  # None: every task slot but one (crag.spark.parallelism; local[N]: N)
-    batch_questions: int = Field(2000, gt=0)  # questions per committed batch: what a killed run can lose
+    # Questions in a run's first committed batch (and at most in any batch that a resume runs); the
+    # later batches are sized to take about `batch_seconds` at the rate measured so far. A committed
+    # batch is what a killed run keeps.
+    batch_questions: int = Field(2000, gt=0)
+    batch_seconds: float = Field(60, gt=0)
     # Pipelines per task, on threads, each taking `questions_per_pipeline` questions at a time through
     # all the stages: out of phase with each other, they keep every remote endpoint busy at once
     # instead of one stage's endpoint at a time. 1 for the in-process embedded backends.
@@ -999,3 +1003,20 @@ def describe_validation_error(exc: ValidationError) -> str:
             got = "" if hidden else f" (got {scrub(repr(err['input']))})"
             lines.append(f"{where}{err['msg']}{got}")
     return "; ".join(lines)
+
+
+def resolve_paths(cfg: CragConfig) -> CragConfig:
+    """Index paths are relative to the working directory; Spark workers may run elsewhere, so they get
+    absolute ones. Names that are not local paths (Unity Catalog, Volumes) are left as they are."""
+    cfg = cfg.model_copy(deep=True)
+    for section in (cfg.retriever, cfg.web_search):
+        index = getattr(section, "index", None)
+        if isinstance(index, str) and index and not index.startswith(("/", "dbfs:", "s3:", "abfss:", "gs:")):
+            setattr(section, "index", str(Path(index).resolve()))
+    return cfg
+
+
+def crag_home() -> Path:
+    """Where crag keeps its per-user state and caches (CRAG_HOME, default ~/.crag): the warm Spark
+    server's address (crag spark start), a new MLflow store's template."""
+    return Path(os.environ.get("CRAG_HOME") or Path.home() / ".crag")

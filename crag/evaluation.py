@@ -36,6 +36,7 @@ import pandas as pd
 import pyarrow as pa
 
 from crag import schema
+from crag.counts import ACTIONS
 from crag.errors import InputError
 from crag.questions import EXPECTED_ROUTES, GOLD_COLUMNS
 
@@ -220,7 +221,6 @@ def question_scores(answers: pd.DataFrame, grades: pd.DataFrame, gold: pd.DataFr
     return pd.DataFrame(rows)
 
 
-ACTIONS = ("correct", "ambiguous", "incorrect")
 # The paper's action that is right for each expected route; `ambiguous` is right for none of them.
 EXPECTED_ACTION = {"internal": "correct", "web": "incorrect"}
 QUESTION_METRICS = (
@@ -350,13 +350,19 @@ _ANSWER_COLUMNS = ("question_id", "question", "answer", "action", "route", "refu
 
 
 def evaluate_run(
-    warehouse, run_id: str, variant: str | None = None, tables: dict | None = None, replace: bool = True
+    warehouse,
+    run_id: str,
+    variant: str | None = None,
+    tables: dict | None = None,
+    generation: str | None = None,
+    replace: bool = True,
 ) -> pd.DataFrame:
-    """`crag eval`: the run's metrics from its stored tables (or from `tables`, the DataFrames of its
-    answers, grades and gold that crag run is about to store), computed in Spark, and stored. Each
-    partition of questions (with their grades and gold) is evaluated by `evaluate`; every metric is a
-    mean, so the partitions' values weighted by their n combine into exactly the run's. `replace`:
-    replace the run's earlier metrics (False: a new run's, appended)."""
+    """`crag eval`: the run's metrics from the rows it shows (or from `tables`, the DataFrames of the
+    answers, grades and gold of its `generation`, which crag run is about to show), computed in Spark,
+    and stored for that generation. Each partition of questions (with their grades and gold) is
+    evaluated by `evaluate`; every metric is a mean, so the partitions' values weighted by their n
+    combine into exactly the run's. `replace`: replace the generation's earlier metrics (False: a new
+    generation's, appended)."""
     from pyspark.sql import functions as F  # noqa: PLC0415  # crag ask loads this module (semantic grader, console) without Spark
 
     if tables is None:
@@ -369,6 +375,7 @@ def evaluate_run(
                 f"run {run_id!r} has no gold columns (answers, is_impossible, expected_route, gold_doc_ids) to evaluate against"
             )
         variant = variant or first[0]["variant"]
+        generation = warehouse.load_run("runs", run_id).select("shown_generation").first()[0]
     gold = tables["gold"].drop("run_id", "variant")
     grades = (
         tables["grades"]
@@ -399,13 +406,16 @@ def evaluate_run(
     metrics = totals.toPandas()  # metrics x slices: a few hundred rows at most
     metrics.attrs.clear()  # Spark Connect leaves its plan metrics there, which Arrow cannot carry
     rows = warehouse.frame(
-        "metrics",
+        "metric_values",
         pa.Table.from_pandas(
-            metrics.assign(run_id=run_id, variant=variant), schema=schema.METRICS, preserve_index=False
+            metrics.assign(run_id=run_id, generation=generation, variant=variant),
+            schema=schema.METRIC_VALUES,
+            preserve_index=False,
         ),
     )
     if replace:
-        warehouse.replace("metrics", rows, F.col("run_id") == F.lit(run_id))
+        same = (F.col("run_id") == F.lit(run_id)) & (F.col("generation") == F.lit(generation))
+        warehouse.replace("metric_values", rows, same)
     else:
-        warehouse.append("metrics", rows)
+        warehouse.append("metric_values", rows)
     return metrics[["metric", "slice", "value", "n"]]

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import re
 import unicodedata
+import uuid
+from datetime import UTC, datetime
 
 from crag.errors import InputError
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
+
+
+def run_id_or_new(run_id: str | None) -> str:
+    """The run id given, checked, or a new one: the time it was made and six random hex digits."""
+    if run_id is None:
+        return f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
+    return check_run_id(run_id)
 
 
 def check_run_id(run_id: str) -> str:

@@ -9,6 +9,7 @@ workers (`check_rows`, a pure function over a pandas frame) and marks repeated i
 from __future__ import annotations
 
 import ast
+import hashlib
 import io
 import json
 import math
@@ -40,8 +41,16 @@ _TRUE, _FALSE = {"true", "1", "yes"}, {"false", "0", "no", ""}
 # What a JSONL line becomes before it is checked: its bytes, decoded and parsed in the workers (Spark's JSON
 # reader would turn a number in a text column into text, and one bad line into nulls).
 JSONL_LINE = "value"
-# The checked rows, before repeated ids are marked (RUN_INPUTS without run_id).
-CHECKED = pa.schema([f for f in schema.RUN_INPUTS if f.name != "run_id"] + [pa.field("id_problem", pa.bool_())])
+# The checked rows, before repeated ids are marked: INPUTS without the run's own columns.
+CHECKED = pa.schema(
+    [f for f in schema.INPUTS if f.name not in ("run_id", "generation", "variant", "created_at")]
+    + [pa.field("id_problem", pa.bool_())]
+)
+
+
+def question_key(question: str) -> str:
+    """What the stage cache files a question's stored results under (crag.cache): its text's hash."""
+    return hashlib.sha256(question.encode("utf-8")).hexdigest()[:24]
 
 
 # ------------------------------------------------------------------ reading (Spark)
@@ -399,6 +408,7 @@ def _checked(record: dict, max_chars: int) -> dict:
     return {
         "question_id": _storable(qid),
         "question": _storable(question) if reason else question,
+        "question_key": None if reason else question_key(str(question)),
         "input_row": int(record["input_row"]),
         "reason": reason,
         "has_gold": any(c in row for c in GOLD_COLUMNS),

@@ -1,7 +1,11 @@
-"""Column layouts of every table crag writes, as Arrow schemas: the single source for the Delta writer,
-the Spark stage output and the README's table reference."""
+"""Column layouts of every table crag writes or shows, as Arrow schemas, and which are stored and which
+are views: the single source for the Delta writer, the Spark stage output, `crag sql`'s views and the
+table reference (docs/tables.md, made from this module by `python -m crag.schema`)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -90,6 +94,11 @@ RUNS = pa.schema(
         ("owner", pa.string()),  # host:pid
         ("heartbeat_at", UTC_TIMESTAMP),
         ("input_hash", pa.string()),  # what `--resume` checks the questions against
+        # Each `crag run` of a run id writes a new generation of its rows (a resume continues the one it
+        # resumes); the tables users query show the rows of `shown_generation` only, so a re-run's rows
+        # replace the earlier ones in the commit that records its outcome.
+        ("generation", pa.string()),  # the generation being written, or last written
+        ("shown_generation", pa.string()),  # the one the views show (null until a run first ends)
     ]
 )
 
@@ -174,18 +183,6 @@ COMPARISONS = pa.schema(
     ]
 )
 
-TABLES = {
-    "answers": ANSWERS,
-    "grades": GRADES,
-    "decisions": DECISIONS,
-    "runs": RUNS,
-    "rejects": REJECTS,
-    "gold": GOLD,
-    "metrics": METRICS,
-    "stage_cache": STAGE_CACHE,
-    "comparisons": COMPARISONS,
-}
-
 # What the Spark stage returns per question: the answer row without the driver-side columns, with the
 # question's grades and decisions nested so that one pass over the partition yields all three tables.
 _DRIVER_SIDE = {"run_id", "variant", "created_at"}
@@ -209,24 +206,106 @@ STAGE_INPUT = pa.schema(
     ]
 )
 
-# Work in progress of a run, kept until the run is finalised (crag.job): the validated input rows,
-# and each committed batch's stage output, from which answers, grades, decisions and cache rows are
-# derived once every batch is done. A killed run resumes from them; a re-run of a finished run id
-# leaves that run's rows in place until the new one replaces them in one commit per table.
-RUN_INPUTS = pa.schema(
+# ------------------------------------------------------------------ stored tables and the views over them
+
+_GENERATION = [("run_id", pa.string()), ("generation", pa.string()), ("variant", pa.string())]
+# Every input row of a run's generation, checked: the accepted questions (reason null), which the run
+# answers, and the rejected rows with their reason. What `rejects` and `gold` show; `--resume` reads
+# the input from here.
+INPUTS = pa.schema(
     [
-        ("run_id", pa.string()),
+        *_GENERATION,
         ("question_id", pa.string()),
         ("question", pa.string()),
+        ("question_key", pa.string()),  # the stage cache's key of the question (crag.cache.question_key)
         ("input_row", pa.int64()),
         ("reason", pa.string()),  # why the row is rejected; null for accepted rows
         ("has_gold", pa.bool_()),
         *[f for f in GOLD if f.name not in ("run_id", "variant", "question_id")],
+        ("created_at", UTC_TIMESTAMP),
     ]
 )
-RUN_STAGING = pa.schema([("run_id", pa.string()), ("batch", pa.int32()), *STAGE_OUTPUT, ("created_at", UTC_TIMESTAMP)])
-STAGING_TABLES = {"run_inputs": RUN_INPUTS, "run_staging": RUN_STAGING}
-ALL_TABLES = {**TABLES, **STAGING_TABLES}
+# One row per answered question of a run's generation, committed batch by batch: the stage output with
+# its grades and decisions nested. What `answers`, `grades` and `decisions` show.
+RESULTS = pa.schema(
+    [
+        *_GENERATION,
+        ("batch", pa.int32()),
+        *[f for f in STAGE_OUTPUT if f.name != "cache_entries"],
+        ANSWERS.field("created_at"),
+    ]
+)
+# The metric values of a run's generation. What `metrics` shows.
+METRIC_VALUES = pa.schema([*_GENERATION, *[f for f in METRICS if f.name not in ("run_id", "variant")]])
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table crag stores, and its rules. `per_generation`: its rows belong to one generation of one
+    run (run_id, generation), shown through views and forgotten when the run's next generation is
+    shown; otherwise the table is shared by every run. `key`: the columns that name one row."""
+
+    columns: pa.Schema
+    key: tuple[str, ...]
+    per_generation: bool = False
+
+
+@dataclass(frozen=True)
+class View:
+    """A table users query, made of the rows of one stored table that each run shows
+    (`runs.shown_generation`): its `columns`, the `stored` table's rows that pass `where` (SQL over
+    the stored table's columns; no values), with the items of the list column `explode` as rows
+    (their fields as columns) when it is set."""
+
+    columns: pa.Schema
+    stored: str
+    explode: str | None = None
+    where: str | None = None
+
+    def item_fields(self) -> list[str]:
+        """The columns taken from the exploded item, not from the stored row."""
+        if self.explode is None:
+            return []
+        item = STORED[self.stored].columns.field(self.explode).type.value_type
+        return [f.name for f in item]
+
+    def sql(self, table: Callable[[str], str], explode: str = "explode", shown: bool = True) -> str:
+        """The view as one SELECT over the stored tables, each named by `table(name)`, in Spark SQL or
+        (`explode="unnest"`) DataFusion's: the two differ only in the function that makes a list's
+        items rows. Not `shown`: the rows of every generation, with their `generation` column (a run
+        reads its own rows before its outcome shows them). Identifiers only, from this module."""
+        source = table(self.stored)
+        if shown:
+            source = (
+                f"(SELECT s.* FROM {source} s JOIN {table('runs')} r "
+                f"ON s.run_id = r.run_id AND s.generation = r.shown_generation)"
+            )
+        rows = f"SELECT *{f', {explode}({self.explode}) AS item' if self.explode else ''} FROM {source} stored"
+        if self.where:
+            rows += f" WHERE {self.where}"
+        items = self.item_fields()
+        columns = [f"item.{c} AS {c}" if c in items else c for c in self.columns.names]
+        return f"SELECT {', '.join(columns + ([] if shown else ['generation']))} FROM ({rows}) rows"
+
+
+STORED = {
+    "runs": Table(RUNS, ("run_id",)),
+    "inputs": Table(INPUTS, ("run_id", "generation", "question_id", "input_row"), per_generation=True),
+    "results": Table(RESULTS, ("run_id", "generation", "question_id"), per_generation=True),
+    "metric_values": Table(METRIC_VALUES, ("run_id", "generation", "metric", "slice"), per_generation=True),
+    "stage_cache": Table(STAGE_CACHE, ("key",)),
+    "comparisons": Table(COMPARISONS, ("base_run", "candidate_run", "question_id")),
+}
+VIEWS = {
+    "answers": View(ANSWERS, "results"),
+    "grades": View(GRADES, "results", explode="grades"),
+    "decisions": View(DECISIONS, "results", explode="decisions"),
+    "rejects": View(REJECTS, "inputs", where="reason IS NOT NULL"),
+    "gold": View(GOLD, "inputs", where="reason IS NULL AND has_gold"),
+    "metrics": View(METRICS, "metric_values"),
+}
+# Every table name crag writes or shows, and its columns.
+TABLES = {**{name: t.columns for name, t in STORED.items()}, **{name: v.columns for name, v in VIEWS.items()}}
 
 # The chunk table an index directory holds (and, on Databricks, the source of the Vector Search index).
 CHUNKS = pa.schema(

@@ -11,14 +11,16 @@ on classic Spark and on Spark Connect (Databricks serverless).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import socket
 import ssl
 import sys
 import tempfile
+import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,13 +29,17 @@ import pandas as pd
 import pyarrow as pa
 
 from crag import schema
-from crag.backends import cached_backends
+from crag.backends import cached_backends, smallest_budget
 from crag.backends.base import Document
 from crag.backends.remote import running_task
 from crag.cache import StageCache, question_key, role_slices, with_cache
 from crag.config import LOCAL_MASTER, CragConfig, SparkConfig, connect_url_parts
 from crag.errors import ConfigError
+from crag.progress import report_answered
+from crag.spark_server import usable
 from crag.stages import frame_rows, run_pipeline
+
+log = logging.getLogger("crag")
 
 # Spark settings for a local session: quiet, UTC, Arrow, small shuffles, and Delta Lake.
 LOCAL_SETTINGS = {
@@ -56,7 +62,7 @@ LOCAL_SETTINGS = {
 SPARK_LOG = Path(tempfile.gettempdir()) / "crag-spark.log"
 
 
-def _jars(cfg: SparkConfig) -> list[str]:
+def jars(cfg: SparkConfig) -> list[str]:
     folder = Path(cfg.jars_dir) if cfg.jars_dir else Path(__file__).resolve().parents[1] / ".crag" / "jars"
     jars = sorted(str(p) for p in folder.glob("*.jar"))
     if not any("delta-spark" in Path(j).name for j in jars):
@@ -99,6 +105,10 @@ def get_spark(cfg: SparkConfig):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     remote = cfg.remote
+    server = usable() if remote is None and local_master(cfg.master) is not None else None
+    if server is not None:  # crag spark start: a warm local Spark instead of a new one
+        log.info("using the Spark server at %s (crag spark start; crag spark stop ends it)", server.url)
+        remote = server.url
     builder = SparkSession.builder.appName("crag")
     if remote and remote.startswith("sc://"):  # a running server: only session settings can be passed
         _check_reachable(remote)
@@ -112,7 +122,7 @@ def get_spark(cfg: SparkConfig):
             master, slots = local
             builder = builder.config("spark.default.parallelism", str(slots))
         builder = builder.remote(master) if remote else builder.master(master)
-        settings = {**LOCAL_SETTINGS, "spark.jars": ",".join(_jars(cfg))}
+        settings = {**LOCAL_SETTINGS, "spark.jars": ",".join(jars(cfg))}
     for key, value in settings.items():
         builder = builder.config(key, value)
     with warnings.catch_warnings(), _stderr_to(SPARK_LOG if "spark.jars" in settings else None):
@@ -201,7 +211,7 @@ def parallelism(spark, cfg: SparkConfig) -> int:
     return max(1, int(value) - 1) if value and str(value).isdigit() else 8
 
 
-def _partition_task(config_json: str, secrets: dict[str, str], tasks: int):
+def _partition_task(config_json: str, secrets: dict[str, str], tasks: int, progress: str | None, number: int):
     # `secrets` is resolved on the driver and captured here in memory: workers on serverless compute
     # have neither the driver's environment nor dbutils. It never enters the config or a table.
     def process(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -210,8 +220,17 @@ def _partition_task(config_json: str, secrets: dict[str, str], tasks: int):
         cfg = CragConfig.model_validate_json(config_json)
         backends = cached_backends(cfg, secrets, tasks, opened_before=True)  # by the driver (crag.job)
         task = TaskContext.get()  # set in every Spark task
-        running_task(task.partitionId() if task else 0)  # which share of each endpoint's budget is this task's
+        partition = task.partitionId() if task else 0
+        running_task(partition)  # which share of each endpoint's budget is this task's
         slices = role_slices(cfg, secrets) if cfg.cache.enabled else None
+        answered, lock = 0, threading.Lock()
+
+        def count(questions: int) -> None:
+            nonlocal answered
+            with lock:
+                answered += questions
+                report_answered(progress, number, partition, answered)
+
         for batch in batches:
             if not batch.num_rows:
                 continue
@@ -220,7 +239,7 @@ def _partition_task(config_json: str, secrets: dict[str, str], tasks: int):
             if slices is not None:
                 cache = StageCache({e["key"]: e["value"] for entries in frame["cache"] for e in entries})
             serving = with_cache(backends, cache, slices) if cache and slices else backends
-            table = _run_subpipelines(frame[["question_id", "question"]], serving, cfg)
+            table = _run_subpipelines(frame[["question_id", "question"]], serving, cfg, count)
             by_question: dict[str, list] = {}
             for entry in cache.new if cache else []:
                 by_question.setdefault(entry["question_key"], []).append(entry)
@@ -235,17 +254,25 @@ def _partition_task(config_json: str, secrets: dict[str, str], tasks: int):
     return process
 
 
-def _run_subpipelines(frame: pd.DataFrame, backends, cfg: CragConfig) -> pa.Table:
+# At most this many questions go through the stages at a time in a pipeline whose share is not set:
+# each part's end moves the run's progress bar (crag.progress.LiveProgress).
+PART_QUESTIONS = 100
+
+
+def _run_subpipelines(frame: pd.DataFrame, backends, cfg: CragConfig, done: Callable[[int], None]) -> pa.Table:
     """The task's questions through `run_pipeline` on `spark.pipelines_per_task` threads, each taking
-    the next `spark.questions_per_pipeline` questions (default: an equal share of the task) through all
-    the stages, then the next. Small shares keep a question's stages in flight while others are in other
-    stages, so every endpoint stays busy instead of one stage's endpoint at a time."""
+    the next `spark.questions_per_pipeline` questions (default: an equal share of the task, at most
+    PART_QUESTIONS) through all the stages, then the next; `done` hears of each part's questions.
+    Small shares keep a question's stages in flight while others are in other stages, so every endpoint
+    stays busy instead of one stage's endpoint at a time."""
     threads = max(1, min(cfg.spark.pipelines_per_task, len(frame)))
-    size = cfg.spark.questions_per_pipeline or math.ceil(len(frame) / threads)
+    size = cfg.spark.questions_per_pipeline or min(math.ceil(len(frame) / threads), PART_QUESTIONS)
     parts = [frame.iloc[i : i + size] for i in range(0, len(frame), size)]
 
     def through_stages(part: pd.DataFrame) -> pa.Table:
-        return to_stage_output(run_pipeline(part, backends, cfg))
+        answered = to_stage_output(run_pipeline(part, backends, cfg))
+        done(len(part))
+        return answered
 
     if threads == 1 or len(parts) == 1:
         return pa.concat_tables([through_stages(part) for part in parts])
@@ -307,15 +334,80 @@ def to_stage_output(df: pd.DataFrame) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema.STAGE_OUTPUT)
 
 
-def run_stages(questions, cfg: CragConfig, secrets: dict[str, str] | None, partitions: int):
+def run_stages(
+    questions,
+    cfg: CragConfig,
+    secrets: dict[str, str] | None,
+    partitions: int,
+    progress: str | None = None,
+    number: int = 0,
+):
     """All stages over a DataFrame of questions (schema.STAGE_INPUT: question_id, question, and the
     stored backend results that may serve them), in `partitions` tasks; a DataFrame of
-    schema.STAGE_OUTPUT rows, evaluated when it is written."""
+    schema.STAGE_OUTPUT rows, evaluated when it is written. The tasks report the questions they have
+    answered into the `progress` folder as batch `number` (crag.progress.report_answered)."""
     from pyspark.sql.pandas.types import from_arrow_schema  # noqa: PLC0415  # as get_spark's
 
     # The partitions share each endpoint's max_concurrency budget out exactly, partition p taking
     # share p (crag.backends.remote.budget_share): the shares add up to the budget whichever of the
     # tasks run at once (a batch gets no more partitions than task slots, so all of them do).
     return questions.repartition(partitions).mapInArrow(
-        _partition_task(cfg.model_dump_json(), secrets or {}, partitions), from_arrow_schema(schema.STAGE_OUTPUT)
+        _partition_task(cfg.model_dump_json(), secrets or {}, partitions, progress, number),
+        from_arrow_schema(schema.STAGE_OUTPUT),
+    )
+
+
+def batch_tasks(spark, cfg: CragConfig) -> int:
+    """A batch's tasks: one per task slot but the one left for the run's own commits (`parallelism`),
+    never more than the smallest endpoint budget (every task keeps one request in flight)."""
+    slots = parallelism(spark, cfg.spark)
+    budget = smallest_budget(cfg)
+    if budget is not None and budget[1] < slots:
+        log.info(
+            "%d tasks at once, not %d: the endpoint of %s takes %d requests at a time (max_concurrency)",
+            budget[1],
+            slots,
+            budget[0],
+            budget[1],
+        )
+        return budget[1]
+    return slots
+
+
+def _no_stored_results():
+    """An empty `cache` column, typed as schema.STAGE_INPUT types it."""
+    from pyspark.sql import functions as F  # noqa: PLC0415  # as get_spark's
+    from pyspark.sql.pandas.types import from_arrow_type  # noqa: PLC0415
+
+    return F.expr("array()").cast(from_arrow_type(schema.STAGE_INPUT.field("cache").type))
+
+
+def with_stored_results(todo, stage_cache=None):
+    """The questions of `todo` (question_id, question, question_key) as schema.STAGE_INPUT rows: with
+    the stage-cache rows filed under each (crag.cache), joined in Spark, or none (`stage_cache` None:
+    the cache is off)."""
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    if stage_cache is None:
+        return todo.select("question_id", "question", _no_stored_results().alias("cache"))
+    stored = (
+        stage_cache.join(todo.select("question_key").distinct(), "question_key")
+        .dropDuplicates(["key"])
+        .groupBy("question_key")
+        .agg(F.collect_list(F.struct("key", "value")).alias("cache"))
+    )
+    joined = todo.join(stored, "question_key", "left")
+    return joined.select("question_id", "question", F.coalesce("cache", _no_stored_results()).alias("cache"))
+
+
+def new_cache_rows(answered, run_id: str):
+    """The stage-cache rows (schema.STAGE_CACHE) that answered questions (STAGE_OUTPUT) brought, each
+    key once."""
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    return (
+        answered.select(F.explode("cache_entries").alias("e"))
+        .select("e.key", "e.question_key", "e.role", "e.value", F.lit(run_id).alias("run_id"))
+        .withColumn("created_at", F.current_timestamp())
+        .dropDuplicates(["key"])
     )

@@ -25,6 +25,7 @@ import pyarrow as pa
 import sqloxide
 from deltalake import DeltaTable, QueryBuilder
 
+from crag import schema
 from crag.errors import InputError, describe
 
 log = logging.getLogger("crag")
@@ -142,7 +143,10 @@ def query(warehouse: str | Path, sql: str, timeout_s: float = DEFAULT_TIMEOUT_S)
         if line.startswith(_NOTE):
             log.warning("%s", line.removeprefix(_NOTE))
     with pa.ipc.open_stream(child.stdout) as reader:
-        result = reader.read_all()
+        return _plain_types(reader.read_all())
+
+
+def _plain_types(result: pa.Table) -> pa.Table:
     return result.cast(pa.schema([f.with_type(_plain(f.type)) for f in result.schema]))
 
 
@@ -166,9 +170,10 @@ def _plain(kind: pa.DataType) -> pa.DataType:
     return kind
 
 
-def _run_in_child(warehouse: Path, sql: str) -> int:
-    """The child's side: run the query, write the result to stdout as an Arrow IPC stream, or one line
-    to stderr."""
+def session(warehouse: Path) -> tuple[QueryBuilder, list[str], list[str]]:
+    """A DataFusion session over a local warehouse: its stored tables, each registered under its
+    folder's name, and crag's views over them (answers, grades, ...: crag.schema.VIEWS, in DataFusion's
+    SQL). With the names registered, and those of tables that could not be opened."""
     found = _tables(warehouse)
     # SHOW TABLES / COLUMNS read DataFusion's information_schema, which a session leaves off
     builder = QueryBuilder({"datafusion.catalog.information_schema": "true"})
@@ -182,6 +187,25 @@ def _run_in_child(warehouse: Path, sql: str) -> int:
             print(
                 f"{_NOTE}left out table {path.name}: it cannot be opened ({describe(exc, limit=200)})", file=sys.stderr
             )
+    for name, view in schema.VIEWS.items():
+        if {view.stored, "runs"} <= set(registered) and name not in registered:
+            builder.execute(f"CREATE VIEW {name} AS {view.sql(str, explode='unnest')}")
+            registered.append(name)
+    return builder, registered, left_out
+
+
+def read_table(warehouse: str | Path, name: str) -> pa.Table:
+    """A table or view of a local warehouse, whole, read in this process (tests, benchmarks)."""
+    if name not in schema.TABLES:
+        raise InputError(f"no crag table {name!r}")
+    builder, _, _ = session(Path(warehouse))
+    return _plain_types(pa.table(builder.execute(f"SELECT * FROM {name}").read_all()))
+
+
+def _run_in_child(warehouse: Path, sql: str) -> int:
+    """The child's side: run the query, write the result to stdout as an Arrow IPC stream, or one line
+    to stderr."""
+    builder, registered, left_out = session(warehouse)
     try:
         # Reading the batches is where a query fails at run time (a cast of bad text, ...), so it is
         # inside the same handler as planning.

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
+import shutil
 from pathlib import Path
 from urllib.parse import quote, unquote
 
 from crag.backends.remote import on_databricks
-from crag.config import CragConfig, TrackingConfig
+from crag.config import CragConfig, TrackingConfig, crag_home
+from crag.counts import USAGE, RunCounts
 from crag.ids import check_run_id
 from crag.secrets import scrub
 
@@ -40,6 +43,7 @@ def _client(cfg: TrackingConfig, warehouse: str):
     stray: list[Path] = []
     if uri.startswith("sqlite:///"):
         Path(unquote(uri[len("sqlite:///") :])).parent.mkdir(parents=True, exist_ok=True)
+        _new_store(Path(unquote(uri[len("sqlite:///") :])))
         # MLflow creates the folder of the path as written (mlflow.store.db.utils): with a '%' or '?'
         # encoded that is another folder, removed again when MLflow has made it and left it empty
         written = Path(uri[len("sqlite:///") :]).parent
@@ -57,12 +61,40 @@ def _client(cfg: TrackingConfig, warehouse: str):
     return client, client.create_experiment(cfg.experiment, artifact_location=location)
 
 
+def _new_store(path: Path) -> None:
+    """A new SQLite store as a copy of an empty one made once per MLflow version (crag_home()): MLflow
+    builds a new store by running every migration of its schema, seconds that each new warehouse would
+    otherwise pay. A store that is there is left as it is."""
+    if path.exists():
+        return
+    import mlflow  # noqa: PLC0415  # as _client's
+    from mlflow.store.db.utils import _initialize_tables  # noqa: PLC0415
+    from sqlalchemy import create_engine  # noqa: PLC0415
+
+    template = crag_home() / f"mlflow-{mlflow.__version__}-empty.db"
+    if not template.exists():
+        template.parent.mkdir(parents=True, exist_ok=True)
+        building = template.with_name(f".{template.name}.{os.getpid()}")
+        engine = create_engine(f"sqlite:///{building}")
+        _initialize_tables(engine)
+        engine.dispose()
+        os.replace(building, template)
+    copied = path.with_name(f".{path.name}.{os.getpid()}")
+    shutil.copyfile(template, copied)
+    try:
+        os.link(copied, path)  # never over a store another process has made meanwhile
+    except FileExistsError:
+        pass
+    finally:
+        copied.unlink()
+
+
 def log_run(
     cfg: CragConfig,
     warehouse: str,
     run_id: str,
     variant: str,
-    counts: dict[str, int],
+    counts: RunCounts,
     metrics,
     seconds: float,
     config_json: dict,
@@ -90,23 +122,19 @@ def log_run(
     }
     for name, role in cfg.llm_roles().items():
         params[f"{name}.endpoint"] = role.endpoint
-    accepted = max(counts.get("accepted", 0), 1)
+    accepted = max(counts.accepted, 1)
     values = {
-        "questions": counts.get("input_rows", 0),
-        "accepted": counts.get("accepted", 0),
-        "rejected": counts.get("rejected", 0),
-        "refusal_rate": counts.get("refused", 0) / accepted,
-        "errors": counts.get("errors", 0),
-        "llm_calls": counts.get("llm_calls", 0),
-        "search_calls": counts.get("search_calls", 0),
-        "prompt_tokens": counts.get("prompt_tokens", 0),
-        "completion_tokens": counts.get("completion_tokens", 0),
-        "retries": counts.get("retries", 0),
-        "cache_hits": counts.get("cache_hits", 0),
-        "mean_relevant_docs": counts.get("relevant_docs", 0) / accepted,
+        "questions": counts.input_rows,
+        "accepted": counts.accepted,
+        "rejected": counts.rejected,
+        "refusal_rate": counts.refused / accepted,
+        "errors": counts.errors,
+        **{name: getattr(counts, name) for name in USAGE},
+        "mean_relevant_docs": counts.relevant_docs / accepted,
         "wall_time_s": seconds,
     }
-    values.update({f"{k}_rate": v / accepted for k, v in counts.items() if k.startswith(("route_", "action_"))})
+    values.update({f"route_{k}_rate": v / accepted for k, v in counts.routes.items()})
+    values.update({f"action_{k}_rate": v / accepted for k, v in counts.actions.items()})
     if metrics is not None:
         values.update(
             {f"eval.{m}": v for m, s, v in metrics[["metric", "slice", "value"]].itertuples(index=False) if s == "all"}

@@ -1,19 +1,26 @@
 """The Warehouse: one object that names crag's tables and owns the Spark session that reads and
 writes them (Kedro's DataCatalog is the model: `warehouse.load("answers")`, `warehouse.append(...)`).
 
+What is stored and what is shown are declared once, in crag.schema: each run writes its rows into the
+stored tables `inputs`, `results` and `metric_values` under a new generation, and the tables users
+query (`answers`, `grades`, `decisions`, `rejects`, `gold`, `metrics`) are views that show each run's
+`shown_generation` (crag.schema.View). Recording a run's outcome in `runs` is what shows its rows: a
+re-run's rows replace the earlier ones in that one commit, and a run that fails shows none of its own.
+
 Every table is written by Spark's own Delta writer, through the catalog, on classic Spark and on
 Spark Connect alike:
 - a Unity Catalog (or any catalog) schema, given as `catalog.schema`: tables are
-  `catalog.schema.<name>`, managed by the catalog;
-- a local folder: tables are registered as `<tables.local_catalog>.<schema>.<name>` with their data at
-  `<folder>/<name>`, the same code path as three-part Unity Catalog names. The schema is the folder's
-  own (`crag_<folder name>_<hash of its path>`, see `folder_schema`): a session, or a Spark Connect
-  server serving several clients, shares one catalog, and a name that two folders took turns to
-  register could send one folder's rows into the other's files. The folder layout is plain Delta, so
-  `crag sql` reads it without a JVM.
+  `catalog.schema.<name>`, managed by the catalog, and the views are catalog views;
+- a local folder: stored tables are registered as `<tables.local_catalog>.<schema>.<name>` with their
+  data at `<folder>/<name>`, the same code path as three-part Unity Catalog names. The schema is the
+  folder's own (`crag_<folder name>_<hash of its path>`, see `folder_schema`): a session, or a Spark
+  Connect server serving several clients, shares one catalog, and a name that two folders took turns
+  to register could send one folder's rows into the other's files. The folder layout is plain Delta:
+  `crag sql` reads it without a JVM and defines the views itself (crag.sql).
 
-Values never enter SQL text: writes and deletes take Column conditions (DataFrameWriterV2
-`overwrite(condition)`), and identifiers are validated and quoted.
+Values never enter SQL text: rows are written and removed with Column conditions (DataFrameWriterV2
+`overwrite(condition)`), merges take their values from a source frame (`Merge`), and identifiers are
+validated and quoted.
 """
 
 from __future__ import annotations
@@ -21,11 +28,13 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-import shutil
 import time
 import uuid
 import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -97,6 +106,80 @@ def _retried_on_conflict(attempt, attempts: int = 8):
     return _AGAIN
 
 
+# ------------------------------------------------------------------ merges
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A MERGE condition over the target row `t` and the source row `s`: column names only, every
+    value comes from the source row. Combine with `|`."""
+
+    sql: str
+
+    def __or__(self, other: Condition) -> Condition:
+        return Condition(f"({self.sql}) OR ({other.sql})")
+
+    def __and__(self, other: Condition) -> Condition:
+        return Condition(f"({self.sql}) AND ({other.sql})")
+
+
+def target_differs(column: str) -> Condition:
+    """The target row's `column` is not the source row's."""
+    return Condition(f"t.{quote(column)} <> s.{quote(column)}")
+
+
+def target_matches(column: str, source_column: str) -> Condition:
+    """The target row's `column` equals the source row's `source_column`, nulls equal to nulls."""
+    return Condition(f"t.{quote(column)} <=> s.{quote(source_column)}")
+
+
+@dataclass
+class Merge:
+    """A MERGE of a few source rows into a stored table, built like delta-rs's
+    `merge(...).when_matched_update(...).when_not_matched_insert_all().execute()`; the Warehouse
+    writes it as SQL over quoted column names. Source rows match target rows that agree on every `on`
+    column (the table's key by default)."""
+
+    warehouse: Warehouse
+    table: str
+    rows: Any  # a DataFrame with the table's columns, and any a condition reads
+    on: tuple[str, ...]
+    clauses: list[str] = field(default_factory=list)
+
+    def when_matched_update(self, keep: tuple[str, ...] = (), only_if: Condition | None = None) -> Merge:
+        """Update a matched row to the source row's values, but for the `keep` columns."""
+        columns = [c for c in self.warehouse.columns(self.table).names if c not in keep]
+        assignments = ", ".join(f"t.{quote(c)} = s.{quote(c)}" for c in columns)
+        self.clauses.append(f"WHEN MATCHED{f' AND ({only_if.sql})' if only_if else ''} THEN UPDATE SET {assignments}")
+        return self
+
+    def when_not_matched_insert_all(self) -> Merge:
+        columns = self.warehouse.columns(self.table).names
+        names = ", ".join(quote(c) for c in columns)
+        self.clauses.append(
+            f"WHEN NOT MATCHED THEN INSERT ({names}) VALUES ({', '.join(f's.{quote(c)}' for c in columns)})"
+        )
+        return self
+
+    def execute(self):
+        """Run it, again when another writer commits first. Delta's row counts of the MERGE (a Row with
+        num_affected_rows, num_inserted_rows, ...), or None when the session gives none."""
+        wh = self.warehouse
+        view = f"crag_merge_{uuid.uuid4().hex}"
+        self.rows.createOrReplaceTempView(view)
+        matched = " AND ".join(f"t.{quote(c)} = s.{quote(c)}" for c in self.on)
+        statement = (
+            f"MERGE INTO {wh.name(self.table)} AS t USING {quote(view)} AS s ON {matched} {' '.join(self.clauses)}"
+        )
+        try:
+            result = _retried_on_conflict(lambda: wh.spark.sql(statement).collect())
+        finally:
+            wh.spark.catalog.dropTempView(view)
+        return result[0] if result else None
+
+
+# ------------------------------------------------------------------ the warehouse
+
 # Per Spark session: the local table names crag has registered (the session's catalog is the truth;
 # this spares asking it on every use). A name is one folder's alone (folder_schema).
 _REGISTERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -123,7 +206,7 @@ class Warehouse:
                     raise InputError(
                         f"tables.local_catalog / local_schema_prefix must be plain identifiers, got {name!r}"
                     )
-            self._attach_folder()
+            self.spark.sql(f"CREATE SCHEMA IF NOT EXISTS {quote(self.catalog)}.{quote(self.schema)}")
 
     def __repr__(self) -> str:
         return f"Warehouse({self.location!r} as {self.catalog}.{self.schema})"
@@ -135,11 +218,12 @@ class Warehouse:
         return ".".join(quote(part) for part in (self.catalog, self.schema, table))
 
     def path(self, table: str) -> Path | None:
-        """Where a local warehouse keeps the table's files (None for catalog-managed tables)."""
+        """Where a local warehouse keeps a stored table's files (None for catalog-managed tables)."""
         return None if self.folder is None else self.folder / table
 
-    def _attach_folder(self) -> None:
-        self.spark.sql(f"CREATE SCHEMA IF NOT EXISTS {quote(self.catalog)}.{quote(self.schema)}")
+    @staticmethod
+    def columns(table: str) -> pa.Schema:
+        return schema.TABLES[table]
 
     def _attach(self, table: str) -> None:
         """A local catalog lives only as long as its session: register the table's name for the
@@ -160,21 +244,11 @@ class Warehouse:
         if self.spark.catalog.tableExists(name):
             registered.add(name)
 
-    @staticmethod
-    def staging(kind: str, run_id: str) -> str:
-        """The name of a run's own work table (`run_inputs` or `run_staging`, see crag.schema): one
-        table per run, dropped whole when the run is finalised. Catalogs allow only letters, digits and
-        '_' in table names: the run id is spelt with those, and its hash keeps two ids apart."""
-        readable = re.sub(r"[^A-Za-z0-9_]", "_", run_id)[:60]
-        return f"{kind}__{readable}_{hashlib.sha256(run_id.encode()).hexdigest()[:8]}".lower()
-
-    @staticmethod
-    def _schema(table: str) -> pa.Schema:
-        return schema.ALL_TABLES[table.split("__", 1)[0]]
-
     # ------------------------------------------------------------------ reading
 
     def exists(self, table: str) -> bool:
+        """Whether the table (a stored table, or a view's stored table) is there to read."""
+        table = schema.VIEWS[table].stored if table in schema.VIEWS else table
         if self.folder is not None:
             self._attach(table)
         try:
@@ -189,8 +263,13 @@ class Warehouse:
             ) from None
 
     def load(self, table: str):
-        """The whole table as a Spark DataFrame; an empty one with the table's columns if it does not
-        exist yet."""
+        """The whole table as a Spark DataFrame (a view: the rows each run shows); an empty one with the
+        table's columns if it does not exist yet."""
+        if table in schema.VIEWS:
+            view = schema.VIEWS[table]
+            if not (self.exists(view.stored) and self.exists("runs")):
+                return self.empty(table)
+            return self.spark.sql(view.sql(self.name))
         if not self.exists(table):
             return self.empty(table)
         return self.spark.table(self.name(table))
@@ -200,15 +279,26 @@ class Warehouse:
 
         return self.load(table).where(F.col("run_id") == F.lit(run_id))
 
+    def load_generation(self, table: str, run_id: str, generation: str):
+        """The rows of one generation of a run, shown or not (a run reads its own rows before its
+        outcome shows them): of a stored table, or of a view (without its generation column)."""
+        from pyspark.sql import functions as F
+
+        view = schema.VIEWS.get(table)
+        if not self.exists(view.stored if view else table):
+            return self.empty(table)
+        rows = self.spark.sql(view.sql(self.name, shown=False)) if view else self.spark.table(self.name(table))
+        rows = rows.where((F.col("run_id") == F.lit(run_id)) & (F.col("generation") == F.lit(generation)))
+        return rows.drop("generation") if view else rows
+
     def empty(self, table: str):
         """No rows, the table's columns. Built from one row of nulls: Spark Connect cannot create a
         DataFrame from an empty Arrow table."""
-        target = self._schema(table)
-        return self.spark.createDataFrame(pa.Table.from_pylist([{}], schema=target)).limit(0)
+        return self.spark.createDataFrame(pa.Table.from_pylist([{}], schema=self.columns(table))).limit(0)
 
     def frame(self, table: str, rows: pa.Table):
         """Driver-side rows (small: a run's row, metrics, a comparison) as a DataFrame of the table."""
-        target = self._schema(table)
+        target = self.columns(table)
         return self.spark.createDataFrame(rows.select(target.names).cast(target))
 
     # ------------------------------------------------------------------ writing
@@ -236,32 +326,17 @@ class Warehouse:
         """Atomically replace the rows matching `condition` (a Column) with `df`'s rows."""
         self._write(table, df, lambda writer: writer.overwrite(condition))
 
-    def merge(self, table: str, rows, on: str, clauses: str):
-        """MERGE `rows` (a small DataFrame) into the table as source `s`, target `t`; `on` and
-        `clauses` are SQL over those two aliases and column names only, every value comes from `rows`.
-        Retried when another writer commits first. Delta's row counts of the MERGE (a Row with
-        num_affected_rows, num_inserted_rows, ...), or None when the session gives none."""
-        view = f"crag_merge_{uuid.uuid4().hex}"
-        rows.createOrReplaceTempView(view)
-        statement = f"MERGE INTO {self.name(table)} AS t USING {quote(view)} AS s ON {on} {clauses}"
-        try:
-            result = _retried_on_conflict(lambda: self.spark.sql(statement).collect())
-        finally:
-            self.spark.catalog.dropTempView(view)
-        return result[0] if result else None
-
-    def drop(self, table: str) -> None:
-        """Remove a table and its data (a run's work tables, once the run is finalised)."""
+    def forget(self, table: str, condition) -> None:
+        """Remove the rows matching `condition` (a Column), if the table is there."""
         if self.exists(table):
-            self.spark.sql(f"DROP TABLE IF EXISTS {self.name(table)}")
-        if self.folder is not None:
-            _REGISTERED.get(self.spark, set()).discard(self.name(table))
-        path = self.path(table)
-        if path is not None and path.is_dir():
-            shutil.rmtree(path)  # an external table's files outlive DROP TABLE
+            self.replace(table, self.empty(table), condition)
+
+    def merge(self, table: str, rows, on: tuple[str, ...] | None = None) -> Merge:
+        """A MERGE of `rows` into `table` on `on` (default: the table's key), to build and execute."""
+        return Merge(self, table, rows, on or schema.STORED[table].key)
 
     def _write(self, table: str, df, action, prepare=None) -> None:
-        df = df.select(*self._schema(table).names)
+        df = df.select(*self.columns(table).names)
 
         def write():
             if not self.ensure(table):
@@ -272,10 +347,12 @@ class Warehouse:
         if _retried_on_conflict(write) is _AGAIN:
             raise CragError(f"table {self.name(table)} was being created by another writer and did not appear")
 
+    # ------------------------------------------------------------------ creating and checking
+
     def ensure(self, table: str) -> bool:
-        """Create the table, empty, if it does not exist (`exists` registers one that another process
-        has created in a local folder since this session first looked). Rows are never written by the
-        creation itself: a creation that loses a race to another writer can fail after Delta has
+        """Create the stored table, empty, if it does not exist (`exists` registers one that another
+        process has created in a local folder since this session first looked). Rows are never written
+        by the creation itself: a creation that loses a race to another writer can fail after Delta has
         committed its rows, and writing them again would store them twice (seen: three Spark Connect
         clients finalising at once). Of writers creating a table at once, one succeeds; the others'
         conflict is ignored. True when the table is there now; False when another writer's creation
@@ -294,13 +371,58 @@ class Warehouse:
         """A new, empty Delta table with the table's own columns (`empty`: crag.schema's types and
         nullability), by an empty CTAS. Not `catalog.createTable` with a schema, although that commits
         without a Spark job in half the time: through Spark Connect it records string columns as
-        `string collate UTF8_BINARY`, which delta-rs (`crag sql`) cannot read."""
+        `string collate UTF8_BINARY`, which delta-rs (`crag sql`) cannot read. In a catalog, the views
+        over a stored table are created with it."""
         path = self.path(table)
         writer = self.empty(table).writeTo(self.name(table)).using("delta")
         if path is not None:
             writer = writer.tableProperty("location", str(path))
-        if "__" in table:  # a run's work table is read whole, never filtered: no column statistics to collect
-            writer = writer.tableProperty("delta.dataSkippingNumIndexedCols", "0")
         writer.create()
         if path is not None:
             _REGISTERED.setdefault(self.spark, set()).add(self.name(table))
+        else:
+            for name, view in schema.VIEWS.items():
+                if table in (view.stored, "runs"):
+                    self.spark.sql(f"CREATE VIEW IF NOT EXISTS {self.name(name)} AS {view.sql(self.name)}")
+
+    def prepare(self, tables: tuple[str, ...]) -> None:
+        """Before a run's first write: each of its stored `tables` checked, in parallel, to hold crag's
+        columns (created when missing), and no view's name taken by a table of another kind, so that
+        the run writes to all its tables or to none of them."""
+        with ThreadPoolExecutor(max_workers=len(tables) + 1, thread_name_prefix="crag-prepare") as pool:
+            checks = [pool.submit(self._prepare_one, t) for t in tables]
+            checks.append(pool.submit(self._check_views))
+            for check in checks:
+                check.result()
+
+    def _prepare_one(self, table: str) -> None:
+        if not self.ensure(table):
+            return  # another writer's creation: of crag's columns
+        found = [(f.name, f.dataType.simpleString()) for f in self.spark.table(self.name(table)).schema]
+        wanted = [(f.name, f.dataType.simpleString()) for f in self.empty(table).schema]
+        if found != wanted:
+            differing = sorted({n for n, _ in found} ^ {n for n, _ in wanted}) or [
+                n for (n, t), (_, w) in zip(found, wanted) if t != w
+            ]
+            raise InputError(
+                f"table {table} in warehouse {self.location} is not crag's {table} table (columns "
+                f"{', '.join(differing[:5]) or 'in another order'} differ): it belongs to another program or "
+                f"another version of crag; write to another warehouse, or move that table away"
+            )
+
+    def _check_views(self) -> None:
+        """A view's name held by a stored table: the layout of crag before 0.3 (answers, grades, ... were
+        tables), or another program's table."""
+        for name in schema.VIEWS:
+            path = self.path(name)
+            if path is not None:
+                taken = (path / "_delta_log").is_dir()
+            else:
+                found = [t for t in self.spark.catalog.listTables(f"{self.catalog}.{self.schema}") if t.name == name]
+                taken = bool(found) and found[0].tableType != "VIEW"
+            if taken:
+                raise InputError(
+                    f"warehouse {self.location} has a table named {name}, where crag shows a view of its "
+                    f"stored rows (a warehouse written by crag before 0.3, or by another program): write to "
+                    f"another warehouse"
+                )

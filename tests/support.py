@@ -38,28 +38,24 @@ def crag_run_args(
 
 
 def run_rows(warehouse, name: str, run_id: str | None = None):
-    """A table of a local warehouse (one run's rows, when given), read with delta-rs."""
+    """A table or view of a local warehouse (one run's rows, when given), read without a JVM as `crag sql`
+    reads it (crag.sql: delta-rs and DataFusion, with crag's views)."""
+    from crag.sql import read_table
+
+    rows = read_table(warehouse, name).to_pandas()
+    return rows if run_id is None else rows[rows["run_id"] == run_id].reset_index(drop=True)
+
+
+def committed_questions(warehouse, run_id: str) -> set[str]:
+    """The questions a run has committed answers for so far, in any of its generations (none while its
+    first commit is under way)."""
     from deltalake import DeltaTable
 
-    filters = [("run_id", "=", run_id)] if run_id else None
-    return DeltaTable(str(Path(warehouse) / name)).to_pyarrow_table(filters=filters).to_pandas()
-
-
-def staging_folder(warehouse, run_id: str, kind: str = "run_staging") -> Path:
-    """Where an unfinished run keeps its committed batches (or, kind run_inputs, its validated input)."""
-    from crag.warehouse import Warehouse
-
-    return Path(warehouse) / Warehouse.staging(kind, run_id)
-
-
-def staged_questions(warehouse, run_id: str) -> set[str]:
-    """The questions an unfinished run has committed so far (none while its first commit is under way)."""
-    from deltalake import DeltaTable
-
-    folder = staging_folder(warehouse, run_id)
+    folder = Path(warehouse) / "results"
     if not any((folder / "_delta_log").glob("*.json")):
         return set()
-    return set(DeltaTable(str(folder)).to_pandas()["question_id"])
+    rows = DeltaTable(str(folder)).to_pyarrow_table(columns=["question_id"], filters=[("run_id", "=", run_id)])
+    return set(rows.column("question_id").to_pylist())
 
 
 # Three short passages, two English and one Japanese, each answering other questions: what the

@@ -4,10 +4,9 @@ before any work. Nothing is lost and nothing prints a traceback."""
 import json
 
 import pytest
-from deltalake import DeltaTable
 
 from crag.cli import main
-from tests.support import LOCAL_CONF, REPO, crag_run_args
+from tests.support import LOCAL_CONF, REPO, crag_run_args, run_rows
 
 OPENAI_CONF = REPO / "conf" / "openai.yaml"
 
@@ -51,8 +50,8 @@ def rejected_run(spark, index_overrides, tmp_path_factory):
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     code = main(crag_run_args(folder / "wh", "--run-id", "bad", questions=path, overrides=index_overrides))
     assert code == 0
-    rejects = DeltaTable(str(folder / "wh" / "rejects")).to_pandas()
-    answers = DeltaTable(str(folder / "wh" / "answers")).to_pandas()
+    rejects = run_rows(folder / "wh", "rejects")
+    answers = run_rows(folder / "wh", "answers")
     return rows, rejects, answers
 
 
@@ -173,10 +172,10 @@ def test_a_file_of_unreadable_rows_is_reject_rows_and_one_line(case, tmp_path, i
     assert "crag: error: no question was accepted: all 1 input rows were rejected" in err and "Traceback" not in err, (
         err
     )
-    rejects = DeltaTable(str(tmp_path / "wh" / "rejects")).to_pandas()
+    rejects = run_rows(tmp_path / "wh", "rejects")
     assert len(rejects) == 1 and rejects.loc[0, "reason"].startswith(reason), rejects["reason"]
     assert list(rejects["input_row"]) == [0]
-    runs = DeltaTable(str(tmp_path / "wh" / "runs")).to_pandas()
+    runs = run_rows(tmp_path / "wh", "runs")
     assert runs.loc[0, "status"] == "failed" and dict(runs.loc[0, "counts"])["rejected"] == 1  # its counts kept
 
 
@@ -203,7 +202,7 @@ def test_one_line_error(case, tmp_path, index_overrides, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert err.startswith("crag: error: ") and err.count("\n") == 1, err
     assert message in err, err
-    assert not (tmp_path / "wh" / "answers").exists()
+    assert not (tmp_path / "wh" / "results").exists() and not (tmp_path / "wh" / "inputs").exists()
 
 
 def test_index_errors_are_one_line(tmp_path, capsys):

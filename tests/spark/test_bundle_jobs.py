@@ -5,10 +5,9 @@ import runpy
 import sys
 
 import pytest
-from deltalake import DeltaTable
 
 from crag.cli import main
-from tests.support import REPO, SAMPLE
+from tests.support import REPO, SAMPLE, run_rows
 from tests.unit.test_bundle import local_task
 
 
@@ -36,7 +35,7 @@ def test_every_job_runs_locally_with_the_bundle_parameters(spark, tmp_path, caps
     for variant in ("base", "paper_thresholds"):
         values = {**local, "questions": str(SAMPLE / "questions.jsonl"), "variant": variant, "overrides": overrides}
         _run_task(monkeypatch, "crag_batch", values, variables)
-    runs = DeltaTable(str(tmp_path / "wh" / "runs")).to_pandas().set_index("run_id")
+    runs = run_rows(tmp_path / "wh", "runs").set_index("run_id")
     assert (
         runs.loc["base-local1", "variant"] == "base"
         and runs.loc["paper_thresholds-local1", "variant"] == "paper_thresholds"

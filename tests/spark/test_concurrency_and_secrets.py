@@ -10,7 +10,7 @@ from crag.backends.llm_roles import LLMGenerator, LLMSourceCheck, Prompt
 from crag.cli import main
 from crag.config import load_config
 from crag.job import run
-from tests.support import LOCAL_CONF, REPO, SAMPLE, TOKEN, crag_run_args
+from tests.support import LOCAL_CONF, REPO, SAMPLE, TOKEN, crag_run_args, run_rows
 
 
 def test_two_runs_write_the_same_warehouse_at_once(spark, tmp_path, index_overrides):
@@ -38,12 +38,12 @@ def test_two_runs_write_the_same_warehouse_at_once(spark, tmp_path, index_overri
     for t in threads:
         t.join()
     assert errors == []
-    answers = DeltaTable(str(tmp_path / "answers")).to_pandas()
+    answers = run_rows(tmp_path, "answers")
     assert answers.groupby("run_id").size().to_dict() == {"left": 49, "right": 49}
     assert not answers.duplicated(["run_id", "question_id"]).any()
-    runs = DeltaTable(str(tmp_path / "runs")).to_pandas().set_index("run_id")
+    runs = run_rows(tmp_path, "runs").set_index("run_id")
     assert set(runs["status"]) == {"succeeded"}
-    grades = DeltaTable(str(tmp_path / "grades")).to_pandas()
+    grades = run_rows(tmp_path, "grades")
     for run_id in results:
         mine = answers[answers["run_id"] == run_id]
         assert len(grades[grades["run_id"] == run_id]) == mine["n_retrieved"].sum() + mine["n_web"].sum()
@@ -67,7 +67,7 @@ def test_no_secret_in_tables_logs_or_run_config(spark, emulator, tmp_path, capfd
     assert any(p.name == "config.json" for p in mlflow_files)  # the MLflow store and artifacts exist ...
     for path in mlflow_files:
         assert TOKEN.encode() not in path.read_bytes(), path  # ... and hold no secret
-    config = DeltaTable(str(tmp_path / "runs")).to_pandas().loc[0, "config"]
+    config = run_rows(tmp_path, "runs").loc[0, "config"]
     assert "DATABRICKS_TOKEN" in config and TOKEN not in config  # where the secret comes from, not what it is
 
 

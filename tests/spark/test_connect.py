@@ -22,9 +22,9 @@ from tests.support import (
     LOCAL_CONF,
     REPO,
     SAMPLE,
+    committed_questions,
     crag_run_args,
-    staged_questions,
-    staging_folder,
+    run_rows,
     uniform_questions,
 )
 
@@ -76,7 +76,7 @@ def _run_args(index_overrides, warehouse, run_id, *extra):
 
 
 def table(warehouse, name) -> pd.DataFrame:
-    return DeltaTable(str(warehouse / name)).to_pandas()
+    return run_rows(warehouse, name)
 
 
 def test_the_client_holds_no_jvm(connect_url):
@@ -160,14 +160,14 @@ def test_sigkill_then_resume_on_connect(connect_url, index_overrides, tmp_path):
     )
     deadline, staged = time.time() + 300, 0
     while time.time() < deadline and first.poll() is None:
-        staged = len(staged_questions(warehouse, "killed"))
+        staged = len(committed_questions(warehouse, "killed"))
         if staged >= 12:
             break
         time.sleep(0.2)
     assert first.poll() is None, "the run ended before it could be killed: " + first.stderr.read().decode()[-1500:]
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
-    done = set(DeltaTable(str(staging_folder(warehouse, "killed"))).to_pandas()["question_id"])
+    done = committed_questions(warehouse, "killed")
     assert 12 <= len(done) < 49
     second = crag(*args[:-2], "--resume", "killed", url=connect_url)
     # The server finishes the write a killed client had started: it may commit after `done` was read.
@@ -175,8 +175,11 @@ def test_sigkill_then_resume_on_connect(connect_url, index_overrides, tmp_path):
     assert resumed and len(done) <= int(resumed[1]) < 49, second.stderr
     answers = table(warehouse, "answers")
     assert len(answers) == 49 and answers["question_id"].is_unique
-    assert table(warehouse, "runs").loc[0, "status"] == "succeeded"
-    assert not staging_folder(warehouse, "killed").exists()  # finalised: its work tables are gone
+    runs = table(warehouse, "runs")
+    assert runs.loc[0, "status"] == "succeeded"
+    # one generation, resumed: the killed client's and the resume's results are the rows shown
+    assert runs.loc[0, "shown_generation"] == runs.loc[0, "generation"]
+    assert set(table(warehouse, "results")["generation"]) == {runs.loc[0, "generation"]}
 
 
 def test_one_writer_per_run_id_on_connect(connect_url, index_overrides, tmp_path):

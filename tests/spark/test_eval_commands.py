@@ -3,7 +3,7 @@
 import json
 
 from crag.cli import main
-from tests.support import crag_run_args
+from tests.support import crag_run_args, run_rows
 
 
 def test_eval_and_calibrate_commands_on_the_sample(spark, tmp_path, index_overrides, capsys):
@@ -14,7 +14,7 @@ def test_eval_and_calibrate_commands_on_the_sample(spark, tmp_path, index_overri
     assert "routing_accuracy" in out and "language=ja" in out
     from deltalake import DeltaTable
 
-    metrics = DeltaTable(str(tmp_path / "metrics")).to_pandas()
+    metrics = run_rows(tmp_path, "metrics")
     assert set(metrics["run_id"]) == {"gold"} and not metrics.duplicated(["metric", "slice"]).any()
     routing = metrics[(metrics["metric"] == "routing_accuracy") & (metrics["slice"] == "all")]
     assert routing["n"].iloc[0] == 49 and routing["value"].iloc[0] >= 0.9
@@ -71,10 +71,10 @@ def test_eval_counts_the_questions_without_gold_in_the_metrics_that_need_none(sp
     from deltalake import DeltaTable
 
     # a slice name no run can have is said before any metric is written
-    version = DeltaTable(str(tmp_path / "w" / "metrics")).version()
+    version = DeltaTable(str(tmp_path / "w" / "metric_values")).version()
     assert main(["eval", "--warehouse", str(tmp_path / "w"), "--run", "some", "--slices", "all,langauge"]) == 2
     assert capsys.readouterr().err.startswith("crag: error: unknown slice 'langauge': a slice is all, or one of route")
-    assert DeltaTable(str(tmp_path / "w" / "metrics")).version() == version
+    assert DeltaTable(str(tmp_path / "w" / "metric_values")).version() == version
     assert (
         main(["eval", "--warehouse", str(tmp_path / "w"), "--run", "some", "--slices", "all", "--format", "json"]) == 0
     )

@@ -63,7 +63,7 @@ def test_an_endpoint_that_always_fails_errors_its_questions_and_the_job_goes_on(
     # nothing found on the web) were refused without a model call
     assert len(errored) > 0 and errored["error"].str.contains("500").all()
     assert set(answers["route"]) <= {"error", "refused"}
-    assert result.counts["errors"] == len(errored) and result.counts["retries"] > 0
+    assert result.counts.errors == len(errored) and result.counts.retries > 0
     assert "errors      " + str(len(errored)) in result.summary()
     assert pd.Series(answers["question_id"]).is_unique
 

@@ -18,7 +18,7 @@ from crag import cli
 from crag.cli import main
 from crag.errors import InputError
 from crag.ids import check_run_id
-from tests.support import REPO, crag_run_args, staged_questions
+from tests.support import REPO, committed_questions, crag_run_args, run_rows
 
 
 @pytest.mark.parametrize("run_id", ["r1\n", "r1\r\n", "r1\n\n", "\nr1", "r 1", "r1/..", "", "-r1", "r1\x00"])
@@ -215,10 +215,9 @@ def test_a_signal_during_crag_run_ends_with_the_resume_line(tmp_path, sample_ind
     same = [k for k in vars(started) if k not in ("run_id", "resume", "overrides", "override_list")]
     assert [getattr(started, k) for k in same] == [getattr(resumed, k) for k in same]
     # and what it resumes is there: the run recorded as failed, its committed batches kept
-    from deltalake import DeltaTable
 
-    assert DeltaTable(str(tmp_path / "wh" / "runs")).to_pandas().loc[0, "status"] == "failed"
-    assert 0 < len(staged_questions(tmp_path / "wh", "sig")) < 49
+    assert run_rows(tmp_path / "wh", "runs").loc[0, "status"] == "failed"
+    assert 0 < len(committed_questions(tmp_path / "wh", "sig")) < 49
 
 
 def test_the_resume_line_shows_no_credential(monkeypatch, capsys):

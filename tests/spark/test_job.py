@@ -2,8 +2,6 @@
 
 import json
 import logging
-import uuid
-from datetime import UTC, datetime
 
 import pandas as pd
 import pyarrow as pa
@@ -12,20 +10,19 @@ from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
 from crag import job as crag_job
+from crag import ledger as crag_ledger
 from crag import schema
 from crag.compare import compare
 from crag.config import CragConfig
+from crag.counts import RunCounts
 from crag.errors import CragError, UnusableIndexError
 from crag.job import run
+from crag.ledger import Ledger
 from crag.warehouse import Warehouse
-from tests.support import LOCAL_CONF, SAMPLE, staging_folder
+from tests.support import LOCAL_CONF, SAMPLE, run_rows
 
 QUESTIONS = SAMPLE / "questions.jsonl"
-
-
-def table(warehouse, name, run_id=None):
-    df = DeltaTable(str(warehouse / name)).to_pandas()
-    return df if run_id is None else df[df["run_id"] == run_id].reset_index(drop=True)
+table = run_rows
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +96,7 @@ def test_decisions_explain_each_question(sample_run):
 
 def test_answers_columns_and_sources(sample_run):
     _, warehouse = sample_run
-    dt = DeltaTable(str(warehouse / "answers"))
-    assert dt.schema().to_arrow().names == schema.ANSWERS.names
+    assert list(table(warehouse, "answers").columns) == schema.ANSWERS.names
     answers = table(warehouse, "answers", "sample-1").set_index("question_id")
     fuji = answers.loc["q-web-04"]
     assert "3,776" in fuji["answer"] and fuji["web_query"] == "high Mount Fuji"
@@ -121,12 +117,14 @@ def test_runs_table_records_config_and_counts(sample_run):
 
 
 def test_tables_are_readable_by_any_delta_reader(sample_run):
+    """The stored tables are plain Delta tables; the views are a SELECT over them (crag.schema.VIEWS)."""
     _, warehouse = sample_run
-    written = [name for name in schema.ALL_TABLES if (warehouse / name / "_delta_log").is_dir()]
-    assert {"answers", "grades", "decisions", "runs", "rejects", "gold", "metrics", "stage_cache"} <= set(written)
+    written = [name for name in schema.STORED if (warehouse / name / "_delta_log").is_dir()]
+    assert {"runs", "inputs", "results", "metric_values", "stage_cache"} <= set(written)
     for name in written:
         protocol = DeltaTable(str(warehouse / name)).protocol()
         assert (protocol.min_reader_version, protocol.min_writer_version) == (1, 2), name
+    assert not any((warehouse / name).exists() for name in schema.VIEWS)  # shown, not stored
 
 
 def test_rerunning_a_run_id_replaces_its_rows(spark, index_overrides, tmp_path):
@@ -141,45 +139,46 @@ def test_rerunning_a_run_id_replaces_its_rows(spark, index_overrides, tmp_path):
     assert not grades.duplicated(["run_id", "question_id", "source", "rank"]).any()
 
 
-def test_counts_observed_while_each_batch_was_written_are_the_staged_rows_counted_again(
+def test_counts_observed_while_each_batch_was_written_are_the_stored_rows_counted_again(
     spark, index_overrides, tmp_path, monkeypatch
 ):
     """The run's totals are summed from what Spark observed while writing each batch; counted again
-    over the whole staging table they are the same."""
-    real, seen = crag_job.run_counts, []
+    over the generation's stored results they are the same."""
+    from crag import resume
 
-    def counted_both_ways(plan, staged=None):
-        counts = real(plan, staged)
-        if staged is None:
-            assert plan.staged_counts  # this attempt observed every batch
-            seen.append((dict(counts), real(plan, plan.warehouse.load(plan.staging))))
-        return counts
+    real, seen = crag_job.check_invariant, []
 
-    monkeypatch.setattr(crag_job, "run_counts", counted_both_ways)
-    sets = [*index_overrides, "spark.batch_questions=10"]
+    def counted_both_ways(counts, question_ids, plan):
+        seen.append((counts, resume.recount(plan), question_ids))
+        return real(counts, question_ids, plan)
+
+    monkeypatch.setattr(crag_job, "check_invariant", counted_both_ways)
+    sets = [*index_overrides, "spark.batch_questions=10", "spark.batch_seconds=0.001"]
     result = run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="observed", overrides=sets, spark=spark)
-    observed, recounted = seen[0]
-    assert observed == recounted
-    assert result.counts["accepted"] == 49 and observed["search_calls"] > 0
+    observed, (recounted, recounted_ids), ids = seen[0]
+    assert observed == recounted and ids == recounted_ids
+    assert result.counts.accepted == 49 and observed.search_calls > 0
 
 
 def test_a_question_answered_twice_and_another_not_at_all_breaks_the_row_invariant(spark, tmp_path):
-    """As many staged rows as accepted questions is not enough: the ids must be the accepted ones."""
+    """As many results as accepted questions is not enough: the ids must be the accepted ones."""
+    from crag.counts import aggregates
+
     wh = Warehouse(spark, str(tmp_path))
-    plan = crag_job.RunPlan(CragConfig(), "r", "base", wh, {}, "attempt", datetime.now(UTC))
-    inputs = Warehouse.staging("run_inputs", "r")
+    plan = crag_job.RunPlan(CragConfig(), Ledger(wh, CragConfig(), "r", "base"), {}, None)
     rows = [{"run_id": "r", "question_id": q, "question": "?", "input_row": i} for i, q in enumerate("abc")]
-    totals = wh.frame(inputs, pa.Table.from_pylist(rows, schema.RUN_INPUTS)).agg(*crag_job._input_totals()).collect()[0]
+    totals = wh.frame("inputs", pa.Table.from_pylist(rows, schema.INPUTS)).agg(*crag_job.input_totals()).collect()[0]
     plan.input_rows = plan.accepted = int(totals["accepted"])
     plan.question_ids = int(totals["question_ids"])
-    staging = Warehouse.staging("run_staging", "r")
 
-    def staged(ids: str):
-        return wh.frame(staging, pa.Table.from_pylist([{"question_id": q} for q in ids], schema.RUN_STAGING))
+    def answered(ids: str) -> tuple[RunCounts, int]:
+        results = wh.frame("results", pa.Table.from_pylist([{"question_id": q} for q in ids], schema.RESULTS))
+        counted = results.agg(*aggregates()).collect()[0].asDict()
+        return RunCounts.of_results(counted, plan.input_rows, plan.rejected), int(counted["question_ids"])
 
-    crag_job.check_invariant(crag_job.run_counts(plan, staged("cab")), plan)
+    crag_job.check_invariant(*answered("cab"), plan)
     with pytest.raises(CragError, match="not the accepted ones"):
-        crag_job.check_invariant(crag_job.run_counts(plan, staged("aab")), plan)
+        crag_job.check_invariant(*answered("aab"), plan)
 
 
 def test_missing_index_fails_before_spark_work(spark, tmp_path):
@@ -191,7 +190,7 @@ def test_missing_index_fails_before_spark_work(spark, tmp_path):
             overrides=[f"retriever.index={tmp_path / 'none'}"],
             spark=spark,
         )
-    assert not (tmp_path / "answers").exists()
+    assert not (tmp_path / "results").exists() and not (tmp_path / "runs").exists()
 
 
 def test_bad_run_id(spark, index_overrides, tmp_path):
@@ -199,18 +198,22 @@ def test_bad_run_id(spark, index_overrides, tmp_path):
         run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="x'; drop", overrides=index_overrides, spark=spark)
 
 
-def test_a_finished_run_leaves_no_staging_rows_and_the_catalog_names_its_tables(sample_run, spark):
+def test_a_finished_run_shows_only_its_generation_and_the_catalog_names_its_tables(sample_run, spark):
     _, warehouse = sample_run
-    for kind in ("run_staging", "run_inputs"):
-        assert not staging_folder(warehouse, "sample-1", kind).exists(), kind
+    runs = table(warehouse, "runs", "sample-1")
+    shown = runs.loc[0, "shown_generation"]
+    assert shown == runs.loc[0, "generation"]
+    for stored in ("inputs", "results", "metric_values"):
+        assert set(table(warehouse, stored, "sample-1")["generation"]) == {shown}, stored
     from crag.warehouse import Warehouse, folder_schema
 
     wh = Warehouse(spark, str(warehouse))
-    assert wh.name("answers") == f"`spark_catalog`.`{folder_schema(warehouse.resolve(), 'crag')}`.`answers`"
+    assert wh.name("results") == f"`spark_catalog`.`{folder_schema(warehouse.resolve(), 'crag')}`.`results`"
     assert wh.load_run("answers", "sample-1").count() == 49  # Spark reads what delta-rs reads
-    # Each table was created empty from crag.schema before its first rows: it has the declared
-    # columns, types and nullability, not whatever the first writer's frame happened to have.
-    for name in ("answers", "grades", "decisions", "rejects", "gold", "runs", "metrics", "stage_cache"):
+    # Each stored table was created empty from crag.schema before its first rows: it has the declared
+    # columns, types and nullability, not whatever the first writer's frame happened to have; a view
+    # has the declared columns too.
+    for name in ("answers", "grades", "decisions", "rejects", "gold", "runs", "metrics", "stage_cache", "results"):
         assert wh.load(name).schema == wh.empty(name).schema, name
 
 
@@ -247,15 +250,15 @@ def test_a_claim_says_whether_the_run_id_was_new_and_refuses_a_live_holder(spark
     wh = Warehouse(spark, str(tmp_path))
 
     def attempt():
-        return crag_job.RunPlan(CragConfig(), "claimed", "base", wh, {}, uuid.uuid4().hex, datetime.now(UTC))
+        return Ledger(wh, CragConfig(), "claimed", "base")
 
     first = attempt()
-    assert crag_job.claim_run(first) is True
+    assert first.claim() is True
     with pytest.raises(CragError, match="is being written by another crag process"):
-        crag_job.claim_run(attempt())  # this process is alive: its run is not stale
+        attempt().claim()  # this process is alive: its run is not stale
     first.record("failed")
     second = attempt()
-    assert crag_job.claim_run(second) is False
+    assert second.claim(first.read()) is False
     rows = table(tmp_path, "runs")
     assert rows["attempt"].tolist() == [second.attempt] and rows["status"].tolist() == ["running"]
 
@@ -266,17 +269,17 @@ def test_a_run_taken_over_by_another_process_keeps_that_process_row(spark, tmp_p
     wh = Warehouse(spark, str(tmp_path))
 
     def attempt():
-        return crag_job.RunPlan(CragConfig(), "held", "base", wh, {}, uuid.uuid4().hex, datetime.now(UTC))
+        return Ledger(wh, CragConfig(), "held", "base")
 
     first = attempt()
-    crag_job.claim_run(first)
+    first.claim()
     first.record("failed")  # as another process would see a stale run: not running
     second = attempt()
-    crag_job.claim_run(second)
+    second.claim(first.read())
     for status in ("running", "failed", "succeeded"):
-        with pytest.raises(crag_job.RunTakenOver, match="was taken over by another crag process"):
+        with pytest.raises(crag_ledger.RunTakenOver, match="was taken over by another crag process"):
             first.record(status)
-    crag_job._record_failure(first)  # quietly: the run is not its to record
+    first.record_failure()  # quietly: the run is not its to record
     rows = table(tmp_path, "runs")
     assert rows["attempt"].tolist() == [second.attempt] and rows["status"].tolist() == ["running"]
     version = DeltaTable(str(tmp_path / "runs")).version()
@@ -285,31 +288,33 @@ def test_a_run_taken_over_by_another_process_keeps_that_process_row(spark, tmp_p
     first.held_at = second.held_at = 0.0  # as after a pause longer than half the stale period
     second.check_held()
     assert DeltaTable(str(tmp_path / "runs")).version() == version + 1
-    with pytest.raises(crag_job.RunTakenOver):
+    with pytest.raises(crag_ledger.RunTakenOver):
         first.check_held()
 
 
 def test_a_hold_that_cannot_be_recorded_is_read_back(spark, tmp_path, monkeypatch, caplog):
     """A busy `runs` table can refuse a beat's MERGE after every retry: the run goes on while its row is
     still this attempt's (as a failed beat always did), and stops when it is another's."""
+    from crag.warehouse import Merge
+
     wh = Warehouse(spark, str(tmp_path))
-    plan = crag_job.RunPlan(CragConfig(), "busy", "base", wh, {}, uuid.uuid4().hex, datetime.now(UTC))
-    crag_job.claim_run(plan)
-    merge = Warehouse.merge
+    ledger = Ledger(wh, CragConfig(), "busy", "base")
+    ledger.claim()
+    execute = Merge.execute
 
     def busy(self, *args, **kwargs):
         raise RuntimeError("[DELTA_CONCURRENT_APPEND] ConcurrentAppendException: Files were added")
 
-    monkeypatch.setattr(Warehouse, "merge", busy)
-    plan.held_at = 0.0
-    plan.check_held()  # still this attempt's: a warning, and on
+    monkeypatch.setattr(Merge, "execute", busy)
+    ledger.held_at = 0.0
+    ledger.check_held()  # still this attempt's: a warning, and on
     assert "its hold could not be recorded" in caplog.text
-    monkeypatch.setattr(Warehouse, "merge", merge)
-    other = crag_job.RunPlan(CragConfig(), "busy", "base", wh, {}, uuid.uuid4().hex, datetime.now(UTC))
-    wh.replace("runs", wh.frame("runs", other.runs_row("running")), F.col("run_id") == "busy")
-    monkeypatch.setattr(Warehouse, "merge", busy)
-    with pytest.raises(crag_job.RunTakenOver):
-        plan.check_held()
+    monkeypatch.setattr(Merge, "execute", execute)
+    other = Ledger(wh, CragConfig(), "busy", "base")
+    wh.replace("runs", wh.frame("runs", other.row("running")), F.col("run_id") == "busy")
+    monkeypatch.setattr(Merge, "execute", busy)
+    with pytest.raises(crag_ledger.RunTakenOver):
+        ledger.check_held()
 
 
 def test_a_new_run_with_no_rejects_or_gold_still_leaves_those_tables(spark, index_overrides, tmp_path):
@@ -324,16 +329,17 @@ def test_a_new_run_with_no_rejects_or_gold_still_leaves_those_tables(spark, inde
     result = run(
         str(LOCAL_CONF), str(questions), str(warehouse), run_id="clean", overrides=index_overrides, spark=spark
     )
-    assert result.counts["rejected"] == 0 and len(table(warehouse, "answers")) == 3
+    assert result.counts.rejected == 0 and len(table(warehouse, "answers")) == 3
     for name in ("rejects", "gold"):
         assert table(warehouse, name).empty
-        assert list(table(warehouse, name).columns) == schema.ALL_TABLES[name].names
+        assert list(table(warehouse, name).columns) == schema.TABLES[name].names
 
 
 def test_progress_counts_the_questions_each_batch_committed(spark, index_overrides, tmp_path, caplog):
-    """Not an estimate: batches are hash buckets, and their sizes differ."""
+    """Not an estimate: each batch's line counts the rows it committed. The first batch is the first
+    spark.batch_questions input rows; the next is sized by the rate measured (here: all the rest)."""
     caplog.set_level(logging.INFO, logger="crag")
-    overrides = [*index_overrides, "spark.batch_questions=10"]
+    overrides = [*index_overrides, "spark.batch_questions=10", "spark.batch_seconds=100000"]
     result = run(
         str(LOCAL_CONF),
         str(QUESTIONS),
@@ -344,16 +350,15 @@ def test_progress_counts_the_questions_each_batch_committed(spark, index_overrid
         progress=False,
     )
     lines = [r.getMessage() for r in caplog.records if " committed: " in r.getMessage()]
-    batches, accepted = len(lines), result.counts["accepted"]
-    ids = spark.createDataFrame(
-        [(q,) for q in table(tmp_path, "answers", "counted")["question_id"]], "question_id string"
-    )
-    sizes = dict(ids.groupBy(F.pmod(F.xxhash64("question_id"), F.lit(batches))).count().collect())
-    assert batches == 5 and len(set(sizes.values())) > 1
-    answered = [sum(sizes.get(b, 0) for b in range(i + 1)) for i in range(batches)]
+    accepted = result.counts.accepted
+    inputs = table(tmp_path, "inputs", "counted")
+    first = int(((inputs["input_row"] < 10) & inputs["reason"].isna()).sum())
+    assert first == 10 and accepted == 49 and len(table(tmp_path, "answers", "counted")) == accepted
     assert lines == [
-        f"batch {i + 1}/{batches} committed: {n} of {accepted} questions answered" for i, n in enumerate(answered)
+        f"batch 1 committed: {first} of {accepted} questions answered",
+        f"batch 2 committed: {accepted} of {accepted} questions answered",
     ]
+    assert set(table(tmp_path, "results", "counted")["batch"]) == {0, 1}
 
 
 def test_a_run_that_cannot_reach_mlflow_keeps_its_tables_and_its_status(
@@ -367,7 +372,7 @@ def test_a_run_that_cannot_reach_mlflow_keeps_its_tables_and_its_status(
         str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="untracked", overrides=index_overrides, spark=spark
     )
     assert table(tmp_path, "runs", "untracked").loc[0, "status"] == "succeeded"
-    assert len(table(tmp_path, "answers", "untracked")) == result.counts["accepted"] > 0
+    assert len(table(tmp_path, "answers", "untracked")) == result.counts.accepted > 0
     assert "run untracked is written, but it was not logged to MLflow (ConnectionError: tracking server" in caplog.text
 
 
@@ -402,7 +407,7 @@ def test_a_failed_run_is_recorded_from_a_thread_of_its_own_when_the_main_threads
     def broken(*args, **kwargs):
         raise RuntimeError("the batch dies")
 
-    real_record = crag_job.RunPlan.record
+    real_record = Ledger.record
 
     def record(self, status, *args, **kwargs):
         if status == "failed" and (threading.current_thread() is threading.main_thread() or self.run_id == "lost"):
@@ -410,7 +415,7 @@ def test_a_failed_run_is_recorded_from_a_thread_of_its_own_when_the_main_threads
         return real_record(self, status, *args, **kwargs)
 
     monkeypatch.setattr(crag_job, "run_stages", broken)
-    monkeypatch.setattr(crag_job.RunPlan, "record", record)
+    monkeypatch.setattr(Ledger, "record", record)
     for run_id in ("kept", "lost"):
         with pytest.raises(RuntimeError, match="the batch dies"):
             run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id=run_id, overrides=index_overrides, spark=spark)

@@ -2,13 +2,12 @@
 
 import json
 
-from tests.support import REPO
+from tests.support import REPO, run_rows
 from tests.unit.test_langchain_retriever import needs, stores  # noqa: F401  (fixture)
 
 
 @needs("faiss")
 def test_a_spark_job_builds_the_store_in_its_workers(spark, stores, tmp_path):  # noqa: F811  (the fixture)
-    from deltalake import DeltaTable
 
     from crag.job import run
 
@@ -30,8 +29,8 @@ def test_a_spark_job_builds_the_store_in_its_workers(spark, stores, tmp_path):  
     conf = tmp_path / "langchain.yaml"  # the embedded defaults, with the store as the retriever
     conf.write_text("spark:\n  master: local[2]\n", encoding="utf-8")
     run(str(conf), str(questions), str(warehouse), run_id="lc-1", overrides=stores["faiss"], spark=spark)
-    grades = DeltaTable(str(warehouse / "grades")).to_pandas()
+    grades = run_rows(warehouse, "grades")
     best = grades[grades["rank"] == 1].set_index("question_id")["parent_id"].to_dict()
     assert best == {"filter": "filter#p0", "noise": "noise#p0", "warranty": "warranty#p0"}
-    answers = DeltaTable(str(warehouse / "answers")).to_pandas()
+    answers = run_rows(warehouse, "answers")
     assert answers["error"].isna().all() and (answers["search_calls"] == 1).all()

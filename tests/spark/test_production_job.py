@@ -6,18 +6,15 @@ import time
 
 import pandas as pd
 import pytest
-from deltalake import DeltaTable
 
+from crag import job as crag_job
 from crag.cli import main
-from crag.job import RunPlan, run
-from crag.warehouse import Warehouse
-from tests.support import REPO, SAMPLE, TOKEN, crag_run_args, uniform_questions
+from crag.job import run
+from crag.ledger import Ledger
+from tests.support import REPO, SAMPLE, TOKEN, crag_run_args, run_rows, uniform_questions
 
 QUESTIONS = SAMPLE / "questions.jsonl"
-
-
-def table(warehouse, name):
-    return DeltaTable(str(warehouse / name)).to_pandas()
+table = run_rows
 
 
 def test_databricks_services_end_to_end(spark, emulator, tmp_path):
@@ -65,25 +62,25 @@ def test_the_heartbeat_commits_while_each_batch_holds_its_tasks(spark, emulator,
     emulator.behaviour["serving"].latency_s = 0.3  # two batches of about 10 s
     beats: list[float] = []
     batches: list[tuple[float, float]] = []
-    record, append_observed = RunPlan.record, Warehouse.append_observed
+    record, compute = Ledger.record, crag_job._compute
 
     def recorded(self, status, *args, **kwargs):
         record(self, status, *args, **kwargs)
         if status == "running":  # only the heartbeat records "running" (the claim is a MERGE)
             beats.append(time.perf_counter())
 
-    def timed(self, table, *args, **kwargs):
+    def timed(*args, **kwargs):
         start = time.perf_counter()
-        observed = append_observed(self, table, *args, **kwargs)
-        if table.startswith("run_staging"):
-            batches.append((start, time.perf_counter()))
-        return observed
+        computed = compute(*args, **kwargs)
+        batches.append((start, time.perf_counter()))
+        return computed
 
-    monkeypatch.setattr(RunPlan, "record", recorded)
-    monkeypatch.setattr(Warehouse, "append_observed", timed)
+    monkeypatch.setattr(Ledger, "record", recorded)
+    monkeypatch.setattr(crag_job, "_compute", timed)
     overrides = [
         "tables.stale_run_after_s=1.2",  # a beat every 0.4 s
         "spark.batch_questions=32",
+        "spark.batch_seconds=100000",  # the second batch: the other 32
         "spark.pipelines_per_task=1",
         "spark.questions_per_pipeline=1",  # one question after another in each task
         "cache.enabled=false",
@@ -164,4 +161,4 @@ def test_missing_credential_fails_before_any_work(spark, emulator, tmp_path, mon
         "crag: error: missing credential for web_search (Tavily): set the environment variable "
         "TAVILY_API_KEY (secret 'crag/tavily_api_key' is read only on Databricks)\n"
     )
-    assert emulator.requests == [] and not (tmp_path / "answers").exists()
+    assert emulator.requests == [] and not (tmp_path / "results").exists()

@@ -9,25 +9,20 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
-from datetime import UTC, datetime
 
 import pandas as pd
 import pytest
-from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
 from crag import job as crag_job
 from crag.config import CragConfig
 from crag.errors import CragError
 from crag.job import run
-from tests.support import LOCAL_CONF, REPO, SAMPLE, crag_run_args, staged_questions, staging_folder
+from crag.ledger import Ledger, RunTakenOver
+from tests.support import LOCAL_CONF, REPO, SAMPLE, committed_questions, crag_run_args, run_rows
 
 QUESTIONS = SAMPLE / "questions.jsonl"
-
-
-def table(warehouse, name):
-    return DeltaTable(str(warehouse / name)).to_pandas()
+table = run_rows
 
 
 def run_sample(spark, warehouse, run_id: str, overrides: list[str], questions=QUESTIONS, resume: bool = False):
@@ -46,12 +41,12 @@ def run_stages_dying_on(batch_number: int, sent: list[list[str]]):
     `sent` gets each batch's question ids."""
     real, failures = crag_job.run_stages, [batch_number]
 
-    def stages(batch, cfg, secrets, partitions):
+    def stages(batch, *args):
         sent.append([r["question_id"] for r in batch.select("question_id").collect()])
         if failures and len(sent) == failures[0]:
             failures.clear()
             raise RuntimeError("driver lost")
-        return real(batch, cfg, secrets, partitions)
+        return real(batch, *args)
 
     return stages
 
@@ -59,15 +54,13 @@ def run_stages_dying_on(batch_number: int, sent: list[list[str]]):
 def test_resume_after_a_failure_mid_run(spark, tmp_path, index_overrides, monkeypatch):
     sent: list[list[str]] = []
     monkeypatch.setattr(crag_job, "run_stages", run_stages_dying_on(3, sent))
-    sets = [*index_overrides, "spark.batch_questions=10"]
+    sets = [*index_overrides, "spark.batch_questions=10", "spark.batch_seconds=0.5"]
     with pytest.raises(RuntimeError, match="driver lost"):
         run_sample(spark, tmp_path, "r1", sets)
     assert table(tmp_path, "runs").loc[0, "status"] == "failed"
-    answered = set(
-        DeltaTable(str(staging_folder(tmp_path, "r1"))).to_pandas()["question_id"]
-    )  # committed batches, not yet final
+    answered = committed_questions(tmp_path, "r1")  # committed batches, not yet shown
     assert answered == set(sent[0] + sent[1])
-    assert not (tmp_path / "answers").exists()  # nothing half-done reaches the final tables
+    assert table(tmp_path, "answers").empty  # nothing half-done is shown
 
     sent.clear()
     result = resume_sample(spark, tmp_path, "r1", sets)
@@ -78,34 +71,34 @@ def test_resume_after_a_failure_mid_run(spark, tmp_path, index_overrides, monkey
     assert len(answers) == 49 and answers["question_id"].is_unique
     assert not grades.duplicated(["question_id", "source", "rank"]).any()
     assert len(table(tmp_path, "rejects")) == 2
-    assert table(tmp_path, "runs").loc[0, "status"] == "succeeded" and result.counts["accepted"] == 49
+    assert table(tmp_path, "runs").loc[0, "status"] == "succeeded" and result.counts.accepted == 49
 
 
 def test_resume_after_a_failure_while_finalising(spark, tmp_path, index_overrides, monkeypatch):
-    """A run that fails while its final tables are written (answers and decisions committed, grades
-    not) is resumed: each final table then holds the run's rows once, whether it had them already
-    (they are replaced) or did not exist yet (appended)."""
-    from crag.warehouse import Warehouse
+    """A run that fails after its every batch is committed (its metrics half written) is resumed: it
+    answers nothing again, stores its metrics once, and shows each of its rows once."""
+    from crag.evaluation import evaluate_run
 
-    real_append = Warehouse.append
+    def evaluated_then_lost(*args, **kwargs):
+        evaluate_run(*args, **kwargs)
+        raise RuntimeError("driver lost")
 
-    def append(self, table, df):
-        if table == "grades":
-            raise RuntimeError("driver lost")
-        real_append(self, table, df)
-
-    monkeypatch.setattr(Warehouse, "append", append)
+    monkeypatch.setattr(crag_job, "evaluate_run", evaluated_then_lost)
     with pytest.raises(RuntimeError, match="driver lost"):
         run_sample(spark, tmp_path, "r5", index_overrides)
     monkeypatch.undo()
-    assert len(table(tmp_path, "answers")) == 49 and not (tmp_path / "grades").exists()
-    decided = len(table(tmp_path, "decisions"))
+    assert table(tmp_path, "answers").empty and table(tmp_path, "metrics").empty  # none of it is shown yet
+    assert len(committed_questions(tmp_path, "r5")) == 49
+    stored_metrics = len(table(tmp_path, "metric_values"))
 
+    sent: list[list[str]] = []
+    monkeypatch.setattr(crag_job, "run_stages", run_stages_dying_on(0, sent))
     resume_sample(spark, tmp_path, "r5", index_overrides)
+    assert sent == []  # every question had its answer committed
     answers, grades, decisions = (table(tmp_path, name) for name in ("answers", "grades", "decisions"))
     assert len(answers) == 49 and answers["question_id"].is_unique
     assert len(grades) and not grades.duplicated(["question_id", "source", "rank"]).any()
-    assert len(decisions) == decided > 0
+    assert len(decisions) > 0 and len(table(tmp_path, "metrics")) == stored_metrics > 0
     assert len(table(tmp_path, "rejects")) == 2
     assert table(tmp_path, "runs").loc[0, "status"] == "succeeded"
 
@@ -114,15 +107,16 @@ def test_a_failure_while_the_input_is_checked_leaves_the_run_failed_not_running(
     spark, tmp_path, index_overrides, monkeypatch
 ):
     """The run id is claimed before its input is read and checked (as Spark writes it): a failure
-    there records `failed`, also over an earlier succeeded run of the same id, and `--resume` checks and
-    writes the input then (it was never committed: no 'other questions' to refuse)."""
+    there records `failed`, also over an earlier succeeded run of the same id (whose rows stay shown),
+    and `--resume` checks and writes the input then (it was never committed: no 'other questions' to
+    refuse)."""
     from crag.warehouse import Warehouse
 
     run_sample(spark, tmp_path, "r6", index_overrides)
     real = Warehouse.append_observed
 
     def append_observed(self, table, df, aggregates):
-        if table.startswith("run_inputs"):
+        if table == "inputs":
             raise RuntimeError("worker lost while checking the input")
         return real(self, table, df, aggregates)
 
@@ -134,7 +128,7 @@ def test_a_failure_while_the_input_is_checked_leaves_the_run_failed_not_running(
     assert len(table(tmp_path, "answers")) == 49  # the earlier run's answers are kept
     monkeypatch.undo()
     result = resume_sample(spark, tmp_path, "r6", index_overrides)
-    assert (result.counts["input_rows"], result.counts["accepted"], result.counts["rejected"]) == (51, 49, 2)
+    assert (result.counts.input_rows, result.counts.accepted, result.counts.rejected) == (51, 49, 2)
     assert list(table(tmp_path, "runs")["status"]) == ["succeeded"] and len(table(tmp_path, "answers")) == 49
 
 
@@ -150,15 +144,14 @@ def test_a_batch_committed_after_its_process_stopped_is_kept_once(
     with pytest.raises(RuntimeError, match="driver lost"):
         run_sample(spark, tmp_path, "z1", sets)
     wh = Warehouse(spark, str(tmp_path))
-    staging = Warehouse.staging("run_staging", "z1")
-    late = wh.load(staging).limit(3).toArrow()  # the same questions, committed once more
-    wh.append(staging, spark.createDataFrame(late))
+    late = wh.load_run("results", "z1").limit(3).toArrow()  # the same questions, committed once more
+    wh.append("results", spark.createDataFrame(late))
     with caplog.at_level(logging.WARNING, logger="crag"):
         result = resume_sample(spark, tmp_path, "z1", sets)
-    assert "3 questions were staged twice" in caplog.text
+    assert "3 questions were answered twice" in caplog.text
     answers = table(tmp_path, "answers")
     assert len(answers) == 49 and answers["question_id"].is_unique
-    assert result.counts["accepted"] == 49
+    assert result.counts.accepted == 49
     assert not table(tmp_path, "grades").duplicated(["question_id", "source", "rank"]).any()
 
 
@@ -170,19 +163,11 @@ def test_resume_refuses_a_different_config(spark, tmp_path, index_overrides):
         resume_sample(spark, tmp_path, "r2", [*index_overrides, "retriever.k=3"])
     with pytest.raises(CragError, match="no run 'nope' to resume"):
         resume_sample(spark, tmp_path, "nope", index_overrides)
+    before = table(tmp_path, "runs", "r2")
     with pytest.raises(CragError, match="has already succeeded: nothing to resume$"):
         resume_sample(spark, tmp_path, "r2", index_overrides)
-    # a process stopped after recording its success and before dropping its work tables: a resume of
-    # the run says it succeeded and removes what was left
-    from crag.warehouse import Warehouse
-
-    wh = Warehouse(spark, str(tmp_path))
-    work = [Warehouse.staging(kind, "r2") for kind in ("run_inputs", "run_staging")]
-    for name in work:
-        wh.ensure(name)
-    with pytest.raises(CragError, match="nothing to resume \\(the work tables it had left behind are removed\\)"):
-        resume_sample(spark, tmp_path, "r2", index_overrides)
-    assert not any(wh.exists(name) for name in work) and not any((tmp_path / name).exists() for name in work)
+    after = table(tmp_path, "runs", "r2")
+    assert after.equals(before) and after.loc[0, "status"] == "succeeded"  # a refused resume writes nothing
 
 
 def test_resume_refuses_other_questions(spark, tmp_path, index_overrides, monkeypatch):
@@ -212,7 +197,7 @@ def test_resume_refuses_other_questions(spark, tmp_path, index_overrides, monkey
     with pytest.raises(CragError, match=r"started on these questions in another order \(2 row\(s\) moved\)"):
         resume_sample(spark, tmp_path, "r3", index_overrides, questions=swapped)
     result = resume_sample(spark, tmp_path, "r3", index_overrides)
-    assert result.counts["accepted"] == 49
+    assert result.counts.accepted == 49
 
 
 @pytest.mark.slow
@@ -249,16 +234,16 @@ def test_sigkill_of_the_driver_then_resume(spark, emulator, sample_indexes, tmp_
     deadline = time.time() + 240
     answered = 0
     while time.time() < deadline and first.poll() is None:
-        answered = len(staged_questions(warehouse, "killed"))
+        answered = len(committed_questions(warehouse, "killed"))
         if answered >= 16:
             break
         time.sleep(0.2)
     assert first.poll() is None, "the run finished before it could be killed: " + first.stderr.read().decode()[-500:]
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
-    done = set(DeltaTable(str(staging_folder(warehouse, "killed"))).to_pandas()["question_id"])
+    done = committed_questions(warehouse, "killed")
     assert 16 <= len(done) < 49
-    runs = DeltaTable(str(warehouse / "runs")).to_pandas()
+    runs = table(warehouse, "runs")
     assert runs.loc[0, "status"] == "running"  # nobody could mark it otherwise
     # crag's local tables are external: Spark's own warehouse folder went to the temporary directory
     assert list(work.iterdir()) == []
@@ -274,11 +259,11 @@ def test_sigkill_of_the_driver_then_resume(spark, emulator, sample_indexes, tmp_
     for qid in done:
         text = json.dumps(questions[qid], ensure_ascii=False)[1:-1]
         assert not any(text in b for b in bodies), qid
-    answers = DeltaTable(str(warehouse / "answers")).to_pandas()
+    answers = table(warehouse, "answers")
     assert len(answers) == 49 and answers["question_id"].is_unique
-    grades = DeltaTable(str(warehouse / "grades")).to_pandas()
+    grades = table(warehouse, "grades")
     assert not grades.duplicated(["question_id", "source", "rank"]).any()
-    assert DeltaTable(str(warehouse / "runs")).to_pandas().loc[0, "status"] == "succeeded"
+    assert table(warehouse, "runs").loc[0, "status"] == "succeeded"
 
 
 def test_a_run_taken_over_while_it_answers_stops_before_writing_its_tables(
@@ -287,10 +272,9 @@ def test_a_run_taken_over_while_it_answers_stops_before_writing_its_tables(
     """Another process takes the run over while a batch runs (this one looked stale to it): the next beat
     finds out, and the run stops after the batch instead of writing the run's tables and its outcome
     over the new holder's."""
-    from crag.job import RunPlan, RunTakenOver
     from crag.warehouse import Warehouse
 
-    append_observed, record = Warehouse.append_observed, RunPlan.record
+    append_observed, record = Warehouse.append_observed, Ledger.record
     taken_by = []
     # The other process's write lands between two of this one's beats. Unordered, it lost every retry
     # to beats that followed each other as fast as this one's MERGEs commit (a slow machine, beats every
@@ -302,51 +286,51 @@ def test_a_run_taken_over_while_it_answers_stops_before_writing_its_tables(
             return record(self, *args, **kwargs)
 
     def taken_over_meanwhile(self, table, df, aggregates):
-        if table.startswith("run_staging") and not taken_by:
-            other = RunPlan(CragConfig(), "taken", "base", self, {}, uuid.uuid4().hex, datetime.now(UTC))
+        if table == "results" and not taken_by:
+            other = Ledger(self, CragConfig(), "taken", "base")
             with between_beats:
-                self.replace("runs", self.frame("runs", other.runs_row("running")), F.col("run_id") == "taken")
+                self.replace("runs", self.frame("runs", other.row("running")), F.col("run_id") == "taken")
             taken_by.append(other.attempt)
             threading.Event().wait(1.5)  # several beats (every 0.2 s) while the batch runs
         return append_observed(self, table, df, aggregates)
 
-    monkeypatch.setattr(RunPlan, "record", recorded_between_takeovers)
+    monkeypatch.setattr(Ledger, "record", recorded_between_takeovers)
     monkeypatch.setattr(Warehouse, "append_observed", taken_over_meanwhile)
     with pytest.raises(RunTakenOver, match="'taken' was taken over by another crag process"):
         run_sample(spark, tmp_path, "taken", [*index_overrides, "tables.stale_run_after_s=0.6"])
-    runs = DeltaTable(str(tmp_path / "runs")).to_pandas()
+    runs = table(tmp_path, "runs")
     assert runs["attempt"].tolist() == taken_by and runs["status"].tolist() == ["running"]
-    assert not (tmp_path / "answers").exists() or DeltaTable(str(tmp_path / "answers")).to_pandas().empty
+    assert table(tmp_path, "answers").empty
 
 
-def test_the_heartbeat_goes_on_while_the_run_writes_its_tables(spark, tmp_path, index_overrides, monkeypatch):
-    """Writing a large run's tables takes minutes: the run must not look stale to another process then
-    (which could take it over in the middle), so the heartbeat goes on until its outcome is recorded."""
-    from crag.job import RunPlan
-    from crag.warehouse import Warehouse
+def test_the_heartbeat_goes_on_until_the_outcome_is_recorded(spark, tmp_path, index_overrides, monkeypatch):
+    """A large run's metrics take minutes after its last batch: the run must not look stale to another
+    process then (which could take it over in the middle), so the heartbeat goes on until its outcome
+    is recorded."""
+    from crag.evaluation import evaluate_run
 
-    record, append = RunPlan.record, Warehouse.append
+    record = Ledger.record
     statuses: list[str] = []
-    writing_answers, beat_while_writing = threading.Event(), threading.Event()
+    evaluating, beat_while_evaluating = threading.Event(), threading.Event()
 
     def recorded(self, status, *args, **kwargs):
         record(self, status, *args, **kwargs)
         statuses.append(status)
-        if status == "running" and writing_answers.is_set():
-            beat_while_writing.set()
+        if status == "running" and evaluating.is_set():
+            beat_while_evaluating.set()
 
-    def slow(self, table, df):
-        append(self, table, df)
-        if table == "answers":
-            # a long write: it lasts until a beat has been recorded, however long a beat's commit takes on
-            # this machine (one took 2.7 s on CI's); without a heartbeat here it gives up after a minute
-            writing_answers.set()
-            beat_while_writing.wait(60)
-            writing_answers.clear()
+    def slow(*args, **kwargs):
+        metrics = evaluate_run(*args, **kwargs)
+        # a long evaluation: it lasts until a beat has been recorded, however long a beat's commit takes on
+        # this machine (one took 2.7 s on CI's); without a heartbeat here it gives up after a minute
+        evaluating.set()
+        beat_while_evaluating.wait(60)
+        evaluating.clear()
+        return metrics
 
-    monkeypatch.setattr(RunPlan, "record", recorded)
-    monkeypatch.setattr(Warehouse, "append", slow)
+    monkeypatch.setattr(Ledger, "record", recorded)
+    monkeypatch.setattr(crag_job, "evaluate_run", slow)
     overrides = [*index_overrides, "tables.stale_run_after_s=0.6"]  # a beat every 0.2 s
     run_sample(spark, tmp_path, "hb", overrides)
-    assert beat_while_writing.is_set(), statuses
+    assert beat_while_evaluating.is_set(), statuses
     assert statuses[-1] == "succeeded"  # no beat after the outcome

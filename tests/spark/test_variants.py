@@ -155,7 +155,7 @@ def test_only_the_changed_stage_calls_its_backend(spark, emulator, tmp_path):
     assert len(generate) == len(serving) > 0  # every call left is an answer with the new prompt
     assert all("give it as the documents word it" in r.body["messages"][0]["content"] for r in generate)
     saved = first["serving"] + first["vector_search"] + first["tavily"] - len(serving)
-    assert result.counts["cache_hits"] >= saved > 0
+    assert result.counts.cache_hits >= saved > 0
     emulator.reset()
     run(conf, QUESTIONS, str(tmp_path), run_id="v3", overrides=["cache.enabled=false"], spark=spark)
     assert len(emulator.of("serving")) == first["serving"] and len(emulator.of("tavily")) == first["tavily"]

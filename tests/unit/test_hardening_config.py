@@ -434,7 +434,10 @@ def test_a_refused_resume_names_the_keys_that_differ_and_only_real_ones(index_ov
     import json
 
     from crag.config import redacted
-    from crag.job import _differing_keys
+    from crag.ledger import Ledger
+
+    def _differing_keys(previous, plan):
+        return Ledger._differing_keys(plan, previous)
 
     def stored(cfg):
         return {"config": json.dumps(redacted(cfg.model_dump(mode="json"))), "config_hash": cfg.hash()}

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from crag.job import Heartbeat, RunTakenOver
+from crag.ledger import Heartbeat, RunTakenOver
 
 WAIT_S = 30  # generous: the machine may be busy; the waits end as soon as the beats happen
 

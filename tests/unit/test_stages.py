@@ -460,7 +460,8 @@ def test_streamed_pipelines_give_the_same_rows_in_order(sample_backends, sample_
     questions = pd.read_json(f"{SAMPLE}/questions.jsonl", lines=True)
     questions = questions[questions["question"].str.strip().astype(bool)].drop_duplicates("question_id").head(11)
     frame = questions[["question_id", "question"]].reset_index(drop=True)
-    one = _run_subpipelines(frame, sample_backends, sample_config).to_pandas()
+    reported: list[int] = []
+    one = _run_subpipelines(frame, sample_backends, sample_config, reported.append).to_pandas()
     cfg = sample_config.model_copy(
         update={
             "spark": sample_config.spark.model_copy(
@@ -468,8 +469,10 @@ def test_streamed_pipelines_give_the_same_rows_in_order(sample_backends, sample_
             )
         }
     )
-    streamed = _run_subpipelines(frame, sample_backends, cfg).to_pandas()
+    reported.clear()
+    streamed = _run_subpipelines(frame, sample_backends, cfg, reported.append).to_pandas()
     assert list(streamed["question_id"]) == list(frame["question_id"])
+    assert sum(reported) == len(frame) and (per_pipeline is None or max(reported) <= per_pipeline)
     compared = ["question_id", "answer", "action", "route", "n_retrieved", "n_relevant", "n_web"]
     pd.testing.assert_frame_equal(streamed[compared], one[compared])
 

@@ -3,6 +3,7 @@
 import pytest
 
 from crag.config import CragConfig
+from crag.counts import RunCounts
 from crag.tracking import log_run, tracking_uri
 
 
@@ -12,7 +13,7 @@ def test_a_warehouse_folder_with_url_characters_in_its_name_gets_its_store(tmp_p
     folder named after the URL's spelling of the path is left beside the warehouse."""
     warehouse = tmp_path / name
     cfg = CragConfig()
-    mlflow_run = log_run(cfg, str(warehouse), "r1", "base", {"accepted": 3}, None, 1.5, {"a": 1})
+    mlflow_run = log_run(cfg, str(warehouse), "r1", "base", RunCounts(accepted=3), None, 1.5, {"a": 1})
     assert mlflow_run and (warehouse / "mlflow" / "mlflow.db").is_file()
     assert [p.name for p in tmp_path.iterdir()] == [name]
     from mlflow.tracking import MlflowClient
@@ -26,7 +27,7 @@ def test_a_runs_status_is_its_mlflow_runs(tmp_path, status, mlflow_status):
     from mlflow.tracking import MlflowClient
 
     cfg = CragConfig()
-    mlflow_run = log_run(cfg, str(tmp_path), "r1", "base", {"accepted": 3, "errors": 3}, None, 1.5, {}, status)
+    mlflow_run = log_run(cfg, str(tmp_path), "r1", "base", RunCounts(accepted=3, errors=3), None, 1.5, {}, status)
     logged = MlflowClient(tracking_uri(cfg.mlflow, str(tmp_path))).get_run(mlflow_run)
     assert logged.info.status == mlflow_status and logged.data.tags["crag.status"] == status
 
@@ -38,7 +39,7 @@ def test_a_report_is_attached_to_its_run_only_and_an_id_cannot_rewrite_the_searc
     from crag.tracking import log_report
 
     cfg = CragConfig()
-    runs = {rid: log_run(cfg, str(tmp_path), rid, "base", {"accepted": 1}, None, 1.0, {}) for rid in ("a", "b")}
+    runs = {rid: log_run(cfg, str(tmp_path), rid, "base", RunCounts(accepted=1), None, 1.0, {}) for rid in ("a", "b")}
     report = tmp_path / "report.html"
     report.write_text("<html></html>")
     assert log_report(cfg.mlflow, str(tmp_path), "b", str(report)) == runs["b"]
