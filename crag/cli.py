@@ -16,7 +16,6 @@ import unicodedata
 from collections.abc import Mapping
 
 from crag.errors import CragError, describe
-from crag.ids import check_run_id
 from crag.secrets import MASK, is_secret_key, scrub
 
 
@@ -435,7 +434,7 @@ def _eval(args) -> int:
     if args.slices is not None:
         slice_names(args.slices)  # a wrong name is said before any metric is written
     warehouse = _warehouse(args)
-    run_record(warehouse, check_run_id(args.run_id), args.allow_unfinished, "evaluate")
+    run_record(warehouse, args.run_id, args.allow_unfinished, "evaluate")
     metrics = evaluate_run(warehouse, args.run_id)
     print(f"crag: run {args.run_id}: {len(metrics)} metric values written to the metrics table", file=sys.stderr)
     print(render_metrics(metrics, args.slices, args.format))
@@ -450,7 +449,7 @@ def _calibrate(args) -> int:
 
     wh = _warehouse(args)
     # a failed re-run's row holds its own config beside the earlier attempt's grades
-    recorded = run_record(wh, check_run_id(args.run_id), args.allow_unfinished, "calibrate")
+    recorded = run_record(wh, args.run_id, args.allow_unfinished, "calibrate")
     parts = read_run(wh, args.run_id, ("grades", "gold"))
     if parts["gold"].empty:
         raise CragError(f"run {args.run_id!r} has no gold columns to calibrate against")

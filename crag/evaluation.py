@@ -38,6 +38,7 @@ import pyarrow as pa
 from crag import schema
 from crag.counts import ACTIONS
 from crag.errors import InputError
+from crag.ids import check_run_id
 from crag.questions import EXPECTED_ROUTES, GOLD_COLUMNS
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f]")
@@ -324,6 +325,7 @@ def evaluate(answers: pd.DataFrame, grades: pd.DataFrame, gold: pd.DataFrame) ->
 def run_record(warehouse, run_id: str, allow_unfinished: bool, doing: str):
     """The run's `runs` row (status, config). A run that has not succeeded (still running, or failed:
     its tables may hold an earlier attempt's rows) is refused unless `allow_unfinished`."""
+    check_run_id(run_id)
     record = warehouse.load_run("runs", run_id).select("status", "config", "config_hash").collect()
     if not record:
         if warehouse.folder is not None and not warehouse.folder.exists():
@@ -358,8 +360,9 @@ def evaluate_run(
     replace: bool = True,
 ) -> pd.DataFrame:
     """`crag eval`: the run's metrics from the rows it shows (or from `tables`, the DataFrames of the
-    answers, grades and gold of its `generation`, which crag run is about to show), computed in Spark,
-    and stored for that generation. Each partition of questions (with their grades and gold) is
+    answers, grades and gold of its `generation`, which crag run is about to show; its `results`, whose
+    rows nest their grades, may stand for answers and grades), computed in Spark, and stored for that
+    generation. Each partition of questions (with their grades and gold) is
     evaluated by `evaluate`; every metric is a mean, so the partitions' values weighted by their n
     combine into exactly the run's. `replace`: replace the generation's earlier metrics (False: a new
     generation's, appended)."""
@@ -377,15 +380,21 @@ def evaluate_run(
         variant = variant or first[0]["variant"]
         generation = warehouse.load_run("runs", run_id).select("shown_generation").first()[0]
     gold = tables["gold"].drop("run_id", "variant")
-    grades = (
-        tables["grades"]
-        .groupBy("question_id")
-        .agg(F.collect_list(F.struct("source", "doc_id", "grade")).alias("graded"))
-    )
+    if "grades" in tables["answers"].columns:  # results: each question's grades nested in its row already
+        graded = F.transform(
+            "grades",
+            lambda g: F.struct(g["source"].alias("source"), g["doc_id"].alias("doc_id"), g["grade"].alias("grade")),
+        )
+        answered = tables["answers"].select(*_ANSWER_COLUMNS, graded.alias("graded"))
+    else:
+        grades = (
+            tables["grades"]
+            .groupBy("question_id")
+            .agg(F.collect_list(F.struct("source", "doc_id", "grade")).alias("graded"))
+        )
+        answered = tables["answers"].select(*_ANSWER_COLUMNS).join(grades, "question_id", "left")
     # left: questions without a gold row count in the metrics that need none (see question_scores)
-    joined = (
-        tables["answers"].select(*_ANSWER_COLUMNS).join(gold, "question_id", "left").join(grades, "question_id", "left")
-    )
+    joined = answered.join(gold, "question_id", "left")
 
     def per_partition(frames):
         for frame in frames:

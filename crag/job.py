@@ -16,6 +16,7 @@ The driver plans, commits and prints aggregates: it never holds the questions, a
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,16 +26,17 @@ from pathlib import Path
 from typing import Any
 
 from crag.backends import build_backends, resolve_credentials
+from crag.batches import answer
 from crag.config import CragConfig, load_config, redacted, resolve_paths
-from crag.counts import RunCounts, RunResult, aggregates, id_fingerprint
+from crag.counts import RunCounts, RunResult
 from crag.errors import CragError, InputError, describe
 from crag.evaluation import evaluate_run
 from crag.ids import run_id_or_new
-from crag.ledger import Heartbeat, Ledger
-from crag.progress import LiveProgress, ProgressReporter, phase
+from crag.ledger import Ledger
+from crag.progress import phase
 from crag.questions import read_questions, validate
-from crag.spark import batch_tasks, get_spark, new_cache_rows, run_stages, with_stored_results
-from crag.tracking import log_run
+from crag.spark import get_spark
+from crag.tracking import log_run, preload
 from crag.warehouse import Warehouse, is_catalog_schema
 
 log = logging.getLogger("crag")
@@ -51,6 +53,7 @@ class RunPlan:
     ledger: Ledger
     secrets: dict[str, str]
     checked: Any  # the validated input rows, a lazy DataFrame (for a resume, stored already)
+    tables_ready: Future  # the warehouse's tables checked (and created): before the run's first write
     resume: bool = False
     fresh: bool = True  # the run id was new: no earlier generation to forget
     input_rows: int = 0
@@ -95,28 +98,39 @@ def prepare(
     # is written, and before a JVM starts when there is no session yet. With a session, the indexes
     # load while the warehouse's tables are checked and the questions read.
     secrets = resolve_credentials(cfg)
+    preload(cfg.mlflow)
     tables = RUN_TABLES + (("stage_cache",) if cfg.cache.enabled else ())
-    with ThreadPoolExecutor(2, "crag-prepare") as pool:
+    with ThreadPoolExecutor(1, "crag-prepare") as pool:
         backends_built = pool.submit(build_backends, cfg, secrets)
         if spark is None:
             backends_built.result()
         wh = Warehouse(spark or get_spark(cfg.spark), warehouse, cfg.tables)
-        ledger = Ledger(wh, cfg, run_id, variant or "base")
-        if resume:
-            wh.prepare(tables)
-            previous = ledger.resumable()
-        else:
-            tables_checked = pool.submit(wh.prepare, tables)
         checked = validate(wh.spark, read_questions(wh.spark, questions), cfg.input.max_question_chars, questions)
         backends_built.result()
-        if not resume:
-            tables_checked.result()
-    plan = RunPlan(cfg, ledger, secrets, checked, resume)
+    # Nothing is written before here: a bad config, index or input leaves the warehouse as it was. The
+    # tables are checked beside the first batch's answering, before the claim.
+    ledger = Ledger(wh, cfg, run_id, variant or "base")
+    plan = RunPlan(cfg, ledger, secrets, checked, _in_background(wh.prepare, tables), resume)
     if resume:
         from crag.resume import continue_run  # noqa: PLC0415  # only a resume pays for its checks
 
-        continue_run(plan, previous)
+        plan.tables_ready.result()
+        continue_run(plan, ledger.resumable())
     return plan
+
+
+def _in_background(task, *args) -> Future:
+    """`task(*args)` on a thread of its own (daemon: a failed run does not wait for it at exit)."""
+    done: Future = Future()
+
+    def work() -> None:
+        try:
+            done.set_result(task(*args))
+        except BaseException as exc:  # handed to whoever waits for it
+            done.set_exception(exc)
+
+    threading.Thread(target=work, name="crag-background", daemon=True).start()
+    return done
 
 
 def check_resumable_folder(warehouse: Path, run_id: str) -> None:
@@ -131,180 +145,6 @@ def check_resumable_folder(warehouse: Path, run_id: str) -> None:
     )
     if not found:
         raise CragError(f"no run {run_id!r} to resume in {warehouse}")
-
-
-def input_totals() -> list:
-    """The input's row counts and fingerprints, as Spark aggregates (observable while writing)."""
-    from pyspark.sql import functions as F  # noqa: PLC0415  # crag ask loads crag.config's resolve_paths only
-
-    accepted = F.col("reason").isNull()
-    return [
-        F.count(F.lit(1)).alias("rows"),
-        F.count_if(accepted).alias("accepted"),
-        F.count_if(accepted & F.col("has_gold")).alias("gold_rows"),
-        # order-free: what `--resume` checks the input against
-        F.coalesce(F.bit_xor(F.xxhash64("question_id", "question", "reason", "input_row")), F.lit(0)).alias(
-            "input_hash"
-        ),
-        F.sum(F.when(accepted, id_fingerprint())).alias("question_ids"),
-    ]
-
-
-def take_totals(plan: RunPlan, totals: dict) -> None:
-    plan.input_rows, plan.accepted, plan.gold_rows = (int(totals[k] or 0) for k in ("rows", "accepted", "gold_rows"))
-    plan.ledger.input_hash = str(totals["input_hash"])
-    plan.question_ids = int(totals["question_ids"] or 0)
-    log.info(
-        "run %s: %d input rows, %d accepted, %d rejected",
-        plan.ledger.run_id,
-        plan.input_rows,
-        plan.accepted,
-        plan.rejected,
-    )
-
-
-def store_input(plan: RunPlan) -> None:
-    """The checked input stored under the run's generation, its totals observed while it is written."""
-    from pyspark.sql import functions as F  # noqa: PLC0415
-
-    ledger = plan.ledger
-    rows = plan.checked.select(
-        F.lit(ledger.run_id).alias("run_id"),
-        F.lit(ledger.generation).alias("generation"),
-        F.lit(ledger.variant).alias("variant"),
-        "*",
-        F.current_timestamp().alias("created_at"),
-    )
-    take_totals(plan, plan.warehouse.append_observed("inputs", rows, input_totals()))
-
-
-def hold(plan: RunPlan, heartbeat: Heartbeat) -> None:
-    """A new generation's start: the run claimed (and kept by the heartbeat from then on), then its
-    input stored (a claim that fails stores nothing). Runs beside the first batch's answering."""
-    plan.fresh = plan.ledger.claim()
-    heartbeat.start()
-    store_input(plan)
-
-
-# ------------------------------------------------------------------ answer
-
-
-@dataclass
-class Batches:
-    """The input rows in ranges of input_row, answered one range at a time: the first of
-    spark.batch_questions rows, each later one sized to take about spark.batch_seconds at the rate
-    measured so far."""
-
-    first: int
-    seconds: float
-    start: int = 0
-    answered: int = 0
-    busy_s: float = 0.0
-
-    def next(self, end: int | None) -> tuple[int, int] | None:
-        """The next range [lo, hi) of rows below `end` (None: not known yet), or None when done."""
-        if end is not None and self.start >= end:
-            return None
-        size = self.first if not self.answered else max(1, int(self.answered / self.busy_s * self.seconds))
-        lo, self.start = self.start, self.start + size
-        return lo, self.start
-
-    def done(self, questions: int, seconds: float) -> None:
-        self.answered, self.busy_s = self.answered + questions, self.busy_s + seconds
-
-
-def answer(plan: RunPlan, progress: bool | None, heartbeat: Heartbeat) -> dict[str, int]:
-    """Answer the accepted questions in batches: each batch computed (Spark's localCheckpoint) while
-    the batch before it commits; the first one computed while the run is claimed and its input
-    stored, and committed only once the run is this process's (the heartbeat starts then). The
-    totals Spark observed."""
-    from crag.resume import answered_so_far, first_unanswered  # noqa: PLC0415  # only a resume pays for these
-
-    tasks, totals = batch_tasks(plan.warehouse.spark, plan.cfg), dict[str, int]()
-    live = LiveProgress(ProgressReporter(enabled=progress, desc="crag: questions"))
-    with live, ThreadPoolExecutor(2, "crag-commit") as pool:
-        if plan.resume:
-            held = _done()
-            heartbeat.start()
-            live.start(plan.accepted, answered_so_far(plan))
-        else:
-            held = pool.submit(hold, plan, heartbeat)
-            held.add_done_callback(lambda done: None if done.exception() else live.start(plan.accepted, 0))
-        start = first_unanswered(plan) if plan.resume else 0
-        batches = Batches(plan.cfg.spark.batch_questions, plan.cfg.spark.batch_seconds, start)
-        bounds, number, committing = batches.next(plan.input_rows if held.done() else None), 0, None
-        while bounds is not None:
-            started = time.perf_counter()
-            computed = _compute(plan, number, bounds, tasks, live)
-            held.result()  # the run is this process's, and its input stored
-            if committing is not None:
-                _add(totals, committing.result())
-            heartbeat.check()
-            plan.ledger.check_held()
-            committing = pool.submit(_commit, plan, number, computed, live)
-            batches.done(bounds[1] - bounds[0], time.perf_counter() - started)
-            bounds, number = batches.next(plan.input_rows), number + 1
-        held.result()
-        if committing is not None:
-            _add(totals, committing.result())
-    return totals
-
-
-def _done() -> Future:
-    future: Future = Future()
-    future.set_result(None)
-    return future
-
-
-def _compute(plan: RunPlan, number: int, bounds: tuple[int, int], tasks: int, live: LiveProgress):
-    """The batch's questions (accepted, not answered yet, input_row in `bounds`) through the stages,
-    computed and kept by Spark (localCheckpoint) until they are committed."""
-    from pyspark.sql import functions as F  # noqa: PLC0415
-
-    source = plan.checked if number == 0 and not plan.resume else plan.stored("inputs")
-    lo, hi = bounds
-    todo = source.where(F.col("reason").isNull() & (F.col("input_row") >= lo) & (F.col("input_row") < hi))
-    if plan.resume:
-        todo = todo.join(plan.stored("results").select("question_id"), "question_id", "left_anti")
-    questions = with_stored_results(todo, plan.warehouse.load("stage_cache") if plan.cfg.cache.enabled else None)
-    live.batch(number)
-    answered_rows = run_stages(questions, plan.cfg, plan.secrets, tasks, live.path, number)
-    return answered_rows.localCheckpoint(eager=True)
-
-
-def _commit(plan: RunPlan, number: int, computed, live: LiveProgress) -> dict:
-    """A computed batch committed to `results` (its counts observed as Spark writes it), and its new
-    stage-cache rows to `stage_cache`."""
-    from pyspark.sql import functions as F  # noqa: PLC0415
-
-    ledger, wh = plan.ledger, plan.warehouse
-    rows = computed.select(
-        F.lit(ledger.run_id).alias("run_id"),
-        F.lit(ledger.generation).alias("generation"),
-        F.lit(ledger.variant).alias("variant"),
-        F.lit(number).cast("int").alias("batch"),
-        "*",
-        F.current_timestamp().alias("created_at"),
-    )
-    with ThreadPoolExecutor(1, "crag-cache") as pool:
-        cached = pool.submit(_store_cache_rows, plan, computed) if plan.cfg.cache.enabled else _done()
-        observed = wh.append_observed("results", rows, aggregates())
-        cached.result()
-    live.committed(number, int(observed["accepted"] or 0))
-    computed.unpersist()
-    return observed
-
-
-def _add(totals: dict[str, int], observed: dict) -> None:
-    for key, value in observed.items():
-        totals[key] = totals.get(key, 0) + int(value or 0)
-
-
-def _store_cache_rows(plan: RunPlan, computed) -> None:
-    """The batch's new stage-cache rows, each key once (the cache is shared by every run)."""
-    wh = plan.warehouse
-    rows = new_cache_rows(computed, plan.ledger.run_id)
-    wh.append("stage_cache", rows.join(wh.load("stage_cache").select("key"), "key", "left_anti"))
 
 
 # ------------------------------------------------------------------ finalise
@@ -330,8 +170,8 @@ def evaluate(plan: RunPlan, counts: RunCounts):
     if not plan.gold_rows or _keeps_earlier(plan, counts):
         return None
     with phase("metrics"):
-        views = {n: wh.load_generation(n, ledger.run_id, ledger.generation) for n in ("answers", "grades", "gold")}
-        return evaluate_run(wh, ledger.run_id, ledger.variant, views, ledger.generation, replace=plan.resume)
+        rows = {"answers": plan.stored("results"), "gold": wh.load_generation("gold", ledger.run_id, ledger.generation)}
+        return evaluate_run(wh, ledger.run_id, ledger.variant, rows, ledger.generation, replace=plan.resume)
 
 
 def _all_errors(counts: RunCounts) -> bool:

@@ -64,8 +64,10 @@ class ProgressReporter:
         enabled: bool | None = None,
         desc: str = "crag",
         clock: Callable[[], float] = time.monotonic,
+        line_every_s: float = 10.0,
     ):
         self.stream = stream if stream is not None else sys.stderr
+        self.line_every_s = line_every_s  # off a terminal: a line at most this often (and the last one)
         self.interactive = _is_terminal(self.stream)
         self.enabled = self.interactive if enabled is None else enabled
         self.desc = desc
@@ -77,7 +79,7 @@ class ProgressReporter:
     def start(self, total: int, done: int = 0) -> ProgressReporter:
         self.close()
         self.total, self._done, self._initial = total, done, done
-        self._started_at = self._clock()
+        self._started_at = self._last_line = self._clock()
         if self.enabled and self.interactive:
             self._bar = _QuestionMeter(
                 total=total,
@@ -102,10 +104,14 @@ class ProgressReporter:
         if self._bar is not None:
             self._bar.update(n)
         elif self.enabled:
+            now = self._clock()
+            if now - self._last_line < self.line_every_s and self._done < self.total:
+                return
+            self._last_line = now
             line = _QuestionMeter.format_meter(
                 self._done,
                 self.total,
-                self._clock() - self._started_at,
+                now - self._started_at,
                 prefix=self.desc,
                 unit=_UNIT,
                 bar_format=_LINE,

@@ -8,9 +8,10 @@ import logging
 
 from pyspark.sql import functions as F
 
+from crag.batches import input_totals, store_input, take_totals
 from crag.counts import RunCounts, aggregates
 from crag.errors import CragError
-from crag.job import RunPlan, input_totals, store_input, take_totals
+from crag.job import RunPlan
 
 log = logging.getLogger("crag")
 

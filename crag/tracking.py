@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import shutil
+import threading
 from pathlib import Path
 from urllib.parse import quote, unquote
 
@@ -21,6 +22,17 @@ from crag.config import CragConfig, TrackingConfig, crag_home
 from crag.counts import USAGE, RunCounts
 from crag.ids import check_run_id
 from crag.secrets import scrub
+
+
+def preload(cfg: TrackingConfig) -> None:
+    """Import MLflow's client on a thread of its own, when the run will log to it: seconds of imports
+    done while Spark answers rather than after."""
+    if cfg.enabled:
+        threading.Thread(target=_client_module, name="crag-mlflow-import", daemon=True).start()
+
+
+def _client_module() -> None:
+    import mlflow.tracking  # noqa: F401, PLC0415  # see preload
 
 
 def tracking_uri(cfg: TrackingConfig, warehouse: str) -> str:

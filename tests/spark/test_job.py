@@ -9,6 +9,7 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
+from crag import batches as crag_batches
 from crag import job as crag_job
 from crag import ledger as crag_ledger
 from crag import schema
@@ -221,12 +222,12 @@ def test_a_rerun_keeps_the_old_rows_until_it_has_committed(spark, index_override
     """Re-running a run id that then fails leaves the first run's rows as they were."""
     run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="kept", overrides=index_overrides, spark=spark)
     before = table(tmp_path, "answers", "kept")
-    import crag.job
+    import crag.batches
 
     def broken(*args, **kwargs):
         raise RuntimeError("the second attempt dies")
 
-    monkeypatch.setattr(crag.job, "run_stages", broken)
+    monkeypatch.setattr(crag.batches, "run_stages", broken)
     with pytest.raises(RuntimeError, match="second attempt"):
         run(
             str(LOCAL_CONF),
@@ -414,7 +415,7 @@ def test_a_failed_run_is_recorded_from_a_thread_of_its_own_when_the_main_threads
             raise ConnectionError("the main thread's JVM connection is mid-call")
         return real_record(self, status, *args, **kwargs)
 
-    monkeypatch.setattr(crag_job, "run_stages", broken)
+    monkeypatch.setattr(crag_batches, "run_stages", broken)
     monkeypatch.setattr(Ledger, "record", record)
     for run_id in ("kept", "lost"):
         with pytest.raises(RuntimeError, match="the batch dies"):

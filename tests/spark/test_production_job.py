@@ -7,7 +7,7 @@ import time
 import pandas as pd
 import pytest
 
-from crag import job as crag_job
+from crag import batches as crag_batches
 from crag.cli import main
 from crag.job import run
 from crag.ledger import Ledger
@@ -62,7 +62,7 @@ def test_the_heartbeat_commits_while_each_batch_holds_its_tasks(spark, emulator,
     emulator.behaviour["serving"].latency_s = 0.3  # two batches of about 10 s
     beats: list[float] = []
     batches: list[tuple[float, float]] = []
-    record, compute = Ledger.record, crag_job._compute
+    record, compute = Ledger.record, crag_batches._compute
 
     def recorded(self, status, *args, **kwargs):
         record(self, status, *args, **kwargs)
@@ -76,7 +76,7 @@ def test_the_heartbeat_commits_while_each_batch_holds_its_tasks(spark, emulator,
         return computed
 
     monkeypatch.setattr(Ledger, "record", recorded)
-    monkeypatch.setattr(crag_job, "_compute", timed)
+    monkeypatch.setattr(crag_batches, "_compute", timed)
     overrides = [
         "tables.stale_run_after_s=1.2",  # a beat every 0.4 s
         "spark.batch_questions=32",

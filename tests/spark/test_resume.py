@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 from pyspark.sql import functions as F
 
+from crag import batches as crag_batches
 from crag import job as crag_job
 from crag.config import CragConfig
 from crag.errors import CragError
@@ -39,7 +40,7 @@ def resume_sample(spark, warehouse, run_id: str, overrides: list[str], questions
 def run_stages_dying_on(batch_number: int, sent: list[list[str]]):
     """crag.job.run_stages that raises "driver lost" when it is given its `batch_number`-th batch, once;
     `sent` gets each batch's question ids."""
-    real, failures = crag_job.run_stages, [batch_number]
+    real, failures = crag_batches.run_stages, [batch_number]
 
     def stages(batch, *args):
         sent.append([r["question_id"] for r in batch.select("question_id").collect()])
@@ -53,7 +54,7 @@ def run_stages_dying_on(batch_number: int, sent: list[list[str]]):
 
 def test_resume_after_a_failure_mid_run(spark, tmp_path, index_overrides, monkeypatch):
     sent: list[list[str]] = []
-    monkeypatch.setattr(crag_job, "run_stages", run_stages_dying_on(3, sent))
+    monkeypatch.setattr(crag_batches, "run_stages", run_stages_dying_on(3, sent))
     sets = [*index_overrides, "spark.batch_questions=10", "spark.batch_seconds=0.5"]
     with pytest.raises(RuntimeError, match="driver lost"):
         run_sample(spark, tmp_path, "r1", sets)
@@ -92,7 +93,7 @@ def test_resume_after_a_failure_while_finalising(spark, tmp_path, index_override
     stored_metrics = len(table(tmp_path, "metric_values"))
 
     sent: list[list[str]] = []
-    monkeypatch.setattr(crag_job, "run_stages", run_stages_dying_on(0, sent))
+    monkeypatch.setattr(crag_batches, "run_stages", run_stages_dying_on(0, sent))
     resume_sample(spark, tmp_path, "r5", index_overrides)
     assert sent == []  # every question had its answer committed
     answers, grades, decisions = (table(tmp_path, name) for name in ("answers", "grades", "decisions"))
@@ -139,7 +140,7 @@ def test_a_batch_committed_after_its_process_stopped_is_kept_once(
     questions again: the run finalises with each question once and says so."""
     from crag.warehouse import Warehouse
 
-    monkeypatch.setattr(crag_job, "run_stages", run_stages_dying_on(2, []))
+    monkeypatch.setattr(crag_batches, "run_stages", run_stages_dying_on(2, []))
     sets = [*index_overrides, "spark.batch_questions=25"]
     with pytest.raises(RuntimeError, match="driver lost"):
         run_sample(spark, tmp_path, "z1", sets)
@@ -177,7 +178,7 @@ def test_resume_refuses_other_questions(spark, tmp_path, index_overrides, monkey
     def dies(*args, **kwargs):
         raise RuntimeError("killed")
 
-    monkeypatch.setattr(crag_job, "run_stages", dies)
+    monkeypatch.setattr(crag_batches, "run_stages", dies)
     with pytest.raises(RuntimeError):
         run_sample(spark, tmp_path, "r3", index_overrides)
     monkeypatch.undo()

@@ -1,0 +1,222 @@
+"""A run's answering: its start (the run claimed and its input stored, beside the first batch's
+answering) and its committed batches.
+
+Each batch is computed by Spark and kept (localCheckpoint) while the batch before it commits to
+`results`, so a commit costs the run no time but the last one's. The first batch holds
+spark.batch_questions input rows and is committed only once the run is this process's; each later
+one is sized to take about spark.batch_seconds at the rate measured so far. The tasks report their
+progress as they answer (crag.progress.LiveProgress); each commit's counts are observed by Spark as it
+writes them (crag.counts).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from crag.counts import aggregates, id_fingerprint
+from crag.ledger import Heartbeat
+from crag.progress import LiveProgress, ProgressReporter
+from crag.spark import batch_tasks, new_cache_rows, run_stages, with_stored_results
+
+if TYPE_CHECKING:
+    from crag.job import RunPlan
+
+log = logging.getLogger("crag")
+
+
+def input_totals() -> list:
+    """The input's row counts and fingerprints, as Spark aggregates (observable while writing)."""
+    from pyspark.sql import functions as F  # noqa: PLC0415  # crag ask loads crag.config's resolve_paths only
+
+    accepted = F.col("reason").isNull()
+    return [
+        F.count(F.lit(1)).alias("rows"),
+        F.count_if(accepted).alias("accepted"),
+        F.count_if(accepted & F.col("has_gold")).alias("gold_rows"),
+        # order-free: what `--resume` checks the input against
+        F.coalesce(F.bit_xor(F.xxhash64("question_id", "question", "reason", "input_row")), F.lit(0)).alias(
+            "input_hash"
+        ),
+        F.sum(F.when(accepted, id_fingerprint())).alias("question_ids"),
+    ]
+
+
+def take_totals(plan: RunPlan, totals: dict) -> None:
+    plan.input_rows, plan.accepted, plan.gold_rows = (int(totals[k] or 0) for k in ("rows", "accepted", "gold_rows"))
+    plan.ledger.input_hash = str(totals["input_hash"])
+    plan.question_ids = int(totals["question_ids"] or 0)
+    log.info(
+        "run %s: %d input rows, %d accepted, %d rejected",
+        plan.ledger.run_id,
+        plan.input_rows,
+        plan.accepted,
+        plan.rejected,
+    )
+
+
+def store_input(plan: RunPlan) -> None:
+    """The checked input stored under the run's generation, its totals observed while it is written."""
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    ledger = plan.ledger
+    rows = plan.checked.select(
+        F.lit(ledger.run_id).alias("run_id"),
+        F.lit(ledger.generation).alias("generation"),
+        F.lit(ledger.variant).alias("variant"),
+        "*",
+        F.current_timestamp().alias("created_at"),
+    )
+    take_totals(plan, plan.warehouse.append_observed("inputs", rows, input_totals()))
+
+
+def hold(plan: RunPlan, heartbeat: Heartbeat) -> None:
+    """A new generation's start: the run claimed (and kept by the heartbeat from then on), then its
+    input stored (a claim that fails stores nothing). Runs beside the first batch's answering."""
+    plan.tables_ready.result()
+    plan.fresh = plan.ledger.claim()
+    heartbeat.start()
+    store_input(plan)
+
+
+# ------------------------------------------------------------------ answer
+
+
+@dataclass
+class Batches:
+    """The input rows in ranges of input_row, answered one range at a time: the first of
+    spark.batch_questions rows, each later one sized to take about spark.batch_seconds at the rate
+    measured so far."""
+
+    first: int
+    seconds: float
+    start: int = 0
+    answered: int = 0
+    busy_s: float = 0.0
+
+    def next(self, end: int | None) -> tuple[int, int] | None:
+        """The next range [lo, hi) of rows below `end` (None: not known yet), or None when done."""
+        if end is not None and self.start >= end:
+            return None
+        size = self.first if not self.answered else max(1, int(self.answered / self.busy_s * self.seconds))
+        lo, self.start = self.start, self.start + size
+        return lo, self.start
+
+    def done(self, questions: int, seconds: float) -> None:
+        self.answered, self.busy_s = self.answered + questions, self.busy_s + seconds
+
+
+def answer(plan: RunPlan, progress: bool | None, heartbeat: Heartbeat) -> dict[str, int]:
+    """Answer the accepted questions in batches: each batch computed (Spark's localCheckpoint) while
+    the batch before it commits; the first one computed while the run is claimed and its input
+    stored, and committed only once the run is this process's (the heartbeat starts then). The
+    totals Spark observed."""
+    from crag.resume import answered_so_far, first_unanswered  # noqa: PLC0415  # only a resume pays for these
+
+    tasks, totals = batch_tasks(plan.warehouse.spark, plan.cfg), dict[str, int]()
+    live = LiveProgress(ProgressReporter(enabled=progress, desc="crag: questions"))
+    with live, ThreadPoolExecutor(2, "crag-commit") as pool:
+        if plan.resume:
+            held = _done()
+            heartbeat.start()
+            live.start(plan.accepted, answered_so_far(plan))
+        else:
+            held = pool.submit(hold, plan, heartbeat)
+            held.add_done_callback(lambda done: _held(plan, done, live))
+        start = first_unanswered(plan) if plan.resume else 0
+        batches = Batches(plan.cfg.spark.batch_questions, plan.cfg.spark.batch_seconds, start)
+        bounds, number, committing = batches.next(plan.input_rows if held.done() else None), 0, None
+        while bounds is not None:
+            started = time.perf_counter()
+            computed = _compute(plan, number, bounds, tasks, live)
+            held.result()  # the run is this process's, and its input stored
+            if committing is not None:
+                _add(totals, committing.result())
+            heartbeat.check()
+            plan.ledger.check_held()
+            committing = pool.submit(_commit, plan, number, computed, live)
+            batches.done(bounds[1] - bounds[0], time.perf_counter() - started)
+            bounds, number = batches.next(plan.input_rows), number + 1
+        held.result()
+        if committing is not None:
+            _add(totals, committing.result())
+    return totals
+
+
+def _held(plan: RunPlan, hold: Future, live: LiveProgress) -> None:
+    """The hold's end: the bar starts; or, when the run could not be claimed (another process holds
+    it), the first batch's answering stops at once, its tasks interrupted (its calls are for nothing)."""
+    if hold.exception() is None:
+        live.start(plan.accepted, 0)
+    else:
+        plan.warehouse.spark.interruptTag(_batch_tag(plan, 0))
+
+
+def _batch_tag(plan: RunPlan, number: int) -> str:
+    """The Spark job tag of a batch's answering, by which it can be interrupted."""
+    return f"crag-{plan.ledger.attempt}-batch-{number}"
+
+
+def _done() -> Future:
+    future: Future = Future()
+    future.set_result(None)
+    return future
+
+
+def _compute(plan: RunPlan, number: int, bounds: tuple[int, int], tasks: int, live: LiveProgress):
+    """The batch's questions (accepted, not answered yet, input_row in `bounds`) through the stages,
+    computed and kept by Spark (localCheckpoint) until they are committed."""
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    source = plan.checked if number == 0 and not plan.resume else plan.stored("inputs")
+    lo, hi = bounds
+    todo = source.where(F.col("reason").isNull() & (F.col("input_row") >= lo) & (F.col("input_row") < hi))
+    if plan.resume:
+        todo = todo.join(plan.stored("results").select("question_id"), "question_id", "left_anti")
+    questions = with_stored_results(todo, plan.warehouse.load("stage_cache") if plan.cfg.cache.enabled else None)
+    live.batch(number)
+    answered_rows = run_stages(questions, plan.cfg, plan.secrets, tasks, live.path, number)
+    spark, tag = plan.warehouse.spark, _batch_tag(plan, number)
+    spark.addTag(tag)
+    try:
+        return answered_rows.localCheckpoint(eager=True)
+    finally:
+        spark.removeTag(tag)
+
+
+def _commit(plan: RunPlan, number: int, computed, live: LiveProgress) -> dict:
+    """A computed batch committed to `results` (its counts observed as Spark writes it), and its new
+    stage-cache rows to `stage_cache`."""
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    ledger, wh = plan.ledger, plan.warehouse
+    rows = computed.select(
+        F.lit(ledger.run_id).alias("run_id"),
+        F.lit(ledger.generation).alias("generation"),
+        F.lit(ledger.variant).alias("variant"),
+        F.lit(number).cast("int").alias("batch"),
+        "*",
+        F.current_timestamp().alias("created_at"),
+    )
+    with ThreadPoolExecutor(1, "crag-cache") as pool:
+        cached = pool.submit(_store_cache_rows, plan, computed) if plan.cfg.cache.enabled else _done()
+        observed = wh.append_observed("results", rows, aggregates())
+        cached.result()
+    live.committed(number, int(observed["accepted"] or 0))
+    computed.unpersist()
+    return observed
+
+
+def _add(totals: dict[str, int], observed: dict) -> None:
+    for key, value in observed.items():
+        totals[key] = totals.get(key, 0) + int(value or 0)
+
+
+def _store_cache_rows(plan: RunPlan, computed) -> None:
+    """The batch's new stage-cache rows, each key once (the cache is shared by every run)."""
+    wh = plan.warehouse
+    rows = new_cache_rows(computed, plan.ledger.run_id)
+    wh.append("stage_cache", rows.join(wh.load("stage_cache").select("key"), "key", "left_anti"))

@@ -1,0 +1,71 @@
+"""The warm Spark server's state and its end, without a JVM: a server is found by its state file, used
+only when it serves this crag's code, and stopped with every process of its group."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from crag import spark_server
+from crag.spark_server import ServerState
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("CRAG_HOME", str(tmp_path))
+    return tmp_path
+
+
+def test_no_state_file_means_no_server(home):
+    assert ServerState.read() is None and spark_server.usable() is None
+
+
+def test_a_server_whose_process_is_gone_is_not_there(home):
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    ServerState(gone.pid, 1, spark_server.code_fingerprint(), "log").write()
+    assert ServerState.read() is None
+
+
+def test_a_server_of_other_crag_code_is_not_used_and_a_line_says_why(home, caplog):
+    ServerState(os.getpid(), 1, "0" * 16, "log").write()  # a live process: this one
+    assert ServerState.read() is not None
+    with caplog.at_level(logging.INFO, logger="crag"):
+        assert spark_server.usable() is None
+    assert "serves other crag code than this one's: local Spark is started instead" in caplog.text
+
+
+def test_a_server_that_does_not_answer_is_not_used(home):
+    ServerState(os.getpid(), spark_server.free_port(), spark_server.code_fingerprint(), "log").write()
+    assert spark_server.usable() is None
+
+
+def test_stop_ends_the_whole_process_group_and_forgets_the_server(home):
+    # a stand-in for the JVM and a Python worker it started: a shell and its child, in a session of their own
+    group = subprocess.Popen(["sh", "-c", "sleep 300 & wait"], start_new_session=True)
+    time.sleep(0.3)
+    children = subprocess.run(["pgrep", "-g", str(group.pid)], capture_output=True, text=True).stdout.split()
+    assert len(children) == 2
+    ServerState(group.pid, 1, spark_server.code_fingerprint(), "log").write()
+    reaper = threading.Thread(target=group.wait)  # as init reaps a server whose `crag spark start` has ended
+    reaper.start()
+    stopped = spark_server.stop()
+    reaper.join(timeout=10)
+    assert stopped is not None and stopped.pid == group.pid and group.returncode == -signal.SIGTERM
+    assert subprocess.run(["pgrep", "-g", str(group.pid)], capture_output=True).returncode == 1  # none left
+    assert not ServerState.path().exists() and spark_server.stop() is None
+
+
+def test_the_code_fingerprint_changes_when_a_source_file_does(tmp_path, monkeypatch):
+    (tmp_path / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(spark_server, "PACKAGE", tmp_path)
+    before = spark_server.code_fingerprint()
+    time.sleep(0.01)
+    (tmp_path / "a.py").write_text("x = 22\n")
+    assert spark_server.code_fingerprint() != before
