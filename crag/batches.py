@@ -89,10 +89,10 @@ def hold(plan: RunPlan, heartbeat: Heartbeat) -> None:
 class Batches:
     """The input rows in ranges of input_row, answered one range at a time: the first of
     spark.batch_questions rows, each later one sized to take about spark.batch_seconds at the rate
-    measured so far."""
+    measured so far (None: of spark.batch_questions rows too)."""
 
     first: int
-    seconds: float
+    seconds: float | None
     start: int = 0
     answered: int = 0
     busy_s: float = 0.0
@@ -101,7 +101,9 @@ class Batches:
         """The next range [lo, hi) of rows below `end` (None: not known yet), or None when done."""
         if end is not None and self.start >= end:
             return None
-        size = self.first if not self.answered else max(1, int(self.answered / self.busy_s * self.seconds))
+        size = self.first
+        if self.answered and self.seconds is not None:
+            size = max(1, int(self.answered / self.busy_s * self.seconds))
         lo, self.start = self.start, self.start + size
         return lo, self.start
 
@@ -138,7 +140,7 @@ def answer(plan: RunPlan, progress: bool | None, heartbeat: Heartbeat) -> dict[s
             heartbeat.check()
             plan.ledger.check_held()
             committing = pool.submit(_commit, plan, number, computed, live)
-            batches.done(bounds[1] - bounds[0], time.perf_counter() - started)
+            batches.done(min(bounds[1], plan.input_rows) - bounds[0], time.perf_counter() - started)
             bounds, number = batches.next(plan.input_rows), number + 1
         held.result()
         if committing is not None:
@@ -206,8 +208,7 @@ def _commit(plan: RunPlan, number: int, computed, live: LiveProgress) -> dict:
         observed = wh.append_observed("results", rows, aggregates())
         cached.result()
     live.committed(number, int(observed["accepted"] or 0))
-    computed.unpersist()
-    return observed
+    return observed  # the computed rows go with the last reference to them (Spark cleans their blocks up)
 
 
 def _add(totals: dict[str, int], observed: dict) -> None:

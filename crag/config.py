@@ -507,11 +507,11 @@ class SparkConfig(Section):
     remote: str | None = None
     jars_dir: str | None = None  # Delta Lake jars for local Spark (None: .crag/jars, fetched by make)
     partitions: int | None = Field(None, gt=0)  # None: every task slot but one (crag.spark.parallelism; local[N]: N)
-    # Questions in a run's first committed batch (and at most in any batch that a resume runs); the
-    # later batches are sized to take about `batch_seconds` at the rate measured so far. A committed
-    # batch is what a killed run keeps.
+    # Input rows in a run's first committed batch; the later batches are sized to take about
+    # `batch_seconds` at the rate measured so far (None: every batch has batch_questions rows). A
+    # committed batch is what a killed run keeps.
     batch_questions: int = Field(2000, gt=0)
-    batch_seconds: float = Field(60, gt=0)
+    batch_seconds: float | None = Field(60, gt=0)
     # Pipelines per task, on threads, each taking `questions_per_pipeline` questions at a time through
     # all the stages: out of phase with each other, they keep every remote endpoint busy at once
     # instead of one stage's endpoint at a time. 1 for the in-process embedded backends.

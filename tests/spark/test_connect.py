@@ -118,7 +118,7 @@ def test_sigkill_then_resume_on_connect(connect_url, index_overrides, tmp_path):
     """A `crag run` client killed with SIGKILL after its first batch is committed; `--resume`
     (another client) finishes the run without answering a committed question again."""
     warehouse = tmp_path / "wh"
-    args = _run_args(index_overrides, warehouse, "killed", "spark.batch_questions=12")
+    args = _run_args(index_overrides, warehouse, "killed", "spark.batch_questions=12", "spark.batch_seconds=null")
     command = [sys.executable, "-m", "crag.cli", *args, "--set", f"spark.remote={connect_url}"]
     first = subprocess.Popen(
         command, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE

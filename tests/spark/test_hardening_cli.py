@@ -168,6 +168,7 @@ def _start_run(tmp_path, sample_indexes, extra: list[str]):
         f"web_search.index={sample_indexes['web']}",
         "mlflow.enabled=false",
         "spark.batch_questions=3",
+        "spark.batch_seconds=null",
         "routing.policy=thresholds",
     ]
     args = [sys.executable, "-m", "crag.cli", *crag_run_args(tmp_path / "wh", "--no-cache", *extra, overrides=sets)]

@@ -154,7 +154,7 @@ def test_counts_observed_while_each_batch_was_written_are_the_stored_rows_counte
         return real(counts, question_ids, plan)
 
     monkeypatch.setattr(crag_job, "check_invariant", counted_both_ways)
-    sets = [*index_overrides, "spark.batch_questions=10", "spark.batch_seconds=0.001"]
+    sets = [*index_overrides, "spark.batch_questions=10", "spark.batch_seconds=null"]
     result = run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="observed", overrides=sets, spark=spark)
     observed, (recounted, recounted_ids), ids = seen[0]
     assert observed == recounted and ids == recounted_ids

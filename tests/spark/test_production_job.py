@@ -80,7 +80,7 @@ def test_the_heartbeat_commits_while_each_batch_holds_its_tasks(spark, emulator,
     overrides = [
         "tables.stale_run_after_s=1.2",  # a beat every 0.4 s
         "spark.batch_questions=32",
-        "spark.batch_seconds=100000",  # the second batch: the other 32
+        "spark.batch_seconds=null",  # the second batch: the other 32
         "spark.pipelines_per_task=1",
         "spark.questions_per_pipeline=1",  # one question after another in each task
         "cache.enabled=false",

@@ -55,7 +55,7 @@ def run_stages_dying_on(batch_number: int, sent: list[list[str]]):
 def test_resume_after_a_failure_mid_run(spark, tmp_path, index_overrides, monkeypatch):
     sent: list[list[str]] = []
     monkeypatch.setattr(crag_batches, "run_stages", run_stages_dying_on(3, sent))
-    sets = [*index_overrides, "spark.batch_questions=10", "spark.batch_seconds=0.5"]
+    sets = [*index_overrides, "spark.batch_questions=10", "spark.batch_seconds=null"]
     with pytest.raises(RuntimeError, match="driver lost"):
         run_sample(spark, tmp_path, "r1", sets)
     assert table(tmp_path, "runs").loc[0, "status"] == "failed"
@@ -141,7 +141,7 @@ def test_a_batch_committed_after_its_process_stopped_is_kept_once(
     from crag.warehouse import Warehouse
 
     monkeypatch.setattr(crag_batches, "run_stages", run_stages_dying_on(2, []))
-    sets = [*index_overrides, "spark.batch_questions=25"]
+    sets = [*index_overrides, "spark.batch_questions=25", "spark.batch_seconds=null"]
     with pytest.raises(RuntimeError, match="driver lost"):
         run_sample(spark, tmp_path, "z1", sets)
     wh = Warehouse(spark, str(tmp_path))
@@ -220,6 +220,7 @@ def test_sigkill_of_the_driver_then_resume(spark, emulator, sample_indexes, tmp_
             f"web_search.index={sample_indexes['web']}",
             "retriever.k=3",  # fewer grading requests per question: the test is about which questions ask
             "spark.batch_questions=16",
+            "spark.batch_seconds=null",
             "mlflow.enabled=false",
         ],
     )

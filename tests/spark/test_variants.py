@@ -2,18 +2,17 @@
 counts on the emulators, and the MLflow record."""
 
 import pytest
-from deltalake import DeltaTable
 
 from crag.cli import main
 from crag.config import load_config, safe_yaml
 from crag.job import run
-from tests.support import LOCAL_CONF, REPO, SAMPLE, ReportMarkup, crag_run_args
+from tests.support import LOCAL_CONF, REPO, SAMPLE, ReportMarkup, crag_run_args, run_rows
 
 QUESTIONS = str(SAMPLE / "questions.jsonl")
 
 
 def table(warehouse, name, **where):
-    df = DeltaTable(str(warehouse / name)).to_pandas()
+    df = run_rows(warehouse, name)
     for k, v in where.items():
         df = df[df[k] == v]
     return df.reset_index(drop=True)

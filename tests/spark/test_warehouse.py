@@ -11,21 +11,22 @@ from crag import schema
 from crag.warehouse import Warehouse
 
 
-def _rejects(spark, wh: Warehouse, question_id: str):
-    row = {name: None for name in schema.REJECTS.names} | {"run_id": "r", "question_id": question_id, "reason": "x"}
-    return wh.frame("rejects", pa.Table.from_pylist([row], schema=schema.REJECTS))
+def _rows(spark, wh: Warehouse, key: str):
+    """One stage-cache row (a stored table every run may write), filed under `key`."""
+    row = {name: None for name in schema.STAGE_CACHE.names} | {"key": key, "run_id": "r", "role": "x"}
+    return wh.frame("stage_cache", pa.Table.from_pylist([row], schema=schema.STAGE_CACHE))
 
 
 def test_two_folders_used_in_turn_by_one_session_keep_their_own_rows(spark, tmp_path):
     first, second = Warehouse(spark, str(tmp_path / "a")), Warehouse(spark, str(tmp_path / "b"))
-    first.append("rejects", _rejects(spark, first, "a1"))
-    second.append("rejects", _rejects(spark, second, "b1"))
-    first.append("rejects", _rejects(spark, first, "a2"))
-    second.append("rejects", _rejects(spark, second, "b2"))
+    first.append("stage_cache", _rows(spark, first, "a1"))
+    second.append("stage_cache", _rows(spark, second, "b1"))
+    first.append("stage_cache", _rows(spark, first, "a2"))
+    second.append("stage_cache", _rows(spark, second, "b2"))
     for folder, expected in (("a", ["a1", "a2"]), ("b", ["b1", "b2"])):
-        rows = DeltaTable(str(tmp_path / folder / "rejects")).to_pyarrow_table(columns=["question_id"])
-        assert sorted(rows.column("question_id").to_pylist()) == expected, folder
-    assert sorted(r["question_id"] for r in first.load("rejects").collect()) == ["a1", "a2"]
+        rows = DeltaTable(str(tmp_path / folder / "stage_cache")).to_pyarrow_table(columns=["key"])
+        assert sorted(rows.column("key").to_pylist()) == expected, folder
+    assert sorted(r["key"] for r in first.load("stage_cache").collect()) == ["a1", "a2"]
 
 
 def test_folders_written_at_once_by_one_session_keep_their_own_rows(spark, tmp_path):
@@ -39,7 +40,7 @@ def test_folders_written_at_once_by_one_session_keep_their_own_rows(spark, tmp_p
         wh = Warehouse(spark, str(tmp_path / tag))
         for i in range(12):
             try:
-                wh.append("rejects", _rejects(spark, wh, f"{tag}{i}"))
+                wh.append("stage_cache", _rows(spark, wh, f"{tag}{i}"))
             except Exception as exc:  # collected: the assertion below names it
                 errors.append(f"{tag}{i}: {str(exc)[:300]}")
 
@@ -50,9 +51,9 @@ def test_folders_written_at_once_by_one_session_keep_their_own_rows(spark, tmp_p
         thread.join()
     assert not errors, errors
     for tag in tags:
-        rows = DeltaTable(str(tmp_path / tag / "rejects")).to_pyarrow_table(columns=["question_id"])
-        assert sorted(rows.column("question_id").to_pylist()) == sorted(f"{tag}{i}" for i in range(12)), tag
-    names = {Warehouse(spark, str(tmp_path / tag)).name("rejects") for tag in tags}
+        rows = DeltaTable(str(tmp_path / tag / "stage_cache")).to_pyarrow_table(columns=["key"])
+        assert sorted(rows.column("key").to_pylist()) == sorted(f"{tag}{i}" for i in range(12)), tag
+    names = {Warehouse(spark, str(tmp_path / tag)).name("stage_cache") for tag in tags}
     assert len(names) == 3, names
 
 
