@@ -335,8 +335,7 @@ ABOUT = {
     "carry gold)",
     "runs": "one row per run id: its config, status and counts, who holds it (its lease) and which generation "
     "the views show",
-    "inputs": "every input row of a run's generation, checked: accepted questions (`reason` null) and "
-    "rejected rows",
+    "inputs": "every input row of a run's generation, checked: accepted questions (`reason` null) and rejected rows",
     "results": "one row per answered question of a run's generation, committed batch by batch, its grades "
     "and decisions nested",
     "metric_values": "the metric values of a run's generation",
@@ -381,8 +380,7 @@ MEANINGS = {
     "retrieval_score": "the retriever's score (null when the retriever gives none)",
     "relevance": "the grader's relevance, 0..1",
     "grade": "`yes` (relevant) or `no`",
-    "parse_status": "how the grader's output was read: `ok`, `repaired` or `failed` (unreadable: counted "
-    "irrelevant)",
+    "parse_status": "how the grader's output was read: `ok`, `repaired` or `failed` (unreadable: counted irrelevant)",
     "rationale": "the grader's reasons (the lexical and semantic graders: the signals behind the relevance)",
     "raw_output": "the model's reply as received (null for the embedded graders)",
     "grader": "the grader's backend or model endpoint",
@@ -410,8 +408,7 @@ MEANINGS = {
     "(the last three only where not 0)",
     "attempt": "the attempt that holds the run (its lease): only it may write the run's rows",
     "owner": "the holding process, `host:pid`",
-    "heartbeat_at": "the holder's last heartbeat (UTC); a run silent for `tables.stale_run_after_s` may be "
-    "taken over",
+    "heartbeat_at": "the holder's last heartbeat (UTC); a run silent for `tables.stale_run_after_s` may be taken over",
     "input_hash": "a hash of the checked input, which `--resume` checks the questions against",
     "shown_generation": "the generation the views show (null until the run first ends)",
     "question_key": "the stage cache's key of the question (a hash of its text)",
