@@ -122,7 +122,7 @@ def answer(plan: RunPlan, progress: bool | None, heartbeat: Heartbeat) -> dict[s
     live = LiveProgress(ProgressReporter(enabled=progress, desc="crag: questions"))
     with live, ThreadPoolExecutor(2, "crag-commit") as pool:
         if plan.resume:
-            held = _done()
+            held = finished()
             heartbeat.start()
             live.start(plan.accepted, answered_so_far(plan))
         else:
@@ -148,6 +148,13 @@ def answer(plan: RunPlan, progress: bool | None, heartbeat: Heartbeat) -> dict[s
     return totals
 
 
+def finished() -> Future:
+    """A future that is done already."""
+    future: Future = Future()
+    future.set_result(None)
+    return future
+
+
 def _held(plan: RunPlan, hold: Future, live: LiveProgress) -> None:
     """The hold's end: the bar starts; or, when the run could not be claimed (another process holds
     it), the first batch's answering stops at once, its tasks interrupted (its calls are for nothing)."""
@@ -160,12 +167,6 @@ def _held(plan: RunPlan, hold: Future, live: LiveProgress) -> None:
 def _batch_tag(plan: RunPlan, number: int) -> str:
     """The Spark job tag of a batch's answering, by which it can be interrupted."""
     return f"crag-{plan.ledger.attempt}-batch-{number}"
-
-
-def _done() -> Future:
-    future: Future = Future()
-    future.set_result(None)
-    return future
 
 
 def _compute(plan: RunPlan, number: int, bounds: tuple[int, int], tasks: int, live: LiveProgress):
@@ -204,7 +205,7 @@ def _commit(plan: RunPlan, number: int, computed, live: LiveProgress) -> dict:
         F.current_timestamp().alias("created_at"),
     )
     with ThreadPoolExecutor(1, "crag-cache") as pool:
-        cached = pool.submit(_store_cache_rows, plan, computed) if plan.cfg.cache.enabled else _done()
+        cached = pool.submit(_store_cache_rows, plan, computed) if plan.cfg.cache.enabled else finished()
         observed = wh.append_observed("results", rows, aggregates())
         cached.result()
     live.committed(number, int(observed["accepted"] or 0))

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from crag.backends import build_backends, resolve_credentials
-from crag.batches import answer
+from crag.batches import answer, finished
 from crag.config import CragConfig, load_config, redacted, resolve_paths
 from crag.counts import RunCounts, RunResult
 from crag.errors import CragError, InputError, describe
@@ -53,7 +53,8 @@ class RunPlan:
     ledger: Ledger
     secrets: dict[str, str]
     checked: Any  # the validated input rows, a lazy DataFrame (for a resume, stored already)
-    tables_ready: Future  # the warehouse's tables checked (and created): before the run's first write
+    # the warehouse's tables checked (and created): before the run's first write
+    tables_ready: Future = field(default_factory=finished)
     resume: bool = False
     fresh: bool = True  # the run id was new: no earlier generation to forget
     input_rows: int = 0
@@ -98,7 +99,6 @@ def prepare(
     # is written, and before a JVM starts when there is no session yet. With a session, the indexes
     # load while the warehouse's tables are checked and the questions read.
     secrets = resolve_credentials(cfg)
-    preload(cfg.mlflow)
     tables = RUN_TABLES + (("stage_cache",) if cfg.cache.enabled else ())
     with ThreadPoolExecutor(1, "crag-prepare") as pool:
         backends_built = pool.submit(build_backends, cfg, secrets)
@@ -107,6 +107,7 @@ def prepare(
         wh = Warehouse(spark or get_spark(cfg.spark), warehouse, cfg.tables)
         checked = validate(wh.spark, read_questions(wh.spark, questions), cfg.input.max_question_chars, questions)
         backends_built.result()
+    preload(cfg.mlflow)  # after the backends, some of which import MLflow themselves
     # Nothing is written before here: a bad config, index or input leaves the warehouse as it was. The
     # tables are checked beside the first batch's answering, before the claim.
     ledger = Ledger(wh, cfg, run_id, variant or "base")

@@ -23,16 +23,23 @@ from crag.counts import USAGE, RunCounts
 from crag.ids import check_run_id
 from crag.secrets import scrub
 
+# MLflow's modules import each other in circles: two threads importing two of them at once can each
+# get the other's half-made module. So one thread imports them (preload), and whoever logs waits for it.
+_loading: list[threading.Thread] = []
+
 
 def preload(cfg: TrackingConfig) -> None:
     """Import MLflow's client on a thread of its own, when the run will log to it: seconds of imports
-    done while Spark answers rather than after."""
-    if cfg.enabled:
-        threading.Thread(target=_client_module, name="crag-mlflow-import", daemon=True).start()
+    done while Spark answers rather than after. Nothing else in this process may import MLflow until
+    `_client` has waited for it (the backends that use MLflow are built before)."""
+    if cfg.enabled and not _loading:
+        _loading.append(threading.Thread(target=_client_module, name="crag-mlflow-import", daemon=True))
+        _loading[0].start()
 
 
 def _client_module() -> None:
-    import mlflow.tracking  # noqa: F401, PLC0415  # see preload
+    import mlflow.entities  # noqa: F401, PLC0415  # see preload
+    import mlflow.tracking  # noqa: F401, PLC0415
 
 
 def tracking_uri(cfg: TrackingConfig, warehouse: str) -> str:
@@ -47,6 +54,8 @@ def tracking_uri(cfg: TrackingConfig, warehouse: str) -> str:
 
 
 def _client(cfg: TrackingConfig, warehouse: str):
+    for loading in _loading:
+        loading.join()
     from mlflow.tracking import MlflowClient  # noqa: PLC0415  # MLflow takes seconds to import: only a run that logs pays
 
     logging.getLogger("alembic").setLevel(logging.WARNING)  # the store's schema setup is not news

@@ -168,7 +168,7 @@ def test_a_question_answered_twice_and_another_not_at_all_breaks_the_row_invaria
     wh = Warehouse(spark, str(tmp_path))
     plan = crag_job.RunPlan(CragConfig(), Ledger(wh, CragConfig(), "r", "base"), {}, None)
     rows = [{"run_id": "r", "question_id": q, "question": "?", "input_row": i} for i, q in enumerate("abc")]
-    totals = wh.frame("inputs", pa.Table.from_pylist(rows, schema.INPUTS)).agg(*crag_job.input_totals()).collect()[0]
+    totals = wh.frame("inputs", pa.Table.from_pylist(rows, schema.INPUTS)).agg(*crag_batches.input_totals()).collect()[0]
     plan.input_rows = plan.accepted = int(totals["accepted"])
     plan.question_ids = int(totals["question_ids"])
 
@@ -369,9 +369,8 @@ def test_a_run_that_cannot_reach_mlflow_keeps_its_tables_and_its_status(
         raise ConnectionError("tracking server at https://example.invalid refused the connection")
 
     monkeypatch.setattr(crag_job, "log_run", unreachable)
-    result = run(
-        str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="untracked", overrides=index_overrides, spark=spark
-    )
+    tracked = [*index_overrides, "mlflow.enabled=true"]
+    result = run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="untracked", overrides=tracked, spark=spark)
     assert table(tmp_path, "runs", "untracked").loc[0, "status"] == "succeeded"
     assert len(table(tmp_path, "answers", "untracked")) == result.counts.accepted > 0
     assert "run untracked is written, but it was not logged to MLflow (ConnectionError: tracking server" in caplog.text
