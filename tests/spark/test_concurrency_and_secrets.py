@@ -56,9 +56,7 @@ def test_no_secret_in_tables_logs_or_run_config(spark, emulator, tmp_path, capfd
     assert TOKEN not in out and TOKEN not in err
     assert len(out) > 100  # the summary was printed (and searched)
     tables = [p for p in sorted(tmp_path.iterdir()) if (p / "_delta_log").is_dir()]
-    assert {"answers", "grades", "decisions", "runs", "rejects", "gold", "metrics", "stage_cache"} <= {
-        p.name for p in tables
-    }
+    assert {"runs", "inputs", "results", "metric_values", "stage_cache"} <= {p.name for p in tables}
     for path in tables:
         assert TOKEN not in DeltaTable(str(path)).to_pandas().to_csv(), path.name
         for log in (path / "_delta_log").glob("*.json"):

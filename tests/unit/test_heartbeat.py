@@ -1,5 +1,6 @@
-"""The run's heartbeat: beats on its own thread while batches run, survives a failed beat, and has
-finished its last beat when the block ends (the run's outcome is recorded after it)."""
+"""The run's heartbeat: beats on its own thread from `start` (once the run is claimed) while batches run,
+survives a failed beat, and has finished its last beat when the block ends (the run's outcome is
+recorded after it)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,11 @@ def test_it_beats_until_the_block_ends():
         if len(beats) == 3:
             third.set()
 
-    with Heartbeat(beat, every_s=0.01):
+    with Heartbeat(beat, every_s=0.01) as heartbeat:
+        threading.Event().wait(0.1)
+        assert beats == []  # not before it is started: the run is not claimed yet
+        heartbeat.start()
+        heartbeat.start()  # once only: the claim and a resume both start it
         assert third.wait(WAIT_S)
     after = len(beats)
     threading.Event().wait(0.1)
@@ -38,7 +43,8 @@ def test_a_failed_beat_is_logged_and_the_next_one_tries_again(caplog):
             raise RuntimeError("ConcurrentAppendException at http://user:hunter2@host/x")
         recovered.set()
 
-    with caplog.at_level(logging.WARNING, logger="crag"), Heartbeat(beat, every_s=0.01):
+    with caplog.at_level(logging.WARNING, logger="crag"), Heartbeat(beat, every_s=0.01) as heartbeat:
+        heartbeat.start()
         assert recovered.wait(WAIT_S)
     assert "heartbeat not recorded" in caplog.text and "ConcurrentAppendException" in caplog.text
     assert "hunter2" not in caplog.text
@@ -52,7 +58,8 @@ def test_leaving_the_block_waits_for_a_beat_in_progress():
         threading.Event().wait(0.3)
         finished.set()
 
-    with Heartbeat(slow_beat, every_s=0.01):
+    with Heartbeat(slow_beat, every_s=0.01) as heartbeat:
+        heartbeat.start()
         assert started.wait(WAIT_S)
     assert finished.is_set()
 
@@ -66,6 +73,7 @@ def test_a_beat_that_finds_the_run_taken_over_ends_the_beats_and_the_block_raise
 
     heartbeat = Heartbeat(beat, every_s=0.01)
     with pytest.raises(RunTakenOver), heartbeat:
+        heartbeat.start()
         for _ in range(WAIT_S * 100):
             if heartbeat.lost is not None:
                 break
@@ -74,10 +82,12 @@ def test_a_beat_that_finds_the_run_taken_over_ends_the_beats_and_the_block_raise
         assert calls == [1]  # no beat after it
         heartbeat.check()
     with pytest.raises(RunTakenOver), Heartbeat(beat, every_s=0.01) as other:
+        other.start()
         while other.lost is None:
             threading.Event().wait(0.01)
     # the block's own exception is the one that propagates
     with pytest.raises(KeyError), Heartbeat(beat, every_s=0.01) as third:
+        third.start()
         while third.lost is None:
             threading.Event().wait(0.01)
         raise KeyError("the batch failed")
