@@ -465,8 +465,8 @@ def _run_command(args) -> int:
             if error is not None:  # the question failed: one line and exit code 2, as for an error crag names
                 _print_untrusted(f"crag: error: {error}", file=sys.stderr)
                 return 2
-    except CragError as exc:
-        print(f"crag: error: {scrub(str(exc))}", file=sys.stderr)
+    except CragError as exc:  # its text may quote the user's (a path, a key): shown escaped, as all text here
+        print(f"crag: error: {_escaped(scrub(str(exc)))}", file=sys.stderr)
         return 2
     return 0
 
@@ -563,6 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     quiet = _NoInterruptTracebacks() if not os.environ.get("CRAG_DEBUG") else logging.Filter()
+    interrupted = False
     for name in _INTERRUPT_LOGGERS:
         logging.getLogger(name).addFilter(quiet)
     try:
@@ -575,6 +576,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # as a process ended by SIGPIPE
     except KeyboardInterrupt as exc:
+        interrupted = True
         return _say_interrupted(args, exc)
     except Exception as exc:
         debug = bool(os.environ.get("CRAG_DEBUG"))
@@ -582,17 +584,22 @@ def main(argv: list[str] | None = None) -> int:
         if debug or (interrupt is None and not known):  # CRAG_DEBUG=1, or a bug: the traceback
             _print_traceback(exc)
         if interrupt is not None:
+            interrupted = True
             return _say_interrupted(args, interrupt)
         if not known:
             return 1  # as Python exits on an uncaught exception
         hint = "" if debug else " (CRAG_DEBUG=1 shows the traceback)"
-        print(f"crag: error: {describe(exc, limit=500)}{hint}", file=sys.stderr)
+        connect = sys.modules.get("crag.connect")  # loaded once a Spark Connect session is made
+        line = (connect.lost_server(exc) if connect else None) or describe(exc, limit=500)
+        print(f"crag: error: {_escaped(scrub(line))}{hint}", file=sys.stderr)
         return 2
     finally:
         for name in _INTERRUPT_LOGGERS:
             logging.getLogger(name).removeFilter(quiet)
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
+        if "crag.connect" in sys.modules:  # no call at exit to a server that is gone, nor after Ctrl-C
+            sys.modules["crag.connect"].release_sessions(interrupted)
 
 
 def _print_traceback(exc: BaseException) -> None:

@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 
 from crag import schema
-from crag.errors import InputError, describe
+from crag.errors import InputError, describe, spark_error_line
 from crag.ids import forbidden_character
 from crag.text import encodable, invisible, parse_json_line
 
@@ -92,7 +92,7 @@ def read_questions(spark, source: str):
             frame = spark.read.options(header=True, inferSchema=False, multiLine=True, escape='"').csv(literal)
             return _require_columns(frame, source)
     except spark_errors() as exc:
-        raise InputError(f"cannot read questions from {source}: {_first_line(exc)}") from None
+        raise InputError(f"cannot read questions from {source}: {spark_error_line(exc)}") from None
     raise InputError(
         f"unsupported questions file {source}: expected a Delta folder or {', '.join(QUESTION_FILE_SUFFIXES)}"
     )
@@ -173,16 +173,6 @@ def spark_errors() -> tuple[type[BaseException], ...]:
     except ImportError:  # Spark Connect clients have no py4j
         return (PySparkException,)
     return (PySparkException, Py4JJavaError)
-
-
-def _first_line(exc: BaseException) -> str:
-    """The line that says what went wrong (py4j puts "An error occurred while calling ..." first)."""
-    lines = [
-        line.strip()
-        for line in str(exc).splitlines()
-        if line.strip() and not line.startswith("An error occurred while calling")
-    ]
-    return re.sub(r"^[\w.$]+(Exception|Error): ", "", lines[0]) if lines else type(exc).__name__
 
 
 def _require_columns(frame, source: str):
@@ -464,7 +454,7 @@ def _numbered(spark, raw, source: str):
     try:
         parts = sorted(tagged.groupBy("_part").agg(*aggregates).collect(), key=lambda r: r["_part"])
     except spark_errors() as exc:
-        raise InputError(f"cannot read questions: {_first_line(exc)}") from None
+        raise InputError(f"cannot read questions: {spark_error_line(exc)}") from None
     offsets, total = [], 0
     for part in parts:
         offsets.append((part["_part"], total))
