@@ -61,10 +61,11 @@ def _policy_classes():
     class DeadlineState(RetryPolicyState):
         def __init__(self, policy: Deadline) -> None:
             super().__init__(policy)
+            self.deadline = policy
             self.started = time.monotonic()
 
         def next_attempt(self, exception: BaseException | None = None) -> int | None:
-            policy = self.policy
+            policy = self.deadline
             wait_ms = super().next_attempt(exception)
             # the last attempt starts early enough to end, connecting included, by the deadline
             left_s = policy.timeout_s - (time.monotonic() - self.started) - attempt_s(policy.timeout_s)
@@ -81,8 +82,8 @@ def shown_url(url: str) -> str:
     parts, _ = connect_url_parts(url)
     host = parts.hostname or "?"
     try:
-        port = parts.port or 15002
-    except ValueError:
+        port = str(parts.port or 15002)
+    except ValueError:  # config checks the URL first; said rather than raised here
         port = "?"
     return f"sc://{host if ':' not in host else f'[{host}]'}:{port}"
 

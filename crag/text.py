@@ -274,7 +274,7 @@ def _csv_problem(error: csv.Error) -> str:
     if "unexpected end of data" in text:
         return "a quoted field is not closed (an unterminated quote)"
     if "expected after" in text:
-        return "a quoted field goes on after its closing quote (a quote inside a field must be doubled: \"\")"
+        return 'a quoted field goes on after its closing quote (a quote inside a field must be doubled: "")'
     if "field larger than field limit" in text:
         return f"a field is longer than {csv.field_size_limit()} characters (an unterminated quote?)"
     return f"not readable as CSV ({text})"
