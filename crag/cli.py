@@ -289,6 +289,15 @@ def _format_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+class _EscapedFormatter(logging.Formatter):
+    """A log line quotes what crag was given (an id, a path, a service's reply): its control and
+    format characters are escapes, as on the rest of the screen (a traceback, with CRAG_DEBUG=1,
+    keeps its lines)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return _escaped(super().formatMessage(record))
+
+
 class _StderrHandler(logging.StreamHandler):
     """Writes to whatever sys.stderr is when a line is logged (a test, or a caller, may replace it)."""
 
@@ -303,7 +312,7 @@ def _setup_logging() -> None:
     logger = logging.getLogger("crag")
     if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
         handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter("crag: %(message)s"))
+        handler.setFormatter(_EscapedFormatter("crag: %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
@@ -436,8 +445,8 @@ def _run_command(args) -> int:
             _, lines, path = compare(
                 _warehouse(args), args.base, args.candidate, args.report, not args.no_mlflow, args.allow_unfinished
             )
-            print("\n".join(lines))
-            print(f"report: {path}")
+            for line in [*lines, f"report: {path}"]:  # config values and ids are the user's text
+                _print_untrusted(line)
         elif args.command == "sql":
             from crag.console import render
             from crag.sql import query

@@ -241,6 +241,16 @@ QUESTION_METRICS = (
 # Every metric, in the order crag eval and crag compare show them.
 METRICS = (*QUESTION_METRICS, "grader_precision", "grader_recall")
 SLICES = ("route", "action", "language", "expected_route", "answerable")
+ROUTES = ("internal", "web", "mixed", "refused", "error")  # an answer's route (crag.stages.generate)
+# The values each slice key can take (see question_scores): `crag eval --slices` checks them before it
+# computes anything
+SLICE_VALUES = {
+    "route": ROUTES,
+    "action": (*ACTIONS, "none"),
+    "language": ("en", "ja"),
+    "expected_route": (*EXPECTED_ROUTES, "unknown"),
+    "answerable": ("yes", "no"),
+}
 
 # Which way each metric gets better: +1 higher, -1 lower. A web search costs a call and brings outside
 # text into the context, so at equal quality fewer is better; refusals of the same questions too

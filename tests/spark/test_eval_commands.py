@@ -74,6 +74,9 @@ def test_eval_counts_the_questions_without_gold_in_the_metrics_that_need_none(sp
     version = DeltaTable(str(tmp_path / "w" / "metrics")).version()
     assert main(["eval", "--warehouse", str(tmp_path / "w"), "--run", "some", "--slices", "all,langauge"]) == 2
     assert capsys.readouterr().err.startswith("crag: error: unknown slice 'langauge': a slice is all, or one of route")
+    # and so is a value no run can have (it was refused after the metrics were computed and written)
+    assert main(["eval", "--warehouse", str(tmp_path / "w"), "--run", "some", "--slices", "answerable=true"]) == 2
+    assert capsys.readouterr().err == "crag: error: unknown slice 'answerable=true': answerable is one of yes, no\n"
     assert DeltaTable(str(tmp_path / "w" / "metrics")).version() == version
     assert (
         main(["eval", "--warehouse", str(tmp_path / "w"), "--run", "some", "--slices", "all", "--format", "json"]) == 0
