@@ -289,6 +289,7 @@ def action_confusion(scores: pd.DataFrame) -> pd.DataFrame:
 
 
 def _grader_pr(docs: pd.DataFrame) -> list[tuple[str, float, int]]:
+    docs = docs[docs["grade"].notna()]  # a document the grader's call failed on (not_graded) was not graded
     if docs.empty:
         return []
     yes, gold = docs["grade"] == "yes", docs["is_gold"]

@@ -155,6 +155,22 @@ def test_evaluate_by_hand():
     assert ("web_recall", "all") not in m.index  # b never searched the web
 
 
+def test_documents_not_graded_count_as_retrieved_not_as_grades():
+    """A document the grader's call failed on (parse_status not_graded, grade null) was retrieved (it
+    counts for recall_at_k) but not graded: it is no miss of the grader's."""
+    answers, grades, gold = _tables()
+    grades = pd.concat(
+        [
+            grades[grades["doc_id"] != "d1"],
+            pd.DataFrame([dict(question_id="a", source="internal", doc_id="d1", grade=None, relevance=None)]),
+        ]
+    )
+    m = evaluate(answers, grades, gold).set_index(["metric", "slice"])
+    assert m.loc[("recall_at_k", "all"), "value"] == 1.0  # d1 was retrieved
+    assert m.loc[("grader_precision", "all"), "value"] == 0.0 and m.loc[("grader_precision", "all"), "n"] == 1  # d2
+    assert ("grader_recall", "all") not in m.index  # the one gold document was never graded
+
+
 def test_a_blank_gold_answer_makes_no_question_answerable():
     """SQuAD 2.0 writes `answers: [""]` for a question without an answer: it is scored as one with
     no gold answer, not as an answerable question that every answer misses."""
