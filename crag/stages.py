@@ -348,9 +348,7 @@ def _apply_grades(docs: list[Document], grades: list[Grade], grader: Grader) -> 
 def _not_graded(docs: list[Document], grader: Grader, error: str) -> list[Document]:
     return [
         {
-            **doc,
-            "relevance": None,
-            "grade": None,
+            **doc,  # no relevance, no grade: stored as null
             "parse_status": NOT_GRADED,
             "rationale": error,
             "raw_output": None,

@@ -24,8 +24,8 @@ class Document(TypedDict):
     text: str
     retrieval_score: float | None
     rank: int
-    relevance: NotRequired[float | None]  # 0..1; None when not graded
-    grade: NotRequired[str | None]  # "yes" | "no"; None when not graded
+    relevance: NotRequired[float]  # 0..1 (None in the grades table for a document not graded)
+    grade: NotRequired[str]  # "yes" | "no" (None there too)
     # "ok" | "repaired" | "failed"; NOT_GRADED: the grader's call failed (its error in `rationale`)
     parse_status: NotRequired[str]
     rationale: NotRequired[str | None]

@@ -95,7 +95,7 @@ def test_a_report_path_that_cannot_be_written_is_one_line_and_said_before_the_ru
     argv = ["compare", "--warehouse", str(two_runs), "--base", "cand", "--candidate", "base", "--no-mlflow"]
     report = tmp_path / "afile" / "sub" / "x.html"
     with monkeypatch.context() as patched:  # said before the runs are read, and nothing is made
-        patched.setattr(crag.compare, "read_run", lambda *a: pytest.fail("the runs were read"))
+        patched.setattr(crag.compare, "_compare_in_spark", lambda *a: pytest.fail("the runs were read"))
         assert main([*argv, "--report", str(report)]) == 2
     said = f"crag: error: cannot write the report {report}: {tmp_path / 'afile'} is a file, not a folder\n"
     assert capsys.readouterr().err == said
