@@ -415,30 +415,14 @@ def _run_command(args) -> int:
         elif args.command == "calibrate":
             import json
 
-            from crag.calibration import calibrate, report
-            from crag.evaluation import read_run, run_record
+            from crag.calibration import calibrate_run, report
+            from crag.evaluation import run_record
 
             wh = _warehouse(args)
             # a failed re-run's row holds its own config beside the earlier attempt's grades
             recorded = run_record(wh, check_run_id(args.run_id), args.allow_unfinished, "calibrate")
-            parts = read_run(wh, args.run_id, ("grades", "gold"))
-            if parts["gold"].empty:
-                raise CragError(f"run {args.run_id!r} has no gold columns to calibrate against")
-            config = json.loads(recorded["config"])
-            routing, grader = config["routing"], config["grader"]
-            print(
-                report(
-                    calibrate(
-                        parts["grades"],
-                        parts["gold"],
-                        routing["lower"],
-                        routing["upper"],
-                        grader.get("threshold"),
-                        routing["policy"],
-                        grader.get("format") == "binary",
-                    )
-                )
-            )
+            for line in report(calibrate_run(wh, args.run_id, json.loads(recorded["config"]))).splitlines():
+                _print_untrusted(line)
         elif args.command == "compare":
             from crag.compare import compare
 

@@ -348,14 +348,6 @@ def run_record(warehouse, run_id: str, allow_unfinished: bool, doing: str):
     return record[0]
 
 
-def read_run(warehouse, run_id: str, names=("answers", "grades", "gold")) -> dict[str, pd.DataFrame]:
-    """Tables of one run as pandas frames (a comparison or a calibration reads one run's rows)."""
-    parts = {name: warehouse.load_run(name, run_id).toPandas() for name in names}
-    if "answers" in parts and parts["answers"].empty:
-        raise InputError(f"run {run_id!r} has no answers in {warehouse.location}")
-    return parts
-
-
 # What question_scores reads of an answer row.
 _ANSWER_COLUMNS = ("question_id", "question", "answer", "action", "route", "refused", "web_query", "n_web", "sources")
 
