@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import functools
 import logging
 import os
 import shlex
@@ -471,7 +472,21 @@ class Terminated(KeyboardInterrupt):
 def _on_sigterm(signum, frame) -> None:
     # No call into Spark from here: the main thread may be inside a py4j call on the same connection.
     # The Spark jobs end with the process.
+    _stop_retrying()
     raise Terminated()
+
+
+def _on_sigint(previous, signum, frame) -> None:
+    _stop_retrying()
+    # then Ctrl-C as before: pyspark's handler (it cancels the session's jobs) or KeyboardInterrupt
+    (previous if callable(previous) else signal.default_int_handler)(signum, frame)
+
+
+def _stop_retrying() -> None:
+    """A Spark Connect server that stopped answering is not waited for once the command is interrupted:
+    the run's failure is recorded with one try (crag.connect)."""
+    if "crag.connect" in sys.modules:
+        sys.modules["crag.connect"].stop_retrying()
 
 
 # py4j logs, traceback and all, through the root logger and its own, each failure it then raises,
@@ -555,6 +570,9 @@ def main(argv: list[str] | None = None) -> int:
         args.run_id = new_run_id()  # chosen here, so that an interrupted run can be named in the resume line
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
+    previous_int = signal.getsignal(signal.SIGINT)
+    if in_main_thread:
+        signal.signal(signal.SIGINT, functools.partial(_on_sigint, previous_int))
     quiet = _NoInterruptTracebacks() if not os.environ.get("CRAG_DEBUG") else logging.Filter()
     interrupted = False
     for name in _INTERRUPT_LOGGERS:
@@ -591,6 +609,7 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger(name).removeFilter(quiet)
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, previous_int)
         if "crag.connect" in sys.modules:  # no call at exit to a server that is gone, nor after Ctrl-C
             sys.modules["crag.connect"].release_sessions(interrupted)
 

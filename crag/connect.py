@@ -181,6 +181,14 @@ def lost_server(exc: BaseException) -> str | None:
     )
 
 
+def stop_retrying() -> None:
+    """No call of this process's Connect sessions is retried from now on: the command was interrupted,
+    and what it does before it ends (recording a run's failure) is tried once. Called from a signal
+    handler: no lock is taken and no call made."""
+    for _, deadline in list(_SESSIONS):
+        deadline.gave_up = True
+
+
 def release_sessions(interrupted: bool) -> None:
     """Close the Connect sessions of this process that should make no further call: all of them when
     the command was interrupted, else those whose server is gone. pyspark's clean-up at exit would

@@ -118,7 +118,7 @@ def get_spark(cfg: SparkConfig):
         warnings.simplefilter("ignore", UserWarning)
         session = builder.getOrCreate()
     if is_connect(session):  # spark.remote=local[N]: a server of its own, in the JVM it started
-        bound_waits(session, "the local Spark Connect server", cfg.connect_timeout_s)
+        bound_waits(session, "sc://localhost (started by crag)", cfg.connect_timeout_s)
     return session
 
 

@@ -6,7 +6,10 @@ exactly as crag.spark configures a local session. Clients connect to sc://127.0.
 """
 
 import os
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyspark
@@ -35,6 +38,29 @@ def environment() -> dict[str, str]:
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
     env.pop("SPARK_REMOTE", None)
     return env
+
+
+def start(folder: Path) -> tuple[str, subprocess.Popen]:
+    """A server on a free port, in a process group of its own, its output in `folder`/server.log:
+    its URL and process, once its port is open."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = (folder / "server.log").open("w")
+    server = subprocess.Popen(
+        command(port), env=environment(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if server.poll() is not None:
+            raise AssertionError("the Spark Connect server stopped; see " + log.name)
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return f"sc://127.0.0.1:{port}", server
+        except OSError:
+            time.sleep(0.5)
+    os.killpg(server.pid, 9)
+    raise AssertionError("the Spark Connect server did not open its port; see " + log.name)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,34 +30,10 @@ from tests.support import (
 QUESTIONS = SAMPLE / "questions.jsonl"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def connect_url(tmp_path_factory):
-    port = _free_port()
-    log = (tmp_path_factory.mktemp("connect") / "server.log").open("w")
-    server = subprocess.Popen(
-        connect_server.command(port),
-        env=connect_server.environment(),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        assert server.poll() is None, "the Spark Connect server stopped; see " + log.name
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        pytest.fail("the Spark Connect server did not open its port")
-    yield f"sc://127.0.0.1:{port}"
+    url, server = connect_server.start(tmp_path_factory.mktemp("connect"))
+    yield url
     os.killpg(server.pid, signal.SIGTERM)
     server.wait(timeout=60)
 

@@ -135,49 +135,28 @@ def test_sigterm_ends_a_command_that_waits_for_a_silent_server(silent_server, tm
     assert code == 143 and err == "crag: terminated (SIGTERM)\n", err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def doomed_server(tmp_path):
     """A Spark Connect server of this test's own, to be killed: its URL and process."""
-    port = _free_port()
-    log = (tmp_path / "server.log").open("w")
-    server = subprocess.Popen(
-        connect_server.command(port),
-        env=connect_server.environment(),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        assert server.poll() is None, "the Spark Connect server stopped; see " + log.name
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        pytest.fail("the Spark Connect server did not open its port")
-    yield f"sc://127.0.0.1:{port}", server
+    url, server = connect_server.start(tmp_path)
+    yield url, server
     if server.poll() is None:
         os.killpg(server.pid, signal.SIGKILL)
     server.wait(timeout=60)
 
 
-def test_a_server_killed_mid_run_ends_the_run_within_the_deadline(doomed_server, emulator, tmp_path):
+@pytest.mark.parametrize("ended_by", ["the deadline", "SIGTERM"])
+def test_a_server_killed_mid_run_ends_the_run_within_the_deadline(ended_by, doomed_server, emulator, tmp_path):
     """The server is killed while a batch runs (the model endpoint answers slowly): the client gives
-    up within the deadline, and so does each call after (recording the run's failure), with one line."""
+    up within the deadline, and so does each call after (recording the run's failure), with one line.
+    SIGTERM ends it sooner: the failure is then recorded with one try, not waited for."""
     url, server = doomed_server
+    deadline_s = DEADLINE_S if ended_by == "the deadline" else 600
     emulator.behaviour["serving"].latency_s = 0.3  # a batch of tens of seconds
     questions = uniform_questions(tmp_path / "questions.jsonl", 32)
     overrides = [
         f"spark.remote={url}",
-        f"spark.connect_timeout_s={DEADLINE_S}",
+        f"spark.connect_timeout_s={deadline_s}",
         "spark.pipelines_per_task=1",
         "spark.questions_per_pipeline=1",
         "cache.enabled=false",
@@ -187,18 +166,26 @@ def test_a_server_killed_mid_run_ends_the_run_within_the_deadline(doomed_server,
     run = _crag(
         *crag_run_args(tmp_path / "wh", "--run-id", "doomed", questions=questions, conf=conf, overrides=overrides)
     )
-    deadline = time.time() + 300
-    while time.time() < deadline and run.poll() is None and len(emulator.spans) < 3:
+    started = time.time() + 300
+    while time.time() < started and run.poll() is None and len(emulator.spans) < 3:
         time.sleep(0.2)
     assert run.poll() is None, "the run ended before its server could be killed: " + run.communicate()[1][-2000:]
     os.killpg(server.pid, signal.SIGKILL)
     killed = time.monotonic()
+    if ended_by == "SIGTERM":
+        time.sleep(1)
+        os.killpg(run.pid, signal.SIGTERM)
     code, err = _ended(run, DEADLINE_S * 4 + 30)
     waited = time.monotonic() - killed
-    assert code == 2, err
+    assert "Traceback" not in err, err
     last = err.strip().splitlines()[-1]
+    if ended_by == "SIGTERM":
+        assert code == 143 and last.startswith(
+            "crag: terminated (SIGTERM): run doomed did not finish; continue it with: "
+        ), err
+        return
+    assert code == 2, err
     assert last.startswith(f"crag: error: the Spark Connect server at {url} stopped answering: no answer within"), err
-    assert "Traceback" not in err
     # the call under way gives up at the deadline; the ones after it (the run's failure recorded, the
     # session's clean-up at exit) are tried once, not retried: one deadline, not one for each call
     assert waited < DEADLINE_S * 2 + 15, (waited, err)

@@ -35,6 +35,28 @@ def two_runs(spark, index_overrides, tmp_path_factory):
     return wh
 
 
+def test_compare_and_calibrate_bring_no_run_rows_to_the_driver(two_runs, spark, monkeypatch, tmp_path, capsys):
+    """They compute in Spark, as run and eval do: the driver receives aggregates (metrics, counts by
+    value, the few rows a report shows), never a run's answers or grades."""
+    frame_class = type(spark.range(1))
+    real = frame_class.toPandas
+
+    def guarded(self):
+        rows_of_a_run = {"answer", "rationale", "question", "raw_output"} & set(self.columns)
+        assert not rows_of_a_run, f"a run's rows reached the driver: {self.columns}"
+        return real(self)
+
+    monkeypatch.setattr(frame_class, "toPandas", guarded)
+    argv = ["--warehouse", str(two_runs)]
+    report = tmp_path / "r.html"
+    assert (
+        main(["compare", *argv, "--base", "base", "--candidate", "cand", "--no-mlflow", "--report", str(report)]) == 0
+    )
+    assert main(["calibrate", *argv, "--run", "cand"]) == 0
+    out = capsys.readouterr().out
+    assert "compare base (base) -> cand (candidate): 49 questions in both" in out and "proposed lower" in out
+
+
 def test_comparison_rows_match_the_run_tables(two_runs, capsys, index_overrides):
     wh = two_runs
     report = wh / "report.html"
