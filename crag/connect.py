@@ -98,7 +98,6 @@ def connect_session(url: str, timeout_s: float):
     where = shown_url(url)
     # gRPC's attempt to connect lasts 20 s by default; it lasts this long at least
     channel = DefaultChannelBuilder(url, [("grpc.min_reconnect_backoff_ms", int(attempt_s(timeout_s) * 1000))])
-    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"  # as pyspark's builder.remote() sets it: functions take Connect's
     session = SparkSession.builder.channelBuilder(channel).getOrCreate()  # no setting given: no call yet
     deadline = bound_waits(session, where, timeout_s)
     try:
@@ -112,6 +111,10 @@ def connect_session(url: str, timeout_s: float):
             f"no Spark Connect server answers at {where} within {timeout_s:g} s (spark.connect_timeout_s): "
             f"{_why(exc, where)}"
         ) from None
+    # as pyspark's builder.remote() sets it once it has a session: pyspark.sql.functions then build
+    # Connect's expressions (set only now, so that a server that did not answer leaves the process
+    # free to start a classic session)
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
     return session
 
 

@@ -1,3 +1,4 @@
+import os
 import shutil
 import subprocess
 import sys
@@ -148,6 +149,8 @@ def test_a_spark_connect_server_that_does_not_answer_is_one_line(capsys, tmp_pat
     assert main(["eval", "--warehouse", str(tmp_path), "--run", "r", *args]) == 2
     said = capsys.readouterr().err
     assert said.startswith(f"crag: error: no Spark Connect server answers at sc://127.0.0.1:{port} within 2 s"), said
+    # and the process may still start a classic session (pyspark takes this variable for Connect's mode)
+    assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ
     # the URL's credentials are not in the error itself (the CLI's scrubber aside: the Python API raises it)
     from crag.connect import connect_session
     from crag.errors import ConfigError
