@@ -19,6 +19,7 @@ grades table, against the run's gold labels, give the thresholds that would have
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,7 @@ import pandas as pd
 
 from crag.backends.lexical import RATIONALE as LEXICAL_RATIONALE
 from crag.backends.semantic import RATIONALE as SEMANTIC_RATIONALE
+from crag.errors import InputError
 from crag.evaluation import _as_list
 
 
@@ -67,199 +69,474 @@ def shortest_cut(cut: float, values: np.ndarray) -> float:
     return float(cut)
 
 
-def routing_scores(best: np.ndarray, internal: np.ndarray, lower: float, upper: float) -> RoutingProposal:
+def _weighted(values: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
+    return np.ones(len(values)) if weights is None else np.asarray(weights, float)
+
+
+def routing_scores(
+    best: np.ndarray, internal: np.ndarray, lower: float, upper: float, weights: np.ndarray | None = None
+) -> RoutingProposal:
+    """The figures of (lower, upper) over questions with their best internal relevance `best` and
+    whether they are expected from the knowledge base; `weights`: how many questions each entry
+    stands for (crag calibrate receives counts per value, not questions)."""
+    best, internal = np.asarray(best, float), np.asarray(internal, bool)
+    w = _weighted(best, weights)
     correct, incorrect = best >= upper, best < lower
     ambiguous = ~correct & ~incorrect
     external = ~internal
     credit = (correct & internal) + (incorrect & external) + 0.5 * ambiguous
+    total = w.sum()
 
     def ratio(a, b):
-        return float(a.sum() / b.sum()) if b.sum() else float("nan")
+        return float((w * a).sum() / (w * b).sum()) if (w * b).sum() else float("nan")
 
     return RoutingProposal(
         lower=float(lower),
         upper=float(upper),
-        accuracy=float(credit.mean()) if len(best) else float("nan"),
+        accuracy=float((w * credit).sum() / total) if total else float("nan"),
         correct_precision=ratio(correct & internal, correct),
         correct_recall=ratio(correct & internal, internal),
         incorrect_precision=ratio(incorrect & external, incorrect),
         incorrect_recall=ratio(incorrect & external, external),
-        ambiguous_share=float(ambiguous.mean()) if len(best) else float("nan"),
-        n=len(best),
+        ambiguous_share=float((w * ambiguous).sum() / total) if total else float("nan"),
+        n=int(round(total)),
     )
 
 
-def propose_routing(best: np.ndarray, internal: np.ndarray) -> RoutingProposal:
+def propose_routing(best: np.ndarray, internal: np.ndarray, weights: np.ndarray | None = None) -> RoutingProposal:
     """Best (lower, upper) for the thresholds policy by exhaustive search over the cut points."""
     best, internal = np.asarray(best, float), np.asarray(internal, bool)
+    w = _weighted(best, weights)
     cuts = _candidates(best)
 
-    def below(values):  # how many of `values` are < each cut
-        return np.searchsorted(np.sort(values), cuts, side="left")
+    def below(mask):  # the weight of the entries of `mask` that are < each cut
+        order = np.argsort(best[mask], kind="stable")
+        sums = np.concatenate([[0.0], np.cumsum(w[mask][order])])
+        return sums[np.searchsorted(best[mask][order], cuts, side="left")]
 
-    int_below, ext_below, all_below = below(best[internal]), below(best[~internal]), below(best)
-    # credit(lower = cuts[i], upper = cuts[j]) for every pair, from prefix counts:
+    int_below, ext_below, all_below = below(internal), below(~internal), below(np.ones(len(best), bool))
+    # credit(lower = cuts[i], upper = cuts[j]) for every pair, from prefix sums:
     #   internal sent to correct + external sent to incorrect + half of the ambiguous ones
     credit = (
-        (internal.sum() - int_below[None, :]) + ext_below[:, None] + 0.5 * (all_below[None, :] - all_below[:, None])
+        (w[internal].sum() - int_below[None, :]) + ext_below[:, None] + 0.5 * (all_below[None, :] - all_below[:, None])
     )
     lo, up = np.meshgrid(cuts, cuts, indexing="ij")
     score = np.where(lo <= up, credit, -1.0)
-    ties = np.argwhere(score == score.max())
+    ties = np.argwhere(np.isclose(score, score.max(), rtol=0, atol=1e-9))
     # among the best: the narrowest ambiguous band, then the lowest upper
     i, j = min(ties, key=lambda ij: (up[tuple(ij)] - lo[tuple(ij)], up[tuple(ij)]))
-    return routing_scores(best, internal, shortest_cut(lo[i, j], best), shortest_cut(up[i, j], best))
+    return routing_scores(best, internal, shortest_cut(lo[i, j], best), shortest_cut(up[i, j], best), w)
 
 
 def grade_threshold_scores(
-    relevance: np.ndarray, is_gold: np.ndarray, threshold: float, always_yes: np.ndarray | None = None
+    relevance: np.ndarray,
+    is_gold: np.ndarray,
+    threshold: float,
+    always_yes: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
 ) -> tuple[float, float, float, float]:
     """(threshold, precision, recall, F1) of "relevance >= threshold" against gold relevance;
-    `always_yes`: documents the grader calls relevant by another rule, whatever the threshold."""
+    `always_yes`: documents the grader calls relevant by another rule, whatever the threshold;
+    `weights`: how many documents each entry stands for."""
     relevance, is_gold = np.asarray(relevance, float), np.asarray(is_gold, bool)
+    w = _weighted(relevance, weights)
     yes = relevance >= threshold
     if always_yes is not None:
         yes = yes | np.asarray(always_yes, bool)
-    tp = (yes & is_gold).sum()
-    precision = tp / yes.sum() if yes.sum() else 0.0
-    recall = tp / is_gold.sum() if is_gold.sum() else 0.0
+    tp = (w * (yes & is_gold)).sum()
+    precision = tp / (w * yes).sum() if (w * yes).sum() else 0.0
+    recall = tp / (w * is_gold).sum() if (w * is_gold).sum() else 0.0
     f = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
     return float(threshold), float(precision), float(recall), float(f)
 
 
 def propose_grade_threshold(
-    relevance: np.ndarray, is_gold: np.ndarray, always_yes: np.ndarray | None = None
+    relevance: np.ndarray,
+    is_gold: np.ndarray,
+    always_yes: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
 ) -> tuple[float, float, float, float]:
     """The (threshold, precision, recall, F1) with the best F1 of "relevance >= threshold" (or
     `always_yes`, see grade_threshold_scores)."""
     relevance = np.asarray(relevance, float)
     best = (0.5, 0.0, 0.0, -1.0)
     for t in _candidates(relevance):
-        scores = grade_threshold_scores(relevance, is_gold, shortest_cut(t, relevance), always_yes)
-        if scores[3] > best[3]:
+        scores = grade_threshold_scores(relevance, is_gold, shortest_cut(t, relevance), always_yes, weights)
+        if scores[3] > best[3] + 1e-12:
             best = scores
     return best
 
 
-def fit_logistic(features: np.ndarray, target: np.ndarray, ridge: float = 1e-3, steps: int = 50) -> np.ndarray:
+def newton(moments, size: int = 3, ridge: float = 1e-3, steps: int = 50) -> np.ndarray:
     """Weights (bias first) of a logistic regression by Newton's method, with a small L2 penalty on
-    the non-bias weights so that separable data still converges."""
-    x = np.column_stack([np.ones(len(features)), features])
-    w = np.zeros(x.shape[1])
-    penalty = ridge * np.eye(x.shape[1])
+    the non-bias weights so that separable data still converges. `moments(w)`: the log-loss's gradient
+    and Hessian at w, summed over the data (logistic_moments: wherever the data is)."""
+    w = np.zeros(size)
+    penalty = ridge * np.eye(size)
     penalty[0, 0] = 0.0
     for _ in range(steps):
-        p = 1 / (1 + np.exp(-(x @ w)))
-        gradient = x.T @ (p - target) + penalty @ w
-        hessian = (x * (p * (1 - p))[:, None]).T @ x + penalty
-        step = np.linalg.solve(hessian + 1e-9 * np.eye(len(w)), gradient)
+        gradient, hessian = moments(w)
+        step = np.linalg.solve(hessian + penalty + 1e-9 * np.eye(size), gradient + penalty @ w)
         w -= step
         if np.abs(step).max() < 1e-8:
             break
     return w
 
 
-def semantic_features(grades: pd.DataFrame) -> pd.DataFrame | None:
-    """lexical, cosine and language of each grade written by the semantic grader (None if none was)."""
-    parsed = grades["rationale"].fillna("").str.extract(SEMANTIC_RATIONALE)
-    if parsed["lexical"].isna().all():
-        return None
-    keep = parsed["lexical"].notna()
-    return grades[keep].assign(
-        lexical=parsed.loc[keep, "lexical"].astype(float),
-        cosine=parsed.loc[keep, "cosine"].astype(float),
-        language=parsed.loc[keep, "language"],
-    )
+def logistic_moments(features: np.ndarray, target: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The log-loss's gradient and Hessian at `w` over these rows (sums: parts of the data add up)."""
+    x = np.column_stack([np.ones(len(features)), features])
+    p = 1 / (1 + np.exp(-(x @ w)))
+    return x.T @ (p - target), (x * (p * (1 - p))[:, None]).T @ x
 
 
-def refit_semantic(grades: pd.DataFrame, gold_docs: pd.Series) -> tuple[dict[str, dict], pd.DataFrame] | None:
-    """Per-language weights fitted against gold documents, and the grades with `relevance` recomputed
-    from them. None when the run was not graded by the semantic grader."""
-    features = semantic_features(grades)
-    if features is None:
-        return None
-    features = features[features["question_id"].map(lambda q: bool(gold_docs.get(q)))]
-    is_gold = np.array([d in gold_docs[q] for q, d in zip(features["question_id"], features["doc_id"])], bool)
-    weights: dict[str, dict] = {}
-    relevance = pd.Series(np.nan, index=features.index)
-    for lang, part in features.groupby("language"):
-        target = is_gold[features.index.get_indexer(part.index)]
-        if target.all() or not target.any():
-            continue  # nothing to tell apart
-        # rounded as printed, and the relevance computed from the rounded weights: the thresholds
-        # proposed on it are then the ones `--set` with the printed weights gives
-        bias, lexical, semantic = (
-            round(float(w), 3) for w in fit_logistic(part[["lexical", "cosine"]].to_numpy(), target.astype(float))
-        )
-        weights[lang] = {"lexical": lexical, "semantic": semantic, "bias": bias, "n": len(part)}
-        relevance[part.index] = 1 / (1 + np.exp(-(bias + lexical * part["lexical"] + semantic * part["cosine"])))
-    refitted = grades.copy()
-    refitted.loc[relevance.dropna().index, "relevance"] = relevance.dropna().round(4)
-    return weights, refitted
+def fit_logistic(features: np.ndarray, target: np.ndarray, ridge: float = 1e-3, steps: int = 50) -> np.ndarray:
+    """newton() over rows held here."""
+    return newton(lambda w: logistic_moments(features, target, w), features.shape[1] + 1, ridge, steps)
 
 
-def best_cut(best: np.ndarray, internal: np.ndarray) -> tuple[float, float]:
+def best_cut(best: np.ndarray, internal: np.ndarray, weights: np.ndarray | None = None) -> tuple[float, float]:
     """(cut, route accuracy) of the best single cut: correct at or above it, incorrect below (the
     thresholds policy with lower = upper); among equals, the lowest."""
     best, internal = np.asarray(best, float), np.asarray(internal, bool)
+    w = _weighted(best, weights)
     cuts = _candidates(best)
-    accuracy = np.array([((best >= c) == internal).mean() for c in cuts])
-    i = int(np.argmax(accuracy))
+    accuracy = np.array([(w * ((best >= c) == internal)).sum() / w.sum() for c in cuts])
+    i = int(np.argmax(accuracy >= accuracy.max() - 1e-12))
     return float(cuts[i]), float(accuracy[i])
 
 
-def refit_lexical(
-    grades: pd.DataFrame, gold: pd.DataFrame, threshold: float
-) -> tuple[dict[str, dict], pd.DataFrame] | None:
-    """Per-language exponents that put each language's best cut on `threshold`, and the grades with
-    `relevance` recomputed from them. None when the run was not graded by the lexical grader."""
-    parsed = grades["rationale"].fillna("").str.extract(LEXICAL_RATIONALE)
-    if parsed["score"].isna().all() or not 0 < threshold < 1:
-        return None
-    keep = parsed["score"].notna()
-    features = grades[keep].assign(score=parsed.loc[keep, "score"].astype(float), language=parsed.loc[keep, "language"])
-    exponents: dict[str, dict] = {}
-    refitted = grades.copy()
-    for lang, part in features.groupby("language"):
-        internal_docs = part[part["source"] == "internal"]
-        table = question_best_relevance(internal_docs.assign(relevance=internal_docs["score"]), gold)
-        table = table[
-            table["question_id"].isin(part["question_id"]) & table["expected_route"].isin(["internal", "web"])
-        ]
-        expected_internal = (table["expected_route"] == "internal").to_numpy()
-        if expected_internal.all() or not expected_internal.any():
-            continue  # nothing to tell apart
-        cut, accuracy = best_cut(table["best"].to_numpy(), expected_internal)
-        if not 0 < cut < 1:
-            continue  # every question on one side: no exponent moves that cut
-        exponent = float(np.log(threshold) / np.log(cut))
-        exponents[lang] = {"exponent": round(exponent, 3), "cut": round(cut, 4), "accuracy": accuracy, "n": len(table)}
-        refitted.loc[part.index, "relevance"] = (part["score"] ** round(exponent, 3)).round(4)
-    return exponents, refitted
+# ------------------------------------------------------------------ a run's graded documents, in parts
+#
+# What the proposals are computed from is counts and sums over a run's graded documents and its gold:
+# each is made by a function of a part of them (the documents of some questions, every document of a
+# question in the same part) and added up by an Aggregate: locally over one part (a run's frames), or
+# in Spark over its partitions (crag calibrate), where the driver receives the sums and no row.
+
+# A part's documents: one row per graded document of a question with gold (a question without any has
+# one row of nulls), with the question's gold.
+DOC_COLUMNS = ("question_id", "expected_route", "gold_doc_ids", "source", "doc_id", "relevance", "grade", "rationale")
+Aggregate = Callable[[Callable[[pd.DataFrame], pd.DataFrame], Sequence[str], str], pd.DataFrame]
+Relevance = Callable[[pd.DataFrame], pd.Series]  # a part's documents (parsed) -> their relevance
 
 
-def question_best_relevance(grades: pd.DataFrame, gold: pd.DataFrame) -> pd.DataFrame:
-    """question_id, best internal relevance (0 when nothing was retrieved), expected_route."""
-    internal = grades[grades["source"] == "internal"].groupby("question_id")["relevance"].max()
-    known = gold[gold["expected_route"].isin(["internal", "web", "none"])]
-    return pd.DataFrame(
-        {
-            "question_id": known["question_id"].values,
-            "best": known["question_id"].map(internal).fillna(0.0).values,
-            "expected_route": known["expected_route"].values,
-        }
+def docs_of(grades: pd.DataFrame, gold: pd.DataFrame) -> pd.DataFrame:
+    """The documents of a run's frames as the parts hold them (documents not graded left out)."""
+    graded = grades[grades["grade"].notna()] if "grade" in grades else grades
+    columns = [c for c in DOC_COLUMNS[3:] if c in graded]
+    return (
+        gold[["question_id", "expected_route", "gold_doc_ids"]]
+        .merge(graded[["question_id", *columns]], on="question_id", how="left")
+        .reindex(columns=list(DOC_COLUMNS))
     )
 
 
-def _web_rule_yes(grades: pd.DataFrame, threshold: float | None) -> np.ndarray | None:
+def local_aggregate(docs: pd.DataFrame) -> Aggregate:
+    """The Aggregate of documents held here: one part."""
+
+    def aggregate(per_part, keys, spark_schema):
+        out = per_part(docs)
+        if not keys:
+            return out.sum().to_frame().T
+        return out.groupby(list(keys), as_index=False, dropna=False).sum() if len(out) else out
+
+    return aggregate
+
+
+def spark_aggregate(docs) -> Aggregate:
+    """The Aggregate of a Spark DataFrame of documents (DOC_COLUMNS) partitioned by question: each
+    partition's rows made by the part's function in the workers, summed by Spark; the driver receives
+    the sums."""
+    from pyspark.sql import functions as F  # noqa: PLC0415  # the pure functions above need no Spark
+
+    def aggregate(per_part, keys, spark_schema):
+        def apply(frames):
+            frames = list(frames)  # the partition's batches: a question's documents may span two
+            if frames:
+                yield per_part(pd.concat(frames, ignore_index=True))
+
+        out = docs.mapInPandas(apply, spark_schema)
+        sums = [F.sum(name).alias(name) for name in out.columns if name not in keys]
+        return (out.groupBy(*keys) if keys else out).agg(*sums).toPandas()
+
+    return aggregate
+
+
+def calibrate_run(warehouse, run_id: str, config: dict) -> dict:
+    """`crag calibrate`: calibrate_documents over a run of the Warehouse in Spark, with the settings of
+    its stored `config` as the current ones."""
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    gold = warehouse.load_run("gold", run_id).select("question_id", "expected_route", "gold_doc_ids")
+    if not gold.limit(1).count():
+        raise InputError(f"run {run_id!r} has no gold columns to calibrate against")
+    graded = warehouse.load_run("grades", run_id).where(F.col("grade").isNotNull())  # not_graded: no grade to fit
+    docs = gold.join(graded.select("question_id", *DOC_COLUMNS[3:]), "question_id", "left")
+    routing, grader = config["routing"], config["grader"]
+    return calibrate_documents(
+        spark_aggregate(docs.select(*DOC_COLUMNS).repartition("question_id")),
+        routing["lower"],
+        routing["upper"],
+        grader.get("threshold"),
+        routing["policy"],
+        grader.get("format") == "binary",
+    )
+
+
+def _parsed(docs: pd.DataFrame) -> pd.DataFrame:
+    """A part's documents with what their rationale records: the semantic grader's lexical, cosine and
+    language, the lexical grader's score and language (NaN / None where it records none)."""
+    rationale = docs["rationale"].fillna("").astype(str)
+    semantic = rationale.str.extract(SEMANTIC_RATIONALE)
+    lexical = rationale.str.extract(LEXICAL_RATIONALE)
+    gold_docs = docs["gold_doc_ids"].map(lambda v: set(_as_list(v)))
+    return docs.assign(
+        lexical=semantic["lexical"].astype(float),
+        cosine=semantic["cosine"].astype(float),
+        semantic_language=semantic["language"],
+        score=lexical["score"].astype(float),
+        score_language=lexical["language"],
+        has_gold_docs=gold_docs.map(bool),
+        is_gold=[d in g for d, g in zip(docs["doc_id"], gold_docs)],
+    )
+
+
+def stored_relevance(docs: pd.DataFrame) -> pd.Series:
+    return docs["relevance"]
+
+
+def _route_samples(docs: pd.DataFrame, relevance: pd.Series) -> pd.DataFrame:
+    """Questions with an expected route by their best internal relevance (0 when none) and whether
+    they are expected from the knowledge base: best, internal, n."""
+    known = docs["expected_route"].isin(["internal", "web", "none"])
+    internal_relevance = relevance.where(docs["source"] == "internal")[known]
+    questions = docs[known].groupby("question_id", sort=False)
+    table = pd.DataFrame(
+        {
+            "best": internal_relevance.groupby(docs.loc[known, "question_id"], sort=False).max().fillna(0.0),
+            "internal": questions["expected_route"].first() == "internal",
+        }
+    )
+    return table.groupby(["best", "internal"], as_index=False).size().rename(columns={"size": "n"})
+
+
+def _doc_samples(docs: pd.DataFrame, relevance: pd.Series, threshold: float | None) -> pd.DataFrame:
+    """The documents of questions with gold documents by relevance, whether gold, and whether the
+    grader's web rule called them relevant below its threshold (_web_rule_yes): relevance, is_gold,
+    web_yes, n."""
+    keep = docs["has_gold_docs"] & docs["doc_id"].notna() & relevance.notna()
+    table = pd.DataFrame(
+        {
+            "relevance": relevance[keep].astype(float),
+            "is_gold": docs.loc[keep, "is_gold"].astype(bool),
+            "web_yes": _web_rule_yes(docs[keep], threshold),
+        }
+    )
+    return table.groupby(["relevance", "is_gold", "web_yes"], as_index=False).size().rename(columns={"size": "n"})
+
+
+def _web_rule_yes(docs: pd.DataFrame, threshold: float | None) -> np.ndarray:
     """Web results the run's grader called relevant below its threshold: by its web_threshold rule
     (crag.backends.lexical.is_relevant), which does not depend on the threshold and needs what the
     grades do not store (how many question terms matched), so the run's own yes stands for it. For a
     proposed threshold above the run's, a web result between the two counts as no, though the rule
-    might keep it: the proposal's recall can be a little low there."""
-    if threshold is None or not {"source", "grade"} <= set(grades.columns):
+    might keep it: the proposal's recall can be a little low there. None of them without a threshold."""
+    if threshold is None:
+        return np.zeros(len(docs), bool)
+    return ((docs["source"] == "web") & (docs["grade"] == "yes") & (docs["relevance"] < threshold)).to_numpy()
+
+
+def _samples(aggregate: Aggregate, relevance: Relevance, threshold: float | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    routes = aggregate(
+        lambda d: _route_samples(d, relevance(_parsed(d))),
+        ("best", "internal"),
+        "best double, internal boolean, n long",
+    )
+    docs = aggregate(
+        lambda d: _doc_samples(_parsed(d), relevance(_parsed(d)), threshold),
+        ("relevance", "is_gold", "web_yes"),
+        "relevance double, is_gold boolean, web_yes boolean, n long",
+    )
+    return routes, docs
+
+
+def _proposals(
+    aggregate: Aggregate,
+    relevance: Relevance,
+    current_lower: float,
+    current_upper: float,
+    current_threshold: float | None,
+    binary_grader: bool = False,
+) -> dict:
+    """The proposed routing thresholds and grader threshold on `relevance`, and the current settings
+    scored on the relevance the run stored."""
+    result: dict = {}
+    routes, docs = _samples(aggregate, relevance, current_threshold)
+    stored_routes, stored_docs = (
+        (routes, docs) if relevance is stored_relevance else _samples(aggregate, stored_relevance, current_threshold)
+    )
+    if len(routes):
+        result["routing"] = propose_routing(routes["best"], routes["internal"], routes["n"])
+        result["routing_current"] = routing_scores(
+            stored_routes["best"], stored_routes["internal"], current_lower, current_upper, stored_routes["n"]
+        )
+    if not len(docs):
+        return result
+    if binary_grader:
+        result["grade_binary"] = grade_threshold_scores(docs["relevance"], docs["is_gold"], 0.5, weights=docs["n"])
+        return result
+    web_rule = docs["web_yes"] if current_threshold is not None else None
+    result["grade_threshold"] = propose_grade_threshold(docs["relevance"], docs["is_gold"], web_rule, docs["n"])
+    if current_threshold is not None:
+        result["grade_threshold_current"] = grade_threshold_scores(
+            stored_docs["relevance"],
+            stored_docs["is_gold"],
+            current_threshold,
+            stored_docs["web_yes"],
+            stored_docs["n"],
+        )
+    return result
+
+
+def _semantic_counts(docs: pd.DataFrame) -> pd.DataFrame:
+    """Documents the semantic grader graded (its rationale records their features), by language: n
+    of questions with gold documents, gold of them, and any (every one of the part's)."""
+    d = _parsed(docs)
+    d = d[d["lexical"].notna()]
+    counted = d.assign(n=d["has_gold_docs"].astype(int), gold=(d["has_gold_docs"] & d["is_gold"]).astype(int), any=1)
+    return (
+        counted.groupby("semantic_language", as_index=False)[["n", "gold", "any"]]
+        .sum()
+        .rename(columns={"semantic_language": "language"})
+    )
+
+
+def _moments_by_language(docs: pd.DataFrame, weights: dict[str, np.ndarray]) -> pd.DataFrame:
+    """logistic_moments at each language's `weights`, over its semantic features in questions with gold
+    documents: language, g0..g2 (the gradient), h00..h22 (the Hessian)."""
+    d = _parsed(docs)
+    d = d[d["lexical"].notna() & d["has_gold_docs"] & d["semantic_language"].isin(list(weights))]
+    rows = []
+    for language, part in d.groupby("semantic_language"):
+        g, h = logistic_moments(
+            part[["lexical", "cosine"]].to_numpy(), part["is_gold"].to_numpy(float), weights[language]
+        )
+        rows.append(
+            {
+                "language": language,
+                **{f"g{i}": g[i] for i in range(3)},
+                **{f"h{i}{j}": h[i, j] for i in range(3) for j in range(3)},
+            }
+        )
+    return pd.DataFrame(
+        rows, columns=["language", *(f"g{i}" for i in range(3)), *(f"h{i}{j}" for i in range(3) for j in range(3))]
+    )
+
+
+_MOMENTS_SCHEMA = "language string, " + ", ".join(
+    [f"g{i} double" for i in range(3)] + [f"h{i}{j} double" for i in range(3) for j in range(3)]
+)
+
+
+def refit_semantic(aggregate: Aggregate) -> tuple[dict[str, dict], Relevance] | None:
+    """Per-language weights fitted against gold documents (Newton's method, each step's sums made
+    where the documents are), and the relevance they give. None when the run was not graded by the
+    semantic grader."""
+    counts = aggregate(_semantic_counts, ("language",), "language string, n long, gold long, any long")
+    if not len(counts) or not counts["any"].sum():
         return None
-    return ((grades["source"] == "web") & (grades["grade"] == "yes") & (grades["relevance"] < threshold)).to_numpy()
+    languages = [r.language for r in counts.itertuples() if 0 < r.gold < r.n]  # else nothing to tell apart
+
+    def moments_of(language: str):
+        def moments(w: np.ndarray):
+            m = aggregate(lambda d: _moments_by_language(d, {language: w}), ("language",), _MOMENTS_SCHEMA)
+            row = m.iloc[0]
+            return np.array([row[f"g{i}"] for i in range(3)]), np.array(
+                [[row[f"h{i}{j}"] for j in range(3)] for i in range(3)]
+            )
+
+        return moments
+
+    weights: dict[str, dict] = {}
+    for language in languages:
+        # rounded as printed, and the relevance computed from the rounded weights: the thresholds
+        # proposed on it are then the ones `--set` with the printed weights gives
+        bias, lexical, semantic = (round(float(w), 3) for w in newton(moments_of(language)))
+        n = int(counts.set_index("language").loc[language, "n"])
+        weights[language] = {"lexical": lexical, "semantic": semantic, "bias": bias, "n": n}
+
+    def relevance(d: pd.DataFrame) -> pd.Series:
+        fitted = d["lexical"].notna() & d["has_gold_docs"] & d["semantic_language"].isin(list(weights))
+        out = d["relevance"].astype(float).copy()
+        for language, w in weights.items():
+            rows = fitted & (d["semantic_language"] == language)
+            z = w["bias"] + w["lexical"] * d.loc[rows, "lexical"] + w["semantic"] * d.loc[rows, "cosine"]
+            out[rows] = (1 / (1 + np.exp(-z))).round(4)
+        return out
+
+    return weights, relevance
+
+
+def _lexical_samples(docs: pd.DataFrame) -> pd.DataFrame:
+    """Per language the lexical grader graded in: the questions with documents of it and an expected
+    route internal or web, by their best internal score (0 when none) and whether expected internal:
+    language, best, internal, n."""
+    d = _parsed(docs)
+    expected = d.groupby("question_id")["expected_route"].first()
+    expected = expected[expected.isin(["internal", "web"])]
+    tables = []
+    for language, part in d[d["score"].notna()].groupby("score_language"):
+        internal = part[part["source"] == "internal"].groupby("question_id")["score"].max()
+        asked = expected[expected.index.isin(part["question_id"])]
+        tables.append(
+            pd.DataFrame(
+                {"language": language, "best": asked.index.map(internal).fillna(0.0), "internal": asked == "internal"}
+            )
+        )
+    if not tables:
+        return pd.DataFrame(columns=["language", "best", "internal", "n"])
+    table = pd.concat(tables, ignore_index=True)
+    return table.groupby(["language", "best", "internal"], as_index=False).size().rename(columns={"size": "n"})
+
+
+def _scored(docs: pd.DataFrame) -> pd.DataFrame:
+    d = _parsed(docs)
+    return pd.DataFrame({"any": [int(d["score"].notna().sum())]})
+
+
+def refit_lexical(aggregate: Aggregate, threshold: float) -> tuple[dict[str, dict], Relevance] | None:
+    """Per-language exponents that put each language's best cut on `threshold`, and the relevance they
+    give. None when the run was not graded by the lexical grader."""
+    scored = aggregate(_scored, (), "any long")
+    if not 0 < threshold < 1 or not len(scored) or not scored["any"].sum():
+        return None
+    samples = aggregate(
+        _lexical_samples, ("language", "best", "internal"), "language string, best double, internal boolean, n long"
+    )
+    exponents: dict[str, dict] = {}
+    for language, table in samples.groupby("language"):
+        internal = table["internal"].to_numpy(bool)
+        if internal.all() or not internal.any():
+            continue  # nothing to tell apart
+        cut, accuracy = best_cut(table["best"], internal, table["n"])
+        if not 0 < cut < 1:
+            continue  # every question on one side: no exponent moves that cut
+        exponent = float(np.log(threshold) / np.log(cut))
+        exponents[str(language)] = {
+            "exponent": round(exponent, 3),
+            "cut": round(cut, 4),
+            "accuracy": accuracy,
+            "n": int(table["n"].sum()),
+        }
+
+    def relevance(d: pd.DataFrame) -> pd.Series:
+        out = d["relevance"].astype(float).copy()
+        for language, e in exponents.items():
+            rows = d["score"].notna() & (d["score_language"] == language)
+            out[rows] = (d.loc[rows, "score"] ** e["exponent"]).round(4)
+        return out
+
+    return exponents, relevance
 
 
 def calibrate(
@@ -271,67 +548,45 @@ def calibrate(
     current_policy: str = "thresholds",
     binary_grader: bool = False,
 ) -> dict:
+    """calibrate_documents over a run's grades and gold frames."""
+    return calibrate_documents(
+        local_aggregate(docs_of(grades, gold)),
+        current_lower,
+        current_upper,
+        current_threshold,
+        current_policy,
+        binary_grader,
+    )
+
+
+def calibrate_documents(
+    aggregate: Aggregate,
+    current_lower: float,
+    current_upper: float,
+    current_threshold: float | None = None,
+    current_policy: str = "thresholds",
+    binary_grader: bool = False,
+) -> dict:
     """Proposed thresholds, each with the figures of the run's own setting next to it. The current
     grader threshold is scored on the relevance the run stored (its own weights, if semantic). A
     binary grader's relevance is its yes (1) or no (0): there is no threshold to fit, only its grades
     to score."""
     result: dict = {"routing_policy": current_policy}
-    gold_docs = gold.set_index("question_id")["gold_doc_ids"].map(lambda v: set(_as_list(v)))
-
-    def propose(relevance_from: pd.DataFrame) -> dict:
-        return _proposals(
-            relevance_from, grades, gold, gold_docs, current_lower, current_upper, current_threshold, binary_grader
-        )
-
-    refit = refit_semantic(grades, gold_docs)
+    settings = (current_lower, current_upper, current_threshold, binary_grader)
+    refit = refit_semantic(aggregate)
     if refit is not None:
-        result["semantic"], refitted = refit
-        return result | propose(refitted)
-    lexical = refit_lexical(grades, gold, current_threshold) if current_threshold is not None else None
+        result["semantic"], relevance = refit
+        return result | _proposals(aggregate, relevance, *settings)
+    lexical = refit_lexical(aggregate, current_threshold) if current_threshold is not None else None
     if lexical is None or not lexical[0]:
-        return result | propose(grades)
-    proposals = propose(lexical[1])
+        return result | _proposals(aggregate, stored_relevance, *settings)
+    proposals = _proposals(aggregate, lexical[1], *settings)
     if not _worse_than_current(proposals):
         return result | {"lexical": lexical[0]} | proposals
     # The exponents are fitted to the routing cut of each language they can fit (one with too few
     # questions keeps its own): the thresholds fitted over them can score below the current settings,
     # and then the run's own relevance is the better ground
-    return result | {"lexical_dropped": sorted(lexical[0])} | propose(grades)
-
-
-def _proposals(
-    grades: pd.DataFrame,
-    stored: pd.DataFrame,
-    gold: pd.DataFrame,
-    gold_docs: pd.Series,
-    current_lower: float,
-    current_upper: float,
-    current_threshold: float | None,
-    binary_grader: bool = False,
-) -> dict:
-    """The proposed routing thresholds and grader threshold on `grades`' relevance, and the current
-    settings scored on the relevance the run stored."""
-    result: dict = {}
-    table = question_best_relevance(grades, gold)
-    if len(table):
-        internal = (table["expected_route"] == "internal").to_numpy()
-        result["routing"] = propose_routing(table["best"].to_numpy(), internal)
-        stored_best = question_best_relevance(stored, gold)["best"].to_numpy()  # same questions, in the same order
-        result["routing_current"] = routing_scores(stored_best, internal, current_lower, current_upper)
-    docs = grades[grades["question_id"].map(lambda q: bool(gold_docs.get(q)))]
-    if len(docs):
-        is_gold = [d in gold_docs[q] for q, d in zip(docs["question_id"], docs["doc_id"])]
-        if binary_grader:
-            result["grade_binary"] = grade_threshold_scores(docs["relevance"].to_numpy(), np.array(is_gold), 0.5)
-            return result
-        web_rule = _web_rule_yes(stored.loc[docs.index], current_threshold)
-        result["grade_threshold"] = propose_grade_threshold(docs["relevance"].to_numpy(), np.array(is_gold), web_rule)
-        if current_threshold is not None:
-            stored_relevance = stored.loc[docs.index, "relevance"].to_numpy()
-            result["grade_threshold_current"] = grade_threshold_scores(
-                stored_relevance, np.array(is_gold), current_threshold, web_rule
-            )
-    return result
+    return result | {"lexical_dropped": sorted(lexical[0])} | _proposals(aggregate, stored_relevance, *settings)
 
 
 def _worse_than_current(proposals: dict) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import functools
 import logging
 import os
 import shlex
@@ -325,6 +326,15 @@ def _format_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+class _EscapedFormatter(logging.Formatter):
+    """A log line quotes what crag was given (an id, a path, a service's reply): its control and
+    format characters are escapes, as on the rest of the screen (a traceback, with CRAG_DEBUG=1,
+    keeps its lines)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return _escaped(super().formatMessage(record))
+
+
 class _StderrHandler(logging.StreamHandler):
     """Writes to whatever sys.stderr is when a line is logged (a test, or a caller, may replace it)."""
 
@@ -339,7 +349,7 @@ def _setup_logging() -> None:
     logger = logging.getLogger("crag")
     if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
         handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter("crag: %(message)s"))
+        handler.setFormatter(_EscapedFormatter("crag: %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
@@ -444,27 +454,14 @@ def _eval(args) -> int:
 def _calibrate(args) -> int:
     import json
 
-    from crag.calibration import calibrate, report
-    from crag.evaluation import read_run, run_record
+    from crag.calibration import calibrate_run, report
+    from crag.evaluation import run_record
 
     wh = _warehouse(args)
     # a failed re-run's row holds its own config beside the earlier attempt's grades
     recorded = run_record(wh, args.run_id, args.allow_unfinished, "calibrate")
-    parts = read_run(wh, args.run_id, ("grades", "gold"))
-    if parts["gold"].empty:
-        raise CragError(f"run {args.run_id!r} has no gold columns to calibrate against")
-    config = json.loads(recorded["config"])
-    routing, grader = config["routing"], config["grader"]
-    proposed = calibrate(
-        parts["grades"],
-        parts["gold"],
-        routing["lower"],
-        routing["upper"],
-        grader.get("threshold"),
-        routing["policy"],
-        grader.get("format") == "binary",
-    )
-    print(report(proposed))
+    for line in report(calibrate_run(wh, args.run_id, json.loads(recorded["config"]))).splitlines():
+        _print_untrusted(line)
     return 0
 
 
@@ -474,8 +471,8 @@ def _compare(args) -> int:
     _, lines, path = compare(
         _warehouse(args), args.base, args.candidate, args.report, not args.no_mlflow, args.allow_unfinished
     )
-    print("\n".join(lines))
-    print(f"report: {path}")
+    for line in [*lines, f"report: {path}"]:  # config values and ids are the user's text
+        _print_untrusted(line)
     return 0
 
 
@@ -537,7 +534,21 @@ class Terminated(KeyboardInterrupt):
 def _on_sigterm(signum, frame) -> None:
     # No call into Spark from here: the main thread may be inside a py4j call on the same connection.
     # The Spark jobs end with the process.
+    _stop_retrying()
     raise Terminated()
+
+
+def _on_sigint(previous, signum, frame) -> None:
+    _stop_retrying()
+    # then Ctrl-C as before: pyspark's handler (it cancels the session's jobs) or KeyboardInterrupt
+    (previous if callable(previous) else signal.default_int_handler)(signum, frame)
+
+
+def _stop_retrying() -> None:
+    """A Spark Connect server that stopped answering is not waited for once the command is interrupted:
+    the run's failure is recorded with one try (crag.connect)."""
+    if "crag.connect" in sys.modules:
+        sys.modules["crag.connect"].stop_retrying()
 
 
 # py4j logs, traceback and all, through the root logger and its own, each failure it then raises,
@@ -621,13 +632,17 @@ def main(argv: list[str] | None = None) -> int:
         args.run_id = run_id_or_new(None)  # chosen here, so that an interrupted run can be named in the resume line
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
+    previous_int = signal.getsignal(signal.SIGINT)
+    if in_main_thread:
+        signal.signal(signal.SIGINT, functools.partial(_on_sigint, previous_int))
     quiet = _NoInterruptTracebacks() if not os.environ.get("CRAG_DEBUG") else logging.Filter()
+    interrupted = False
     for name in _INTERRUPT_LOGGERS:
         logging.getLogger(name).addFilter(quiet)
     try:
         return args.func(args)
-    except CragError as exc:
-        print(f"crag: error: {scrub(str(exc))}", file=sys.stderr)
+    except CragError as exc:  # its text may quote the user's (a path, a key): shown escaped, as all text here
+        print(f"crag: error: {_escaped(scrub(str(exc)))}", file=sys.stderr)
         return 2
     except BrokenPipeError as exc:
         if not _stdout_gone():  # another pipe or socket: a failure like any other
@@ -637,6 +652,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # as a process ended by SIGPIPE
     except KeyboardInterrupt as exc:
+        interrupted = True
         return _say_interrupted(args, exc)
     except Exception as exc:
         debug = bool(os.environ.get("CRAG_DEBUG"))
@@ -644,17 +660,23 @@ def main(argv: list[str] | None = None) -> int:
         if debug or (interrupt is None and not known):  # CRAG_DEBUG=1, or a bug: the traceback
             _print_traceback(exc)
         if interrupt is not None:
+            interrupted = True
             return _say_interrupted(args, interrupt)
         if not known:
             return 1  # as Python exits on an uncaught exception
         hint = "" if debug else " (CRAG_DEBUG=1 shows the traceback)"
-        print(f"crag: error: {describe(exc, limit=500)}{hint}", file=sys.stderr)
+        connect = sys.modules.get("crag.connect")  # loaded once a Spark Connect session is made
+        line = (connect.lost_server(exc) if connect else None) or describe(exc, limit=500)
+        print(f"crag: error: {_escaped(scrub(line))}{hint}", file=sys.stderr)
         return 2
     finally:
         for name in _INTERRUPT_LOGGERS:
             logging.getLogger(name).removeFilter(quiet)
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, previous_int)
+        if "crag.connect" in sys.modules:  # no call at exit to a server that is gone, nor after Ctrl-C
+            sys.modules["crag.connect"].release_sessions(interrupted)
 
 
 def _print_traceback(exc: BaseException) -> None:

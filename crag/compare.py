@@ -14,6 +14,7 @@ import logging
 import os
 import unicodedata
 from collections import Counter
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -36,10 +37,10 @@ from crag.evaluation import (
     is_cjk,
     normalize_answer,
     question_scores,
-    read_run,
     run_record,
 )
 from crag.ids import check_run_id
+from crag.questions import GOLD_COLUMNS
 from crag.tracking import log_report
 
 log = logging.getLogger("crag")
@@ -59,6 +60,7 @@ def grade_flip_rows(base: pd.DataFrame, candidate: pd.DataFrame) -> pd.DataFrame
     """The documents (source, parent) graded in both runs whose grade differs, with both grades and
     relevances, in question order."""
     key = ["question_id", "source", "parent_id"]
+    base, candidate = (run[run["grade"].notna()] for run in (base, candidate))  # not_graded: no grade to flip
     merged = base[key + ["title", "grade", "relevance"]].merge(
         candidate[key + ["grade", "relevance"]], on=key, suffixes=("_base", "_candidate")
     )
@@ -217,75 +219,253 @@ def _delta(base: float, candidate: float) -> float:
     return 0.0 if abs(delta) < 1e-9 else delta
 
 
-def paired_metrics(rows: pd.DataFrame, run: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """A run's metrics (crag.evaluation.evaluate) over the paired questions alone."""
-    ids = set(rows.loc[paired(rows), "question_id"])
-    return evaluate(*(run[name][run[name]["question_id"].isin(ids)] for name in ("answers", "grades", "gold")))
+_CHANGED_SHOWN = 20  # most changed answers in the report; the comparisons table has them all
+_FLIPS_SHOWN = 50  # grade flips in the report
+_RELEVANCE_BINS = np.linspace(0, 1, 11)
+
+
+@dataclass
+class Figures:
+    """What the summary and the report say of a comparison: counts over its rows, and the few rows
+    they show. Made over a part of the questions (a Spark partition: `figures_of`) and added up
+    (`combined`): every figure is a count, a sum, or the first rows in an order, so the driver receives
+    these and no run's rows."""
+
+    base_id: str = ""
+    candidate_id: str = ""
+    rows: int = 0
+    both: int = 0
+    only_base: int = 0
+    only_candidate: int = 0
+    asked_otherwise: int = 0  # in both, asked in other words: answers not compared
+    other_gold: int = 0  # asked alike, against other gold: no metric deltas
+    paired: int = 0
+    alike: int = 0
+    changed: int = 0
+    similarity_sum: float = 0.0  # over the questions asked alike
+    route_flips: list = field(default_factory=list)  # [base route, candidate route, n]
+    action_flips: int = 0
+    grade_flips: int = 0
+    grade_flip_questions: int = 0
+    verdict_changes: dict = field(default_factory=dict)  # fixed / broken / ...: n, over every changed answer
+    routes: list = field(default_factory=lambda: [{}, {}])  # per run: route -> questions
+    actions: list = field(default_factory=lambda: [{}, {}])
+    relevance: list = field(default_factory=lambda: [[0] * 10, [0] * 10])  # per run: grades per tenth
+    most_changed: list = field(default_factory=list)  # the most changed answers, lowest similarity first
+    first_flips: list = field(default_factory=list)  # grade flips by question, source, parent
+    metric_totals: list = field(default_factory=lambda: [[], []])  # per run: [metric, slice, value x n, n]
+
+    @classmethod
+    def combined(cls, parts: list[Figures]) -> Figures:
+        total = cls()
+        for part in parts:
+            total.base_id, total.candidate_id = part.base_id, part.candidate_id
+            for name in ("rows", "both", "only_base", "only_candidate", "asked_otherwise", "other_gold", "paired"):
+                setattr(total, name, getattr(total, name) + getattr(part, name))
+            for name in ("alike", "changed", "similarity_sum", "action_flips", "grade_flips", "grade_flip_questions"):
+                setattr(total, name, getattr(total, name) + getattr(part, name))
+            total.route_flips = _counted([*total.route_flips, *part.route_flips])
+            total.verdict_changes = dict(Counter(total.verdict_changes) + Counter(part.verdict_changes))
+            for i in (0, 1):
+                total.routes[i] = dict(Counter(total.routes[i]) + Counter(part.routes[i]))
+                total.actions[i] = dict(Counter(total.actions[i]) + Counter(part.actions[i]))
+                total.relevance[i] = [a + b for a, b in zip(total.relevance[i], part.relevance[i])]
+                total.metric_totals[i] = _counted([*total.metric_totals[i], *part.metric_totals[i]])
+            total.most_changed = sorted(
+                [*total.most_changed, *part.most_changed], key=lambda c: (c["similarity"], c["question_id"])
+            )[:_CHANGED_SHOWN]
+            total.first_flips = sorted(
+                [*total.first_flips, *part.first_flips], key=lambda f: (f["question_id"], f["source"], f["parent_id"])
+            )[:_FLIPS_SHOWN]
+        return total
+
+    def metrics(self, run: int) -> pd.DataFrame:
+        """One run's metrics over the paired questions (crag.evaluation.evaluate's frame)."""
+        rows = [(m, s, total / n, int(n)) for m, s, total, n in self.metric_totals[run] if n]
+        return pd.DataFrame(rows, columns=["metric", "slice", "value", "n"])
+
+
+def _counted(rows: list) -> list:
+    """[*key, number, ...] rows added up by key: the last item, or (metric totals) the last two."""
+    width = 2 if rows and len(rows[0]) == 4 else 1
+    sums: dict[tuple, list] = {}
+    for row in rows:
+        key, values = tuple(row[:-width]), row[-width:]
+        sums[key] = [a + b for a, b in zip(sums.get(key, [0] * width), values)]
+    return [[*key, *values] for key, values in sorted(sums.items())]
+
+
+def figures_of(
+    rows: pd.DataFrame,
+    base: dict[str, pd.DataFrame],
+    candidate: dict[str, pd.DataFrame],
+    scores: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+) -> Figures:
+    """The Figures of comparison `rows` (compare_runs) of the two runs' frames; `scores`: their
+    question_scores, when both have gold (the changed answers' verdicts, and the metrics over the paired
+    questions)."""
+    both = rows["in_base"] & rows["in_candidate"]
+    alike, pairs = asked_alike(rows), paired(rows)
+    same = rows[alike]
+    changed = same[same["answer_changed"].astype(bool)].sort_values(["answer_similarity", "question_id"])
+    verdicts = [_verdicts(r, scores) for r in changed.itertuples(index=False)]
+    flips = grade_flip_rows(base["grades"], candidate["grades"])
+    flips = flips[flips["question_id"].isin(same["question_id"])]  # another question's documents graded otherwise
+    questions = dict(zip(rows["question_id"], rows["question"]))
+    kinds = Counter(
+        zip(
+            same.loc[same["route_flip"].astype(bool), "route_base"],
+            same.loc[same["route_flip"].astype(bool), "route_candidate"],
+        )
+    )
+    ids = set(rows.loc[pairs, "question_id"])
+    return Figures(
+        base_id=rows["base_run"].iloc[0] if len(rows) else "",
+        candidate_id=rows["candidate_run"].iloc[0] if len(rows) else "",
+        rows=len(rows),
+        both=int(both.sum()),
+        only_base=int((~rows["in_candidate"]).sum()),
+        only_candidate=int((~rows["in_base"]).sum()),
+        asked_otherwise=int((both & ~alike).sum()),
+        other_gold=int((alike & rows["gold_changed"].eq(True)).sum()),
+        paired=int(pairs.sum()),
+        alike=len(same),
+        changed=len(changed),
+        similarity_sum=float(same["answer_similarity"].sum()),
+        route_flips=[[a, b, n] for (a, b), n in sorted(kinds.items())],
+        action_flips=int(same["action_flip"].astype(bool).sum()),
+        grade_flips=len(flips),
+        grade_flip_questions=flips["question_id"].nunique(),
+        verdict_changes=dict(Counter(v["change"] for v in verdicts if v["change"])),
+        routes=[dict(Counter(run["answers"]["route"])) for run in (base, candidate)],
+        actions=[dict(Counter(run["answers"]["action"].dropna())) for run in (base, candidate)],
+        relevance=[
+            np.histogram(run["grades"]["relevance"].dropna(), bins=_RELEVANCE_BINS)[0].tolist()
+            for run in (base, candidate)
+        ],
+        most_changed=[
+            _changed_entry(r, v) for r, v in zip(changed.head(_CHANGED_SHOWN).itertuples(index=False), verdicts)
+        ],
+        first_flips=[
+            {**_flip_entry(f), "question": questions.get(f.question_id, f.question_id)}
+            for f in flips.head(_FLIPS_SHOWN).itertuples(index=False)
+        ],
+        metric_totals=[_metric_totals(run, ids) if scores is not None else [] for run in (base, candidate)],
+    )
+
+
+def _metric_totals(run: dict[str, pd.DataFrame], ids: set) -> list:
+    """A run's metrics over the questions `ids` as [metric, slice, value x n, n]: sums that add up."""
+    metrics = evaluate(*(run[name][run[name]["question_id"].isin(ids)] for name in ("answers", "grades", "gold")))
+    return [[m, s, float(v) * int(n), int(n)] for m, s, v, n in metrics.itertuples(index=False)]
+
+
+def _verdicts(row, scores) -> dict:
+    """A changed answer's verdict against gold in each run, and what the change of verdict is."""
+    score_frames = [None if s is None or s.empty else s.set_index("question_id") for s in (scores or (None, None))]
+    base, candidate = (
+        gold_verdict(None if frame is None or row.question_id not in frame.index else frame.loc[row.question_id])
+        for frame in score_frames
+    )
+    # against other gold, a verdict's change is not the variant's doing
+    change, css = (
+        ("gold differs", "same")
+        if row.gold_changed
+        else _VERDICT_CHANGES.get((base["verdict"], candidate["verdict"]), ("", ""))
+    )
+    return {"verdict_base": base, "verdict_candidate": candidate, "change": change, "change_css": css}
+
+
+def _changed_entry(row, verdicts: dict) -> dict:
+    return {
+        "question_id": row.question_id,
+        "question": row.question,
+        "similarity": float(row.answer_similarity),
+        "answer_base": row.answer_base,
+        "answer_candidate": row.answer_candidate,
+        "route_base": row.route_base,
+        "route_candidate": row.route_candidate,
+        "f1_delta": _nullable(row.f1_delta),
+        **verdicts,
+    }
+
+
+def _flip_entry(flip) -> dict:
+    return {
+        "question_id": flip.question_id,
+        "source": flip.source,
+        "parent_id": flip.parent_id,
+        "title": flip.title,
+        "grade_base": flip.grade_base,
+        "grade_candidate": flip.grade_candidate,
+        "relevance_base": _nullable(flip.relevance_base),
+        "relevance_candidate": _nullable(flip.relevance_candidate),
+    }
+
+
+def compared(
+    base: dict[str, pd.DataFrame],
+    candidate: dict[str, pd.DataFrame],
+    base_id: str,
+    candidate_id: str,
+    with_gold: bool | None = None,
+) -> tuple[pd.DataFrame, Figures]:
+    """The comparison rows of two runs' frames (all their questions, or a part of them: see
+    `compare`), and their Figures. `with_gold`: whether both runs have gold (None: whether both frames
+    have some)."""
+    if with_gold is None:
+        with_gold = not base["gold"].empty and not candidate["gold"].empty
+    scores = (
+        tuple(question_scores(r["answers"], r["grades"], r["gold"]) for r in (base, candidate)) if with_gold else None
+    )
+    rows = compare_runs(base, candidate, base_id, candidate_id, scores)
+    return rows, figures_of(rows, base, candidate, scores)
 
 
 def metric_figures(
-    rows: pd.DataFrame, base: dict[str, pd.DataFrame], candidate: dict[str, pd.DataFrame]
+    figures: Figures, base_metrics: pd.DataFrame, candidate_metrics: pd.DataFrame
 ) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """The metric deltas over the paired questions (both runs' answers to the same question, against
     the same gold), and, when some question is not paired, each run's own figures over all its
-    questions, to be shown apart: a delta between those would credit the variant with a change of
-    questions. Metrics need gold in both runs."""
-    with_gold = not base["gold"].empty and not candidate["gold"].empty
-    none = pd.DataFrame(columns=["metric", "slice", "value", "n"])
-    deltas = metric_deltas(*(paired_metrics(rows, run) if with_gold else none for run in (base, candidate)))
-    whole = None if paired(rows).all() else metric_deltas(base["metrics"], candidate["metrics"])
+    questions (their metrics tables), to be shown apart: a delta between those would credit the
+    variant with a change of questions. Metrics need gold in both runs."""
+    deltas = metric_deltas(figures.metrics(0), figures.metrics(1))
+    whole = None if figures.paired == figures.rows else metric_deltas(base_metrics, candidate_metrics)
     return deltas, whole
 
 
-def set_apart(rows: pd.DataFrame) -> str:
+def set_apart(figures: Figures) -> str:
     """The questions in both runs that are not compared as one question, in words ("" when none)."""
-    in_both = rows["in_base"] & rows["in_candidate"]
-    asked_otherwise = int((in_both & ~asked_alike(rows)).sum())
-    other_gold = int((asked_alike(rows) & rows["gold_changed"].eq(True)).sum())
-    parts = [f"{asked_otherwise} asked differently (answers not compared)"] if asked_otherwise else []
-    parts += [f"{other_gold} with other gold (no metric deltas)"] if other_gold else []
+    parts = [f"{figures.asked_otherwise} asked differently (answers not compared)"] if figures.asked_otherwise else []
+    parts += [f"{figures.other_gold} with other gold (no metric deltas)"] if figures.other_gold else []
     return ", ".join(parts)
 
 
 def summary_lines(
-    rows: pd.DataFrame, deltas: pd.DataFrame, whole: pd.DataFrame | None = None, config: ConfigDifference | None = None
+    figures: Figures, deltas: pd.DataFrame, whole: pd.DataFrame | None = None, config: ConfigDifference | None = None
 ) -> list[str]:
     """The CLI's summary. `whole` (from metric_figures): each run's figures over all its questions,
     listed apart when not every question is paired. `config`: what the two runs' stored configs
     differ in, the first few keys with their values."""
-    both = rows[asked_alike(rows)]
+    f = figures
     lines = [
-        f"compare {rows['base_run'].iloc[0]} (base) -> {rows['candidate_run'].iloc[0]} (candidate): "
-        f"{int((rows['in_base'] & rows['in_candidate']).sum())} questions in both, "
-        f"{int((~rows['in_candidate']).sum())} only in base, {int((~rows['in_base']).sum())} only in candidate",
+        f"compare {f.base_id} (base) -> {f.candidate_id} (candidate): {f.both} questions in both, "
+        f"{f.only_base} only in base, {f.only_candidate} only in candidate"
     ]
     if config is not None:
         lines.append(f"  config            {config_line(config)}")
-    if set_apart(rows):
-        lines.append(f"  set apart         {set_apart(rows)}")
+    if set_apart(f):
+        lines.append(f"  set apart         {set_apart(f)}")
     lines += [
-        f"  answers changed   {int(both['answer_changed'].sum())}"
-        + (
-            f" (mean similarity {both['answer_similarity'].mean():.3f})"
-            if len(both)
-            else " (no question asked alike in both)"
-        ),
-        f"  route flips       {int(both['route_flip'].sum())}"
-        + "".join(
-            f", {a}->{b} {n}"
-            for (a, b), n in sorted(
-                Counter(
-                    zip(both.loc[both["route_flip"], "route_base"], both.loc[both["route_flip"], "route_candidate"])
-                ).items()
-            )
-        ),
-        f"  action flips      {int(both['action_flip'].sum())}",
-        f"  grade flips       {int(both['grade_flips'].map(len).sum())} documents in {int((both['grade_flips'].map(len) > 0).sum())} questions",
+        f"  answers changed   {f.changed}"
+        + (f" (mean similarity {f.similarity_sum / f.alike:.3f})" if f.alike else " (no question asked alike in both)"),
+        f"  route flips       {sum(n for _, _, n in f.route_flips)}"
+        + "".join(f", {a}->{b} {n}" for a, b, n in f.route_flips),
+        f"  action flips      {f.action_flips}",
+        f"  grade flips       {f.grade_flips} documents in {f.grade_flip_questions} questions",
     ]
     if whole is not None and not deltas.empty:
-        lines.append(
-            f"  metrics over the {int(paired(rows).sum())} paired questions (in both, asked alike, same gold):"
-        )
+        lines.append(f"  metrics over the {f.paired} paired questions (in both, asked alike, same gold):")
     for r in deltas.itertuples(index=False):
         lines.append(
             f"  {r.metric:18s}{r.base:8.3f} -> {r.candidate:8.3f}  ({r.delta:+.3f}; n {r.n_base} / {r.n_candidate})"
@@ -348,9 +528,6 @@ def config_values(a, b, width: int = 60) -> tuple[str, str]:
 
 
 # ------------------------------------------------------------------ HTML report
-
-_CHANGED_SHOWN = 20  # most changed answers in the report; the comparisons table has them all
-_FLIPS_SHOWN = 50  # grade flips in the report
 
 
 def _environment():
@@ -424,11 +601,6 @@ def diff_segments(a: str | None, b: str | None) -> list[tuple[str, str]]:
     return out
 
 
-def _histogram(values: np.ndarray, bins: np.ndarray) -> dict[str, int]:
-    counts, _ = np.histogram(values, bins=bins)
-    return {f"{lo:.1f}-{hi:.1f}": int(c) for lo, hi, c in zip(bins[:-1], bins[1:], counts)}
-
-
 def _chart(title: str, counts: dict[str, int], run: str, width: int = 380, label_width: int = 110) -> dict:
     """A horizontal bar chart's geometry; crag/templates draws it as inline SVG. The longest bar
     leaves room for its count label."""
@@ -450,83 +622,34 @@ def _nullable(value) -> float | None:
 
 
 def render_report(
-    rows: pd.DataFrame,
+    figures: Figures,
     deltas: pd.DataFrame,
-    base: dict[str, pd.DataFrame],
-    candidate: dict[str, pd.DataFrame],
-    most_changed: int = _CHANGED_SHOWN,
-    question_scores: tuple[pd.DataFrame, pd.DataFrame] | None = None,
     whole: pd.DataFrame | None = None,
     config: ConfigDifference | None = None,
 ) -> str:
-    """The self-contained HTML report (crag/templates/compare_report.html.j2). `question_scores`
-    (each run's crag.evaluation.question_scores, when gold exists) gives each changed answer its gold
-    verdict. `deltas` and `whole` as metric_figures gives them; `config` what the runs' configs differ
+    """The self-contained HTML report (crag/templates/compare_report.html.j2) of a comparison's
+    Figures. `deltas` and `whole` as metric_figures gives them; `config` what the runs' configs differ
     in (None: not known, and not shown)."""
-    base_id, cand_id = rows["base_run"].iloc[0], rows["candidate_run"].iloc[0]
-    both = rows[asked_alike(rows)]
-    scores = [
-        s.set_index("question_id") if s is not None and not s.empty else None for s in (question_scores or (None, None))
-    ]
-
-    def score_of(i: int, qid: str):
-        frame = scores[i]
-        return None if frame is None or qid not in frame.index else frame.loc[qid]
-
-    changed_all = both[both["answer_changed"].astype(bool)].sort_values(["answer_similarity", "question_id"])
-    changed = []
-    for r in changed_all.itertuples(index=False):
-        vb, vc = gold_verdict(score_of(0, r.question_id)), gold_verdict(score_of(1, r.question_id))
-        # against other gold, a verdict's change is not the variant's doing
-        change, change_css = (
-            ("gold differs", "same")
-            if r.gold_changed
-            else _VERDICT_CHANGES.get((vb["verdict"], vc["verdict"]), ("", ""))
-        )
-        changed.append(
-            {
-                "question": r.question,
-                "similarity": r.answer_similarity,
-                "verdict_base": vb,
-                "verdict_candidate": vc,
-                "change": change,
-                "change_css": change_css,
-                "route_base": r.route_base,
-                "route_candidate": r.route_candidate,
-                "f1_delta": _nullable(r.f1_delta),
-                "f1_verdict": change_verdict("f1", r.f1_delta),
-                "diff": diff_segments(r.answer_base, r.answer_candidate),
-            }
-        )
-    verdict_counts = Counter(c["change"] for c in changed if c["change"])
+    f = figures
     summary = {
-        "both": int((rows["in_base"] & rows["in_candidate"]).sum()),
-        "set_apart": set_apart(rows),
-        "paired": int(paired(rows).sum()),
-        "only_base": int((~rows["in_candidate"]).sum()),
-        "only_candidate": int((~rows["in_base"]).sum()),
-        "changed": len(changed_all),
-        "similarity": float(both["answer_similarity"].mean()) if len(both) else 1.0,
+        "both": f.both,
+        "set_apart": set_apart(f),
+        "paired": f.paired,
+        "only_base": f.only_base,
+        "only_candidate": f.only_candidate,
+        "changed": f.changed,
+        "similarity": f.similarity_sum / f.alike if f.alike else 1.0,
         "verdicts": [
-            (label, verdict_counts[label], css) for label, css in _VERDICT_CHANGES.values() if verdict_counts[label]
+            (label, f.verdict_changes[label], css)
+            for label, css in _VERDICT_CHANGES.values()
+            if f.verdict_changes.get(label)
         ],
-        "route_flips": int(both["route_flip"].sum()),
-        "route_flip_kinds": [
-            (f"{a}→{b}", n)
-            for (a, b), n in sorted(
-                Counter(
-                    zip(
-                        both.loc[both["route_flip"].astype(bool), "route_base"],
-                        both.loc[both["route_flip"].astype(bool), "route_candidate"],
-                    )
-                ).items()
-            )
-        ],
-        "action_flips": int(both["action_flip"].sum()),
-        "grade_flips": int(both["grade_flips"].map(len).sum()),
-        "grade_flip_questions": int((both["grade_flips"].map(len) > 0).sum()),
+        "route_flips": sum(n for _, _, n in f.route_flips),
+        "route_flip_kinds": [(f"{a}→{b}", n) for a, b, n in f.route_flips],
+        "action_flips": f.action_flips,
+        "grade_flips": f.grade_flips,
+        "grade_flip_questions": f.grade_flip_questions,
     }
-    whole_runs = [] if whole is None else list(whole.itertuples(index=False))
     metrics = [
         {
             "metric": r.metric,
@@ -540,36 +663,20 @@ def render_report(
         }
         for r in deltas.itertuples(index=False)
     ]
-
-    questions = dict(zip(rows["question_id"], rows["question"]))
-    flips = grade_flip_rows(base["grades"], candidate["grades"])
-    flips = flips[flips["question_id"].isin(both["question_id"])]  # another question's documents graded otherwise
-    flip_rows = [
+    changed = [
         {
-            "question": questions.get(f.question_id, f.question_id),
-            "source": f.source,
-            "title": f.title,
-            "parent_id": f.parent_id,
-            "grade_base": f.grade_base,
-            "grade_candidate": f.grade_candidate,
-            "relevance_base": _nullable(f.relevance_base),
-            "relevance_candidate": _nullable(f.relevance_candidate),
+            **c,
+            "f1_verdict": change_verdict("f1", c["f1_delta"]),
+            "diff": diff_segments(c["answer_base"], c["answer_candidate"]),
         }
-        for f in flips.head(_FLIPS_SHOWN).itertuples(index=False)
+        for c in f.most_changed
     ]
-
-    routes = sorted(set(base["answers"]["route"]) | set(candidate["answers"]["route"]))
-    actions = sorted(set(base["answers"]["action"].dropna()) | set(candidate["answers"]["action"].dropna()))
-    count = lambda frame, col, keys: {k: int((frame[col] == k).sum()) for k in keys}  # noqa: E731
-    bins = np.linspace(0, 1, 11)
-    relevance = lambda run: run["grades"]["relevance"].dropna().to_numpy()  # noqa: E731
-    runs = (("base", base_id, base), ("candidate", cand_id, candidate))
     return (
         _environment()
         .get_template("compare_report.html.j2")
         .render(
-            base_id=base_id,
-            candidate_id=cand_id,
+            base_id=f.base_id,
+            candidate_id=f.candidate_id,
             summary=summary,
             config=None
             if config is None
@@ -578,22 +685,33 @@ def render_report(
                 "rows": [(key, *config_values(a, b, width=240)) for key, a, b in config.changes],
             },
             metrics=metrics,
-            whole_runs=whole_runs,
-            route_charts=[
-                _chart(f"route — {rid}", count(run["answers"], "route", routes), kind) for kind, rid, run in runs
-            ],
-            action_charts=[
-                _chart(f"action — {rid}", count(run["answers"], "action", actions), kind) for kind, rid, run in runs
-            ],
-            relevance_charts=[
-                _chart(f"relevance — {rid}", _histogram(relevance(run), bins), kind) for kind, rid, run in runs
-            ],
-            changed=changed[:most_changed],
-            more_changed=max(len(changed) - most_changed, 0),
-            flips=flip_rows,
-            more_flips=max(len(flips) - _FLIPS_SHOWN, 0),
+            whole_runs=[] if whole is None else list(whole.itertuples(index=False)),
+            **_charts(f),
+            changed=changed,
+            more_changed=max(f.changed - len(changed), 0),
+            flips=f.first_flips,
+            more_flips=max(f.grade_flips - len(f.first_flips), 0),
         )
     )
+
+
+def _charts(f: Figures) -> dict[str, list[dict]]:
+    """The report's bar charts: routes, actions and relevance, of each run."""
+    routes = sorted(set(f.routes[0]) | set(f.routes[1]))
+    actions = sorted(set(f.actions[0]) | set(f.actions[1]))
+    bins = [f"{lo:.1f}-{hi:.1f}" for lo, hi in zip(_RELEVANCE_BINS[:-1], _RELEVANCE_BINS[1:])]
+    runs = (("base", f.base_id, 0), ("candidate", f.candidate_id, 1))
+    return {
+        "route_charts": [
+            _chart(f"route — {rid}", {r: f.routes[i].get(r, 0) for r in routes}, kind) for kind, rid, i in runs
+        ],
+        "action_charts": [
+            _chart(f"action — {rid}", {a: f.actions[i].get(a, 0) for a in actions}, kind) for kind, rid, i in runs
+        ],
+        "relevance_charts": [
+            _chart(f"relevance — {rid}", dict(zip(bins, f.relevance[i])), kind) for kind, rid, i in runs
+        ],
+    }
 
 
 def compare(
@@ -603,38 +721,24 @@ def compare(
     report: str | None,
     attach_report: bool = True,
     allow_unfinished: bool = False,
-) -> tuple[pd.DataFrame, list[str], str]:
-    """Read both runs from the Warehouse, write their comparison rows (replacing an earlier comparison
-    of the same pair) and the HTML report; return the rows, the summary lines and the report's path.
-    A run that has not succeeded (still running, or failed) is refused unless `allow_unfinished`.
-    With `attach_report`, the report is also attached to the candidate's MLflow run, found with the
-    tracking settings that run was logged with (its stored config), not with this command's."""
+) -> tuple[Figures, list[str], str]:
+    """Compare two runs of the Warehouse in Spark, write their comparison rows (replacing an earlier
+    comparison of the same pair) and the HTML report; return the Figures, the summary lines and the
+    report's path. A run that has not succeeded (still running, or failed) is refused unless
+    `allow_unfinished`. With `attach_report`, the report is also attached to the candidate's MLflow
+    run, found with the tracking settings that run was logged with (its stored config), not with this
+    command's."""
 
     for run_id in (base_id, candidate_id):
         check_run_id(run_id)  # before a path is made from them
     path = Path(report or f"compare_{base_id}_vs_{candidate_id}.html")
     _check_report_path(path, base_id, candidate_id)  # before both runs are read
-    runs, records = {}, {}
-    for run_id in (base_id, candidate_id):
-        records[run_id] = run_record(warehouse, run_id, allow_unfinished, "compare")
-        runs[run_id] = read_run(warehouse, run_id, ("answers", "grades", "gold", "metrics"))
-    base, candidate = runs[base_id], runs[candidate_id]
-    scores = None
-    if not base["gold"].empty and not candidate["gold"].empty:
-        scores = tuple(question_scores(r["answers"], r["grades"], r["gold"]) for r in (base, candidate))
-    rows = compare_runs(base, candidate, base_id, candidate_id, scores)
-    deltas, whole = metric_figures(rows, base, candidate)
-    # question_changed and gold_changed are not columns of the table: there, a question asked
-    # differently in the two runs shows as a row in both whose comparison columns are null
-    stored = rows.assign(created_at=pd.Timestamp(datetime.now(UTC)))
-    pair = (F.col("base_run") == F.lit(base_id)) & (F.col("candidate_run") == F.lit(candidate_id))
-    warehouse.replace(
-        "comparisons",
-        warehouse.frame("comparisons", pa.Table.from_pandas(stored, schema=schema.COMPARISONS, preserve_index=False)),
-        pair,
-    )
+    records = {run_id: run_record(warehouse, run_id, allow_unfinished, "compare") for run_id in (base_id, candidate_id)}
+    figures = _compare_in_spark(warehouse, base_id, candidate_id)
+    metrics = [warehouse.load_run("metrics", run_id).toPandas() for run_id in (base_id, candidate_id)]  # aggregates
+    deltas, whole = metric_figures(figures, *metrics)
     changes = config_difference(records[base_id], records[candidate_id])
-    html = render_report(rows, deltas, base, candidate, question_scores=scores, whole=whole, config=changes)
+    html = render_report(figures, deltas, whole=whole, config=changes)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(html, encoding="utf-8")
@@ -646,7 +750,88 @@ def compare(
     if attach_report:
         tracking = json.loads(records[candidate_id]["config"]).get("mlflow", {})
         _attach_report(tracking, warehouse.location, candidate_id, path)
-    return rows, summary_lines(rows, deltas, whole, changes), str(path)
+    return figures, summary_lines(figures, deltas, whole, changes), str(path)
+
+
+# What a comparison reads of each run's rows: their answers, gold and grades, joined per question
+_ANSWER_FIELDS = ("question", "answer", "action", "route", "refused", "web_query", "n_web", "n_relevant", "sources")
+_GRADE_FIELDS = ("source", "doc_id", "parent_id", "title", "grade", "relevance")
+_SIDES = ("base", "candidate")
+_FIGURES = "figures"  # the column of the partition's Figures (JSON) beside its comparison rows
+
+
+def _compare_in_spark(warehouse, base_id: str, candidate_id: str) -> Figures:
+    """The two runs joined per question in Spark, and each partition of questions compared by
+    `compared`: its comparison rows are written to the comparisons table, and its Figures (counts and
+    a few rows) come to the driver, added up. No run's rows reach the driver."""
+    tables = {
+        side: {name: warehouse.load_run(name, run_id) for name in ("answers", "gold", "grades")}
+        for side, run_id in zip(_SIDES, (base_id, candidate_id))
+    }
+    for side, run_id in zip(_SIDES, (base_id, candidate_id)):
+        if not tables[side]["answers"].limit(1).count():
+            raise InputError(f"run {run_id!r} has no answers in {warehouse.location}")
+    with_gold = all(tables[side]["gold"].limit(1).count() for side in _SIDES)
+    joined = _side(tables["base"], "base").join(_side(tables["candidate"], "candidate"), "question_id", "full_outer")
+    out = pa.schema([*(f for f in schema.COMPARISONS if f.name != "created_at"), pa.field(_FIGURES, pa.string())])
+    from pyspark.sql.pandas.types import from_arrow_schema  # noqa: PLC0415
+
+    parts = joined.mapInArrow(_partition_task(base_id, candidate_id, with_gold, out), from_arrow_schema(out)).persist()
+    try:
+        pair = (F.col("base_run") == F.lit(base_id)) & (F.col("candidate_run") == F.lit(candidate_id))
+        rows = parts.where(F.col(_FIGURES).isNull()).withColumn("created_at", F.lit(datetime.now(UTC)))
+        # question_changed and gold_changed are not columns of the table: there, a question asked
+        # differently in the two runs shows as a row in both whose comparison columns are null
+        warehouse.replace("comparisons", rows, pair)
+        found = parts.where(F.col(_FIGURES).isNotNull()).select(_FIGURES).collect()
+    finally:
+        parts.unpersist()
+    return Figures.combined([Figures(**json.loads(r[_FIGURES])) for r in found])
+
+
+def _side(tables: dict, side: str):
+    """One run's rows per question: its answer, gold and grades, each in a column named for its side."""
+    answers = tables["answers"].select("question_id", F.struct(*_ANSWER_FIELDS).alias(side))
+    gold = tables["gold"].select("question_id", F.struct(*GOLD_COLUMNS).alias(f"{side}_gold"))
+    grades = (
+        tables["grades"].groupBy("question_id").agg(F.collect_list(F.struct(*_GRADE_FIELDS)).alias(f"{side}_grades"))
+    )
+    return answers.join(gold, "question_id", "left").join(grades, "question_id", "left")
+
+
+def _partition_task(base_id: str, candidate_id: str, with_gold: bool, out: pa.Schema):
+    def compare_part(batches):
+        for batch in batches:
+            records = batch.to_pylist()
+            if not records:
+                continue
+            rows, figures = compared(*(_run_frames(records, side) for side in _SIDES), base_id, candidate_id, with_gold)
+            table = pa.Table.from_pandas(rows, schema=out.remove(out.get_field_index(_FIGURES)), preserve_index=False)
+            yield from table.append_column(_FIGURES, pa.nulls(len(rows), pa.string())).to_batches()
+            summary = {
+                name: [json.dumps(asdict(figures), default=float)] if name == _FIGURES else [None] for name in out.names
+            }
+            yield pa.RecordBatch.from_pydict(summary, schema=out)
+
+    return compare_part
+
+
+def _run_frames(records: list[dict], side: str) -> dict[str, pd.DataFrame]:
+    """One run's answers, gold and grades frames, as crag.evaluation reads them, of joined records."""
+    present = [r for r in records if r[side] is not None]
+    return {
+        "answers": pd.DataFrame(
+            [{"question_id": r["question_id"], **r[side]} for r in present], columns=["question_id", *_ANSWER_FIELDS]
+        ),
+        "gold": pd.DataFrame(
+            [{"question_id": r["question_id"], **r[f"{side}_gold"]} for r in present if r[f"{side}_gold"] is not None],
+            columns=["question_id", *GOLD_COLUMNS],
+        ),
+        "grades": pd.DataFrame(
+            [{"question_id": r["question_id"], **g} for r in present for g in r[f"{side}_grades"] or []],
+            columns=["question_id", *_GRADE_FIELDS],
+        ),
+    }
 
 
 def _check_report_path(path: Path, base_id: str, candidate_id: str) -> None:

@@ -500,6 +500,29 @@ def connect_url_problem(url: str) -> str | None:
     return None
 
 
+# Spark settings crag sets itself (crag.spark), which `spark.conf` may not change, and why: the
+# session's time zone, Delta Lake's catalog, Arrow and a quiet console are what crag's tables and
+# lines are written with; the master, the jars and the parallelism have keys of their own.
+CRAG_SPARK_SETTINGS = {
+    "spark.master": "set spark.master",
+    "spark.remote": "set spark.remote",
+    "spark.app.name": "crag names its session",
+    "spark.jars": "the Delta Lake jars: set spark.jars_dir",
+    "spark.default.parallelism": "set spark.partitions",
+    "spark.sql.session.timeZone": "crag's tables hold UTC times",
+    "spark.sql.extensions": "Delta Lake's extension",
+    "spark.sql.catalog.spark_catalog": "Delta Lake's catalog",
+    "spark.sql.execution.arrow.pyspark.enabled": "crag moves data through Arrow",
+    "spark.ui.enabled": "a local session runs without a web UI",
+    "spark.ui.showConsoleProgress": "the progress bar would break crag's lines",
+    "spark.sql.shuffle.partitions": "crag sizes its own shuffles",
+    "spark.databricks.delta.snapshotPartitions": "crag's small tables",
+    "spark.driver.extraJavaOptions": "crag's JVM log settings",
+    "spark.sql.warehouse.dir": "crag's tables live in --warehouse",
+}
+CRAG_SPARK_PREFIXES = {"spark.connect.": "Spark Connect's wiring: set spark.remote and spark.connect_timeout_s"}
+
+
 class SparkConfig(Section):
     master: str = "local[2]"  # classic Spark when no session is active and `remote` is not set
     # Spark Connect: a server URL (sc://host:15002) or local[N] for a local server started in-process,
@@ -517,6 +540,43 @@ class SparkConfig(Section):
     # instead of one stage's endpoint at a time. 1 for the in-process embedded backends.
     pipelines_per_task: int = Field(1, gt=0)
     questions_per_pipeline: int | None = Field(None, gt=0)  # None: the task's questions shared out equally
+    # Spark Connect: how long crag waits for a server that does not answer, at start and after a lost
+    # connection, before it gives up with one line (pyspark's own client would retry for minutes)
+    connect_timeout_s: float = Field(60, ge=1, le=DAY_S)
+    # Spark settings passed to the session (a new one at start; an active one, or a Connect server's
+    # session, takes its runtime settings). One dotted key each; crag's own are refused (CRAG_SPARK_SETTINGS).
+    conf: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("conf", mode="before")
+    @classmethod
+    def _spark_settings(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value  # pydantic says what a dict should be
+        settings = {}
+        for key, setting in value.items():
+            key = str(key)
+            if isinstance(setting, (dict, list)):
+                raise PydanticCustomError(
+                    "spark_setting",
+                    "{key}: a Spark setting takes one value: write each one as a full dotted key "
+                    "(spark.sql.shuffle.partitions: 8)",
+                    {"key": shown_key(key)},
+                )
+            if not key.startswith("spark."):
+                raise PydanticCustomError(
+                    "spark_setting", "{key}: a Spark setting's name starts with 'spark.'", {"key": shown_key(key)}
+                )
+            owner = CRAG_SPARK_SETTINGS.get(key) or next(
+                (why for prefix, why in CRAG_SPARK_PREFIXES.items() if key.startswith(prefix)), None
+            )
+            if owner is not None:
+                raise PydanticCustomError(
+                    "spark_setting", "{key} is set by crag ({why})", {"key": shown_key(key), "why": owner}
+                )
+            settings[key] = (
+                "" if setting is None else str(setting).lower() if isinstance(setting, bool) else str(setting)
+            )
+        return settings
 
     @field_validator("master", "remote")
     @classmethod
@@ -564,6 +624,8 @@ class TablesConfig(Section):
 
     local_catalog: str = "spark_catalog"
     local_schema_prefix: str = "crag"
+    # a catalog.schema warehouse whose schema does not exist: created by crag (else: an error that says so)
+    create_schema: bool = False
     # a run id held by a process that stopped sending heartbeats this long ago may be taken over
     stale_run_after_s: float = Field(default=900, gt=0)
 
@@ -669,7 +731,8 @@ def redacted(value: Any) -> Any:
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
-    """`a.b.c=value` -> (["a","b","c"], value parsed as YAML, so numbers, booleans and lists work)."""
+    """`a.b.c=value` -> (["a","b","c"], value parsed as YAML, so numbers, booleans and lists work);
+    `spark.conf.spark.sql.x=value` -> (["spark", "conf", "spark.sql.x"], value)."""
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"an override (--set, or one of --overrides) must be key=value, got {item!r}")
@@ -678,7 +741,13 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     except yaml.YAMLError as exc:
         # the value is not repeated: it may be a credential typed on the command line
         raise ConfigError(f"--set {key}: its value is not valid YAML ({yaml_problem(exc)})") from None
-    return key.strip().split("."), value
+    key = key.strip()
+    if key.startswith(SPARK_CONF_PREFIX):  # a Spark setting's own name is dotted: one key under spark.conf
+        return [*SPARK_CONF_PREFIX.split(".")[:2], key[len(SPARK_CONF_PREFIX) :]], value
+    return key.split("."), value
+
+
+SPARK_CONF_PREFIX = "spark.conf."
 
 
 def deep_merge(base: dict, overlay: dict) -> dict:
@@ -975,7 +1044,9 @@ def describe_validation_error(exc: ValidationError) -> str:
         if err["type"] == "extra_forbidden":
             _, holder = _walk(err["loc"][:-1])
             allowed = ", ".join(holder.model_fields) if holder is not None else "?"
-            lines.append(f"unknown config key {key!r} (allowed here: {allowed})")
+            # spark.sql.x=...: a Spark setting, given as a key of crag's spark section
+            hint = f"; a Spark setting is given as {SPARK_CONF_PREFIX}spark.…" if holder is SparkConfig else ""
+            lines.append(f"unknown config key {key!r} (allowed here: {allowed}{hint})")
         elif err["type"] == "union_tag_invalid":
             ctx = err["ctx"]
             lines.append(f"config key '{key}.backend': got {ctx['tag']!r}, expected one of {ctx['expected_tags']}")

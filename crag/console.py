@@ -5,9 +5,11 @@
   the same value, unless the caller gives a format: crag eval's three decimals). Widths are display columns, so CJK characters
   count two. When the columns cannot all fit, they continue in further blocks below, each repeating
   the first column.
-  One line per row: line breaks and tabs inside a value show as spaces.
+  One line per row: line breaks and tabs inside a value show as spaces, and bidi controls (RLO, ...)
+  as escapes (\u202e), so that no value reorders the line.
 - csv: RFC 4180 with a header line; nested values (lists, structs) as JSON; nulls empty.
-- json: JSON Lines, one object per row, so a large result streams and `jq` reads it as it is.
+- json: JSON Lines, one object per row, so a large result streams and `jq` reads it as it is (bidi
+  controls written as JSON escapes: the same values).
 - markdown: a GitHub table (numbers right-aligned), nothing cut, `|` escaped.
 
 Pure functions over a pandas DataFrame or an Arrow table; the caller prints the string.
@@ -28,10 +30,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import regex
 from wcwidth import wcwidth
 
 from crag.errors import InputError
-from crag.evaluation import METRICS, SLICES
+from crag.evaluation import METRICS, SLICE_VALUES, SLICES
 
 FORMATS = ("table", "csv", "json", "markdown")
 ELLIPSIS = "…"
@@ -99,8 +102,18 @@ def _json_default(value):
     return str(value)
 
 
+# Unicode's Bidi_Control characters (RLO, LRI, ...): in a value they would reorder the terminal's line
+# around it. Shown as escapes: \u202e in a table or markdown cell, and in JSON, where the escape is
+# the same value. CSV has no escapes: its values stay exact, for the programs that read it.
+_BIDI_CONTROL = regex.compile(r"\p{Bidi_Control}")
+
+
+def _bidi_escaped(text: str) -> str:
+    return _BIDI_CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def _json(value) -> str:
-    return json.dumps(value, ensure_ascii=False, default=_json_default, separators=(",", ":"))
+    return _bidi_escaped(json.dumps(value, ensure_ascii=False, default=_json_default, separators=(",", ":")))
 
 
 def _round_trip(value: float) -> str:
@@ -121,7 +134,9 @@ def _cell(value, null: str, float_format: Callable[[float], str]) -> str:
         text = _json(value)
     else:
         text = str(value)
-    return "".join(" " if ch in "\r\n\t\v\f" or (ord(ch) < 32 or 0x7F <= ord(ch) < 0xA0) else ch for ch in text)
+    return _bidi_escaped(
+        "".join(" " if ch in "\r\n\t\v\f" or (ord(ch) < 32 or 0x7F <= ord(ch) < 0xA0) else ch for ch in text)
+    )
 
 
 # ---------------------------------------------------------------- display width
@@ -294,10 +309,13 @@ def slice_names(spec: str | Sequence[str]) -> list[str]:
     if not names:
         raise InputError("--slices names no slice")
     for name in names:
-        if name != "all" and name.partition("=")[0] not in SLICES:
+        key, is_value, value = name.partition("=")
+        if name != "all" and key not in SLICES:
             raise InputError(
                 f"unknown slice {name!r}: a slice is all, or one of {', '.join(SLICES)} (key or key=value)"
             )
+        if is_value and value not in SLICE_VALUES.get(key, ()):
+            raise InputError(f"unknown slice {name!r}: {key} is one of {', '.join(SLICE_VALUES[key])}")
     return names
 
 

@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 ACTIONS = ("correct", "ambiguous", "incorrect")
-ROUTES = ("internal", "web", "mixed", "refused", "error")
-PARSE_STATUSES = ("repaired", "failed")
+ROUTES = ("internal", "web", "mixed", "refused", "error")  # an answer's route (crag.stages.generate)
+# Grades that are not plain readings: a repaired output, an unreadable one, and a document whose grading
+# call failed (crag.backends.base.NOT_GRADED)
+PARSE_STATUSES = ("repaired", "failed", "not_graded")
 # The per-question usage columns summed over a run.
 USAGE = ("search_calls", "llm_calls", "prompt_tokens", "completion_tokens", "retries", "cache_hits")
 
@@ -94,7 +96,7 @@ class RunResult:
             f"{c.cache_hits} answered from the stage cache",
             f"  tokens      {c.prompt_tokens} prompt, {c.completion_tokens} completion",
             f"  grader      {c.grade_parse.get('failed', 0)} unreadable outputs, "
-            f"{c.grade_parse.get('repaired', 0)} repaired",
+            f"{c.grade_parse.get('repaired', 0)} repaired, {c.grade_parse.get('not_graded', 0)} not graded",
             f"  wall time   {self.seconds:.1f} s",
         ]
         if self.metrics is not None and not self.metrics.empty:

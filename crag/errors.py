@@ -1,6 +1,8 @@
 """Errors a user can act on. The CLI prints them as one line (`crag: error: ...`) and exits 2;
 anything else is a bug and keeps its traceback (scrubbed, exit 1)."""
 
+import re
+
 from crag.secrets import scrub
 
 
@@ -38,3 +40,15 @@ def describe(exc: BaseException, limit: int = 300, with_type: bool = True) -> st
     elif text.endswith(":") and len(lines) > 1:
         text = " ".join(lines)
     return scrub(f"{name}: {text}" if with_type else text)[:limit]
+
+
+def spark_error_line(exc: BaseException) -> str:
+    """The line of a Spark error that says what went wrong (py4j puts "An error occurred while calling
+    ..." first, and Java's exception class before the text)."""
+    lines = [
+        line.strip()
+        for line in str(exc).splitlines()
+        if line.strip() and not line.startswith("An error occurred while calling")
+    ]
+    # py4j's Java error: ": org.apache.spark.SparkException: [CLASS] text"
+    return re.sub(r"^(: )?[\w.$]+(Exception|Error): ", "", lines[0]) if lines else type(exc).__name__

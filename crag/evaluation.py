@@ -36,7 +36,7 @@ import pandas as pd
 import pyarrow as pa
 
 from crag import schema
-from crag.counts import ACTIONS
+from crag.counts import ACTIONS, ROUTES
 from crag.errors import InputError
 from crag.ids import check_run_id
 from crag.questions import EXPECTED_ROUTES, GOLD_COLUMNS
@@ -242,6 +242,15 @@ QUESTION_METRICS = (
 # Every metric, in the order crag eval and crag compare show them.
 METRICS = (*QUESTION_METRICS, "grader_precision", "grader_recall")
 SLICES = ("route", "action", "language", "expected_route", "answerable")
+# The values each slice key can take (see question_scores): `crag eval --slices` checks them before it
+# computes anything
+SLICE_VALUES = {
+    "route": ROUTES,
+    "action": (*ACTIONS, "none"),
+    "language": ("en", "ja"),
+    "expected_route": (*EXPECTED_ROUTES, "unknown"),
+    "answerable": ("yes", "no"),
+}
 
 # Which way each metric gets better: +1 higher, -1 lower. A web search costs a call and brings outside
 # text into the context, so at equal quality fewer is better; refusals of the same questions too
@@ -280,6 +289,7 @@ def action_confusion(scores: pd.DataFrame) -> pd.DataFrame:
 
 
 def _grader_pr(docs: pd.DataFrame) -> list[tuple[str, float, int]]:
+    docs = docs[docs["grade"].notna()]  # a document the grader's call failed on (not_graded) was not graded
     if docs.empty:
         return []
     yes, gold = docs["grade"] == "yes", docs["is_gold"]
@@ -337,14 +347,6 @@ def run_record(warehouse, run_id: str, allow_unfinished: bool, doing: str):
             f"has, or pass --allow-unfinished to {doing} the rows it has"
         )
     return record[0]
-
-
-def read_run(warehouse, run_id: str, names=("answers", "grades", "gold")) -> dict[str, pd.DataFrame]:
-    """Tables of one run as pandas frames (a comparison or a calibration reads one run's rows)."""
-    parts = {name: warehouse.load_run(name, run_id).toPandas() for name in names}
-    if "answers" in parts and parts["answers"].empty:
-        raise InputError(f"run {run_id!r} has no answers in {warehouse.location}")
-    return parts
 
 
 # What question_scores reads of an answer row.

@@ -36,7 +36,7 @@ from crag.ledger import Ledger
 from crag.progress import phase
 from crag.questions import read_questions, validate
 from crag.spark import get_spark
-from crag.tracking import log_run, preload
+from crag.tracking import check_tracking, log_run, preload
 from crag.warehouse import Warehouse, is_catalog_schema
 
 log = logging.getLogger("crag")
@@ -99,6 +99,7 @@ def prepare(
     # is written, and before a JVM starts when there is no session yet. With a session, the indexes
     # load while the warehouse's tables are checked and the questions read.
     secrets = resolve_credentials(cfg)
+    check_tracking(cfg, warehouse)  # a run that could not be logged at its end is refused now
     tables = RUN_TABLES + (("stage_cache",) if cfg.cache.enabled else ())
     with ThreadPoolExecutor(1, "crag-prepare") as pool:
         backends_built = pool.submit(build_backends, cfg, secrets)

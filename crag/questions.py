@@ -16,6 +16,7 @@ import math
 import re
 import tokenize
 import unicodedata
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
@@ -24,9 +25,9 @@ import pandas as pd
 import pyarrow as pa
 
 from crag import schema
-from crag.errors import InputError, describe
-from crag.ids import forbidden_character
-from crag.text import encodable, invisible, parse_json_line
+from crag.errors import InputError, describe, spark_error_line
+from crag.ids import forbidden_character, id_key
+from crag.text import csv_records, encodable, invisible, parse_json_line
 
 REQUIRED = ("question_id", "question")
 # Optional columns that say what the right outcome is, for `crag eval`.
@@ -41,10 +42,11 @@ _TRUE, _FALSE = {"true", "1", "yes"}, {"false", "0", "no", ""}
 # What a JSONL line becomes before it is checked: its bytes, decoded and parsed in the workers (Spark's JSON
 # reader would turn a number in a text column into text, and one bad line into nulls).
 JSONL_LINE = "value"
-# The checked rows, before repeated ids are marked: INPUTS without the run's own columns.
+# The checked rows, before repeated ids are marked: INPUTS without the run's own columns, with the id's
+# problem and the key repeated ids are found by (its NFC form).
 CHECKED = pa.schema(
     [f for f in schema.INPUTS if f.name not in ("run_id", "generation", "variant", "created_at")]
-    + [pa.field("id_problem", pa.bool_())]
+    + [pa.field("id_problem", pa.bool_()), pa.field("id_key", pa.string())]
 )
 
 
@@ -98,13 +100,74 @@ def read_questions(spark, source: str):
                 raise InputError(f"{path} is empty: not a Parquet file")
             return _require_columns(_read_parquet(spark, path, literal, source), source)
         if suffix == ".csv":
-            frame = spark.read.options(header=True, inferSchema=False, multiLine=True, escape='"').csv(literal)
-            return _require_columns(frame, source)
+            return _read_csv(spark, path, literal, source)
     except spark_errors() as exc:
-        raise InputError(f"cannot read questions from {source}: {_first_line(exc)}") from None
+        raise InputError(f"cannot read questions from {source}: {spark_error_line(exc)}") from None
     raise InputError(
         f"unsupported questions file {source}: expected a Delta folder or {', '.join(QUESTION_FILE_SUFFIXES)}"
     )
+
+
+def _read_csv(spark, path: Path, literal: str, source: str):
+    """A CSV file's records, read strictly in a Spark task (crag.text.csv_records; Spark's own reader
+    lets an unterminated quote swallow the rows after it, and drops a row's extra fields): the
+    question and gold columns as text, and CSV_PROBLEM, what is wrong with a record that is not well
+    formed, which becomes its reject row. The driver reads the header alone."""
+    from pyspark.sql.pandas.types import from_arrow_schema  # noqa: PLC0415
+
+    header = _csv_header(path, source)
+    missing = [c for c in REQUIRED if c not in header]
+    if missing:
+        raise InputError(
+            f"questions lack column(s) {', '.join(missing)} (found: {', '.join(header) or 'none'}) in {source}"
+        )
+    columns = [c for c in (*REQUIRED, *GOLD_COLUMNS) if c in header]
+    records = pa.schema([pa.field(c, pa.string()) for c in (*columns, CSV_PROBLEM)])
+
+    def parse(batches):
+        for batch in batches:
+            for content in batch.column("content").to_pylist():
+                yield from _csv_batches(content, columns, records)
+
+    files = spark.read.format("binaryFile").load(literal).select("content")
+    return files.mapInArrow(parse, from_arrow_schema(records))
+
+
+CSV_PROBLEM = "csv_problem"
+_CSV_BATCH_ROWS = 10_000
+
+
+def _csv_header(path: Path, source: str) -> list[str]:
+    """The CSV file's header record (its first), read on the driver: the columns it names."""
+    with open(path, "rb") as file:
+        head = file.read(1 << 20).decode("utf-8-sig", errors="replace")
+    first = next(iter(csv_records(head)), None)
+    if first is None:
+        raise InputError(f"questions {source} hold no rows")
+    if first.fields is None:
+        raise InputError(f"the header of {source} (line {first.line}) is not readable as CSV: {first.problem}")
+    repeated = sorted({c for c in first.fields if first.fields.count(c) > 1})
+    if repeated:
+        raise InputError(f"the header of {source} names column(s) {', '.join(repeated)} more than once")
+    return first.fields
+
+
+def _csv_batches(content: bytes, columns: list[str], records: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """A CSV file's data records as Arrow batches of `records` (empty fields null, as Spark reads them)."""
+    parsed = csv_records(content.decode("utf-8-sig", errors="replace"))  # a byte not UTF-8 shows as U+FFFD
+    header = next(parsed).fields or []
+    at = {c: header.index(c) for c in columns}
+    rows: list[dict] = []
+    for record in parsed:
+        if record.fields is None:
+            rows.append({"question": record.line_text, CSV_PROBLEM: f"CSV line {record.line}: {record.problem}"})
+        else:
+            rows.append({c: record.fields[i] or None for c, i in at.items()})
+        if len(rows) == _CSV_BATCH_ROWS:
+            yield pa.RecordBatch.from_pylist(rows, schema=records)
+            rows = []
+    if rows:
+        yield pa.RecordBatch.from_pylist(rows, schema=records)
 
 
 def _read_parquet(spark, path: Path, literal: str, source: str):
@@ -182,16 +245,6 @@ def spark_errors() -> tuple[type[BaseException], ...]:
     except ImportError:  # Spark Connect clients have no py4j
         return (PySparkException,)
     return (PySparkException, Py4JJavaError)
-
-
-def _first_line(exc: BaseException) -> str:
-    """The line that says what went wrong (py4j puts "An error occurred while calling ..." first)."""
-    lines = [
-        line.strip()
-        for line in str(exc).splitlines()
-        if line.strip() and not line.startswith("An error occurred while calling")
-    ]
-    return re.sub(r"^[\w.$]+(Exception|Error): ", "", lines[0]) if lines else type(exc).__name__
 
 
 def _require_columns(frame, source: str):
@@ -382,6 +435,7 @@ def check_rows(frame: pd.DataFrame, max_chars: int) -> pd.DataFrame:
                     "reason": f"row could not be checked ({describe(exc, limit=200)})",
                     "has_gold": False,
                     "id_problem": True,  # its id is not known to be good: it takes no part in the duplicate check
+                    "id_key": None,
                 }
             )
     return pd.DataFrame(out, columns=CHECKED.names)
@@ -392,7 +446,7 @@ def _checked(record: dict, max_chars: int) -> dict:
     row, reason = (
         parse_json_line(record[JSONL_LINE])
         if JSONL_LINE in record
-        else ({k: v for k, v in record.items() if k != "input_row"}, None)
+        else ({k: v for k, v in record.items() if k not in ("input_row", CSV_PROBLEM)}, record.get(CSV_PROBLEM))
     )
     row = row or {}
     qid = _id_text(row.get("question_id"))
@@ -414,6 +468,7 @@ def _checked(record: dict, max_chars: int) -> dict:
         "has_gold": any(c in row for c in GOLD_COLUMNS),
         **gold,
         "id_problem": id_reason is not None,
+        "id_key": None if id_reason is not None else id_key(qid),  # type: ignore[arg-type]  # a good id is text
     }
 
 
@@ -437,24 +492,29 @@ def validate(spark, raw, max_chars: int, source: str):
 
     checked = numbered.mapInPandas(check, from_arrow_schema(CHECKED))
     # The row kept is the first that passes its own checks (a row rejected for itself must not cost its
-    # id the answer of a good row after it)
-    same_id = Window.partitionBy("question_id")
+    # id the answer of a good row after it). Ids are one id when their NFC forms are (crag.ids.id_key).
+    same_id = Window.partitionBy("id_key")
     first = F.min(F.when(F.col("reason").isNull(), F.col("input_row"))).over(same_id)
+    first_spelling = F.min(F.when(F.col("input_row") == F.col("first_row"), F.col("question_id"))).over(same_id)
     duplicate = F.concat(
         F.lit("duplicate question_id '"),
         F.col("question_id"),
-        F.lit("': first seen at input row "),
+        F.when(  # spelt otherwise: NFC and NFD forms print alike
+            F.col("question_id") != F.col("first_spelling"), F.lit("', spelt otherwise (the same id in NFC)")
+        ).otherwise(F.lit("'")),
+        F.lit(": first seen at input row "),
         F.col("first_row").cast("string"),
     )
     return (
         checked.withColumn("first_row", F.when(~F.col("id_problem"), first))
+        .withColumn("first_spelling", first_spelling)
         .withColumn(
             "reason",
             F.when(
                 ~F.col("id_problem") & F.col("reason").isNull() & (F.col("input_row") > F.col("first_row")), duplicate
             ).otherwise(F.col("reason")),
         )
-        .drop("first_row", "id_problem")
+        .drop("first_row", "first_spelling", "id_problem", "id_key")
     )
 
 
@@ -474,7 +534,7 @@ def _numbered(spark, raw, source: str):
     try:
         parts = sorted(tagged.groupBy("_part").agg(*aggregates).collect(), key=lambda r: r["_part"])
     except spark_errors() as exc:
-        raise InputError(f"cannot read questions: {_first_line(exc)}") from None
+        raise InputError(f"cannot read questions: {spark_error_line(exc)}") from None
     offsets, total = [], 0
     for part in parts:
         offsets.append((part["_part"], total))

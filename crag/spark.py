@@ -14,8 +14,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import socket
-import ssl
 import sys
 import tempfile
 import threading
@@ -33,8 +31,9 @@ from crag.backends import cached_backends, smallest_budget
 from crag.backends.base import Document
 from crag.backends.remote import running_task
 from crag.cache import StageCache, question_key, role_slices, with_cache
-from crag.config import LOCAL_MASTER, CragConfig, SparkConfig, connect_url_parts
-from crag.errors import ConfigError
+from crag.config import LOCAL_MASTER, CragConfig, SparkConfig, shown_key
+from crag.connect import bound_waits, connect_session
+from crag.errors import ConfigError, describe
 from crag.progress import report_answered
 from crag.spark_server import usable
 from crag.stages import frame_rows, run_pipeline
@@ -95,12 +94,14 @@ def is_connect(spark) -> bool:
 
 def get_spark(cfg: SparkConfig):
     """The active session (Databricks, a notebook, a test's shared one), else a new one: Spark Connect
-    when `spark.remote` is set, classic local Spark otherwise; Delta Lake configured either way."""
+    when `spark.remote` is set (every wait on it bounded: crag.connect), classic local Spark otherwise;
+    Delta Lake configured either way, and `spark.conf` passed to it (to a session that runs already,
+    an active one or a Connect server's, as runtime settings)."""
     from pyspark.sql import SparkSession  # noqa: PLC0415  # crag index on a laptop imports this module and writes with delta-rs
 
     active = SparkSession.getActiveSession()
     if active is not None and (cfg.remote is None or is_connect(active)):
-        return active
+        return _with_runtime_settings(active, cfg.conf)
     # Workers must run this same interpreter (and so see the same packages).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -109,74 +110,42 @@ def get_spark(cfg: SparkConfig):
     if server is not None:  # crag spark start: a warm local Spark instead of a new one
         log.info("using the Spark server at %s (crag spark start; crag spark stop ends it)", server.url)
         remote = server.url
-    builder = SparkSession.builder.appName("crag")
     if remote and remote.startswith("sc://"):  # a running server: only session settings can be passed
-        _check_reachable(remote)
-        builder = builder.remote(remote)
-        settings = {"spark.sql.session.timeZone": "UTC"}
-    else:
-        master = remote or cfg.master
-        local = local_master(master)
-        if local is not None:
-            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode needs no other interface
-            master, slots = local
-            builder = builder.config("spark.default.parallelism", str(slots))
-        builder = builder.remote(master) if remote else builder.master(master)
-        settings = {**LOCAL_SETTINGS, "spark.jars": ",".join(jars(cfg))}
-    for key, value in settings.items():
+        return _with_runtime_settings(connect_session(remote, cfg.connect_timeout_s), cfg.conf)
+    builder = SparkSession.builder.appName("crag")
+    master = remote or cfg.master
+    local = local_master(master)
+    if local is not None:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode needs no other interface
+        master, slots = local
+        builder = builder.config("spark.default.parallelism", str(slots))
+    builder = builder.remote(master) if remote else builder.master(master)
+    for key, value in {**cfg.conf, **LOCAL_SETTINGS, "spark.jars": ",".join(jars(cfg))}.items():
         builder = builder.config(key, value)
-    with warnings.catch_warnings(), _stderr_to(SPARK_LOG if "spark.jars" in settings else None):
+    with warnings.catch_warnings(), _stderr_to(SPARK_LOG):
         # A local Connect server is started with these settings; the client then tries to set the static
         # ones again on the session and warns that it cannot.
         warnings.simplefilter("ignore", UserWarning)
-        return builder.getOrCreate()
+        session = builder.getOrCreate()
+    if is_connect(session):  # spark.remote=local[N]: a server of its own, in the JVM it started
+        bound_waits(session, "sc://localhost (started by crag)", cfg.connect_timeout_s)
+    return session
 
 
-# gRPC reaches a Spark Connect server through these when they are set; a plain TCP probe would not
-_PROXY_VARIABLES = ("grpc_proxy", "https_proxy", "http_proxy")
-
-
-def _check_reachable(url: str, timeout_s: float = 10) -> None:
-    """One line at once for a Spark Connect server that does not answer, or does not answer in TLS
-    when the client will speak it, where the client would retry its connection for about a quarter
-    of an hour, silently. Not probed through a proxy."""
-    if any(os.environ.get(v) or os.environ.get(v.upper()) for v in _PROXY_VARIABLES):
-        return
-    try:
-        parts, params = connect_url_parts(url)
-        host, port = parts.hostname, parts.port or 15002
-    except ValueError as exc:
-        raise ConfigError(f"spark.remote is not a Spark Connect URL sc://host:port ({exc})") from None
-    if not host:
-        raise ConfigError("spark.remote is not a Spark Connect URL sc://host:port (no host)")
-    where = f"sc://{host if ':' not in host else f'[{host}]'}:{port}"  # without user info or parameters (tokens)
-    named = dict(p.partition("=")[::2] for p in params if p)
-    # pyspark's client: TLS with use_ssl=true, or with a token to any host but "localhost"
-    tls = named.get("use_ssl", "").lower() == "true" or ("token" in named and host != "localhost")
-    try:
-        connection = socket.create_connection((host, port), timeout=timeout_s)
-    except OSError as exc:
-        raise ConfigError(f"no Spark Connect server answers at {where} ({exc})") from None
-    with connection:
-        if tls:
-            _check_tls(connection, host, where)
-
-
-def _check_tls(connection: socket.socket, host: str, where: str) -> None:
-    """Whether the server at the other end of `connection` completes a TLS handshake; the certificate
-    is gRPC's to check, not this probe's."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    context.set_alpn_protocols(["h2"])
-    try:
-        context.wrap_socket(connection, server_hostname=host).close()
-    except OSError as exc:  # ssl.SSLError, a reset, or no answer within the timeout
-        raise ConfigError(
-            f"the Spark Connect server at {where} does not answer in TLS ({type(exc).__name__}), which the client "
-            f"speaks when the URL has a token or use_ssl=true: give the server a TLS endpoint, or reach a local "
-            f"server without TLS as sc://localhost:{where.rpartition(':')[2]}"
-        ) from None
+def _with_runtime_settings(session, settings: dict[str, str]):
+    """`session` with `settings` set on it: a session that runs already takes runtime settings only (a
+    static one, such as spark.executor.memory, is fixed when its JVM starts)."""
+    for key, value in settings.items():
+        try:
+            if session.conf.get(key, None) != value:
+                session.conf.set(key, value)
+        except Exception as exc:  # CANNOT_MODIFY_CONFIG, CANNOT_MODIFY_STATIC_CONFIG, ...
+            raise ConfigError(
+                f"spark.conf {shown_key(key)}: the running Spark session does not take it "
+                f"({describe(exc, limit=200, with_type=False)}); a static setting is set where the cluster "
+                "or server starts"
+            ) from None
+    return session
 
 
 @contextmanager

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
-from crag.backends.base import Backends, Document, Grade, Grader, Usage
+from crag.backends.base import NOT_GRADED, Backends, Document, Grade, Grader, Usage
 from crag.config import (
     CragConfig,
     GeneratorConfig,
@@ -345,6 +345,20 @@ def _apply_grades(docs: list[Document], grades: list[Grade], grader: Grader) -> 
     ]
 
 
+def _not_graded(docs: list[Document], grader: Grader, error: str) -> list[Document]:
+    return [
+        {
+            **doc,  # no relevance, no grade: stored as null
+            "parse_status": NOT_GRADED,
+            "rationale": error,
+            "raw_output": None,
+            "grader": grader.name,
+            "prompt_hash": grader.prompt_hash,
+        }
+        for doc in docs
+    ]
+
+
 @runs(STAGES["grade"])
 def grade(df: pd.DataFrame, backends: Backends, cfg: GraderConfig) -> dict:
     """A relevance score and yes/no for every retrieved document (web results are graded in the web
@@ -357,7 +371,12 @@ def grade(df: pd.DataFrame, backends: Backends, cfg: GraderConfig) -> dict:
     graded, millis, errors, usage = _per_row(
         df, "grade", grade_row, when=lambda r: bool(r.retrieved), workers=grader.concurrency
     )
-    all_graded = [g if g is not None else list(d) for g, d in zip(graded, df["retrieved"])]
+    # A question whose grading failed keeps its documents, each said to be not graded (and why): the
+    # grades table records what was retrieved and what was graded, and no grade that was never given
+    all_graded = [
+        g if g is not None else _not_graded(d, grader, error) if error is not None and before is None else list(d)
+        for g, d, error, before in zip(graded, df["retrieved"], errors, df["error"])
+    ]
     return dict(
         graded=all_graded,
         n_relevant=[sum(d.get("grade") == "yes" for d in docs) for docs in all_graded],

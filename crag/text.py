@@ -1,4 +1,5 @@
-"""Text handling shared by indexing, the lexical backends and evaluation, and the reading of JSON lines.
+"""Text handling shared by indexing, the lexical backends and evaluation, and the reading of JSON lines
+and CSV records.
 
 One tokenizer serves English and Japanese without language detection: runs of Latin letters and
 digits become lower-cased words (English stop words dropped); runs of Japanese characters go either to
@@ -9,14 +10,17 @@ JSQuAD/JaQuAD: equal recall, so the default is the one without a dictionary (fig
 
 from __future__ import annotations
 
+import csv
 import functools
+import io
 import json
 import math
 import re
 import threading
 import unicodedata
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import Stemmer
 
@@ -224,7 +228,9 @@ def parse_json_line(raw: bytes | str) -> tuple[dict | None, str | None]:
     except UnicodeDecodeError:
         return None, "line is not valid UTF-8"
     try:
-        row = json.loads(line)
+        row = json.loads(line, object_pairs_hook=_object_without_repeated_keys)
+    except RepeatedKey as exc:
+        return None, f"line repeats the key {exc.key} (JSON would keep only its last value)"
     except json.JSONDecodeError as exc:
         return None, f"line is not valid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})"
     except RecursionError:
@@ -234,6 +240,86 @@ def parse_json_line(raw: bytes | str) -> tuple[dict | None, str | None]:
     if not isinstance(row, dict):
         return None, f"line is not a JSON object (got {type(row).__name__})"
     return row, None
+
+
+class RepeatedKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = json.dumps(key[:60] + ("…" if len(key) > 60 else ""))  # the user's text: quoted, escaped, short
+
+
+def _object_without_repeated_keys(pairs: list[tuple[str, object]]) -> dict:
+    """json.loads keeps the last of two equal keys and drops the first without a word."""
+    row: dict = {}
+    for key, value in pairs:
+        if key in row:
+            raise RepeatedKey(key)
+        row[key] = value
+    return row
+
+
+@dataclass(frozen=True)
+class CsvRecord:
+    """One record of a CSV file: where it starts (1-based line), its fields, or what is wrong with it
+    (`problem`, with the text of its first line as `line_text`)."""
+
+    line: int
+    fields: list[str] | None
+    problem: str | None = None
+    line_text: str = ""
+
+
+def _csv_problem(error: csv.Error) -> str:
+    text = str(error)
+    if "unexpected end of data" in text:
+        return "a quoted field is not closed (an unterminated quote)"
+    if "expected after" in text:
+        return 'a quoted field goes on after its closing quote (a quote inside a field must be doubled: "")'
+    if "field larger than field limit" in text:
+        return f"a field is longer than {csv.field_size_limit()} characters (an unterminated quote?)"
+    return f"not readable as CSV ({text})"
+
+
+def csv_records(text: str) -> Iterator[CsvRecord]:
+    """The records of a CSV file (RFC 4180: fields quoted with '"', a quote in one doubled), header
+    first, blank lines skipped; strictly read. A record that is not well formed (a quote left open,
+    text after a closing quote, more or fewer fields than the header) is a record of its own with its
+    problem. When such a record spans lines, reading goes on from the line after the one it started
+    on: the lines an open quote swallowed are read again as the records they are, not lost inside
+    another's field."""
+    lines = io.StringIO(text, newline="").readlines()  # \n, \r\n or \r: not the other line breaks splitlines knows
+    start, width = 0, None
+    while start < len(lines):
+        consumed = first = start  # lines read so far; the line the record being read starts on
+
+        def feed() -> Iterator[str]:
+            nonlocal consumed
+            while consumed < len(lines):
+                consumed += 1
+                yield lines[consumed - 1]
+
+        def record(fields: list[str] | None, problem: str | None = None) -> CsvRecord:
+            return CsvRecord(first + 1, fields, problem, lines[first].rstrip("\r\n"))
+
+        try:
+            for fields in csv.reader(feed(), strict=True):
+                if not fields:  # a blank line
+                    first = consumed
+                    continue
+                width = len(fields) if width is None else width
+                if len(fields) != width:
+                    count = f"{len(fields)} field" + ("s" if len(fields) != 1 else "")
+                    yield record(None, f"it has {count}; the header has {width}")
+                    if consumed - first > 1:
+                        break  # read again from its second line
+                else:
+                    yield record(fields)
+                first = consumed
+            else:
+                return
+        except csv.Error as error:
+            yield record(None, _csv_problem(error))
+        start = first + 1
 
 
 # Letters and symbols that show nothing: the default-ignorable Hangul fillers and the braille blank

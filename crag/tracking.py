@@ -2,8 +2,11 @@
 action rates, refusal rate, mean relevant documents, eval metrics, calls, tokens, wall time) and
 artifacts (the redacted config; comparison reports are added by `crag compare`).
 
-Locally the tracking store is SQLite under the warehouse (warehouse/mlflow); on Databricks it is the
-workspace's tracking server. `mlflow.enabled: false` turns it off.
+The store is mlflow.tracking_uri when set; else, on Databricks, the workspace's tracking server; else,
+for a warehouse folder, SQLite inside it (warehouse/mlflow). A catalog.schema warehouse off Databricks
+has no folder to hold a store: it takes mlflow.tracking_uri (`databricks` for a workspace's tracking,
+or a store of the user's), never a folder made in the working directory. `mlflow.enabled: false` turns
+it off.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from urllib.parse import quote, unquote
 from crag.backends.remote import on_databricks
 from crag.config import CragConfig, TrackingConfig, crag_home
 from crag.counts import USAGE, RunCounts
+from crag.errors import ConfigError
 from crag.ids import check_run_id
 from crag.secrets import scrub
+from crag.warehouse import is_catalog_schema
 
 # MLflow's modules import each other in circles: two threads importing two of them at once can each
 # get the other's half-made module. So one thread imports them (preload), and whoever logs waits for it.
@@ -43,10 +48,17 @@ def _client_module() -> None:
 
 
 def tracking_uri(cfg: TrackingConfig, warehouse: str) -> str:
+    """The MLflow store of a run in `warehouse` (see the module's text); ConfigError when there is none."""
     if cfg.tracking_uri:
         return cfg.tracking_uri
     if on_databricks():
         return "databricks"
+    if is_catalog_schema(warehouse):
+        raise ConfigError(
+            f"warehouse {warehouse} is a catalog schema, which holds no MLflow store: set mlflow.tracking_uri "
+            "(databricks for the workspace's tracking, or a store such as sqlite:////path/to/mlflow.db), "
+            "or mlflow.enabled=false"
+        )
     # SQLAlchemy decodes the path and ends it at a '?': those two are encoded, and nothing else, since
     # MLflow also creates the path's folder as written (a space encoded would make a stray folder)
     path = str((Path(warehouse) / "mlflow" / "mlflow.db").resolve())
@@ -78,8 +90,21 @@ def _client(cfg: TrackingConfig, warehouse: str):
                 folder.rmdir()
     if experiment is not None:
         return client, experiment.experiment_id
-    location = None if uri == "databricks" else (Path(warehouse) / "mlflow" / "artifacts").resolve().as_uri()
-    return client, client.create_experiment(cfg.experiment, artifact_location=location)
+    return client, client.create_experiment(cfg.experiment, artifact_location=_artifacts(uri))
+
+
+def _artifacts(uri: str) -> str | None:
+    """Where a new experiment keeps its artifacts: beside a SQLite store (MLflow's default would be
+    ./mlruns in the working directory); a server's (databricks, http) its own default."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return (Path(unquote(uri[len("sqlite:///") :])).parent / "artifacts").resolve().as_uri()
+
+
+def check_tracking(cfg: CragConfig, warehouse: str) -> None:
+    """ConfigError now, before a run starts, when the run could not be logged at its end."""
+    if cfg.mlflow.enabled:
+        tracking_uri(cfg.mlflow, warehouse)
 
 
 def _new_store(path: Path) -> None:

@@ -39,6 +39,7 @@ from typing import Any
 import pyarrow as pa
 
 from crag import schema
+from crag.catalog import ensure_schema
 from crag.config import TablesConfig
 from crag.errors import CragError, InputError
 
@@ -52,8 +53,23 @@ def quote(identifier: str) -> str:
 
 
 def is_catalog_schema(location: str) -> bool:
-    """`catalog.schema` (Unity Catalog), as opposed to a local folder."""
-    return bool(_CATALOG_SCHEMA.fullmatch(location)) and not Path(location).exists()
+    """`catalog.schema` (Unity Catalog), as opposed to a local folder (a folder of that name that holds
+    nothing but the MLflow store an older crag left there for the catalog schema is no warehouse)."""
+    if not _CATALOG_SCHEMA.fullmatch(location):
+        return False
+    return not Path(location).exists() or left_store_folder(location)
+
+
+def left_store_folder(location: str) -> bool:
+    """Whether `location` is a folder that holds nothing but an MLflow store: one that an earlier crag
+    made in the working directory for a catalog.schema warehouse, and then took for a warehouse folder
+    of that name. It is no warehouse: the name is the catalog schema's."""
+    folder = Path(location)
+    return (
+        folder.is_dir()
+        and [p.name for p in folder.iterdir()] == ["mlflow"]
+        and (folder / "mlflow" / "mlflow.db").is_file()
+    )
 
 
 def folder_schema(folder: Path, prefix: str) -> str:
@@ -195,6 +211,7 @@ class Warehouse:
         if is_catalog_schema(location):
             self.folder = None
             self.catalog, self.schema = (part.strip("`") for part in location.split("."))
+            ensure_schema(spark, self.catalog, self.schema, tables.create_schema)
         else:
             path = Path(location)
             if path.exists() and not path.is_dir():

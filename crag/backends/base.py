@@ -24,13 +24,17 @@ class Document(TypedDict):
     text: str
     retrieval_score: float | None
     rank: int
-    relevance: NotRequired[float]  # 0..1
-    grade: NotRequired[str]  # "yes" | "no"
-    parse_status: NotRequired[str]  # "ok" | "repaired" | "failed"
+    relevance: NotRequired[float]  # 0..1 (None in the grades table for a document not graded)
+    grade: NotRequired[str]  # "yes" | "no" (None there too)
+    # "ok" | "repaired" | "failed"; NOT_GRADED: the grader's call failed (its error in `rationale`)
+    parse_status: NotRequired[str]
     rationale: NotRequired[str | None]
     raw_output: NotRequired[str | None]
     grader: NotRequired[str]  # the grader's name
     prompt_hash: NotRequired[str | None]
+
+
+NOT_GRADED = "not_graded"
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from crag.compare import compare_runs, gold_verdict, metric_deltas, render_report, summary_lines
+from crag.compare import compared, gold_verdict, metric_deltas, render_report, summary_lines
 from crag.evaluation import METRIC_DIRECTIONS, QUESTION_METRICS, evaluate, is_cjk, question_scores
 from tests.support import REPO, ReportMarkup
 
@@ -162,11 +162,10 @@ def _run(run_id: str, which: int) -> dict[str, pd.DataFrame]:
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> Path:
     base, candidate = _run("base", 0), _run("cand", 1)
-    scores = tuple(question_scores(r["answers"], r["grades"], r["gold"]) for r in (base, candidate))
-    rows = compare_runs(base, candidate, "base", "cand", scores)
+    _, figures = compared(base, candidate, "base", "cand")
     deltas = metric_deltas(base["metrics"], candidate["metrics"])
     path = tmp_path_factory.mktemp("report") / "compare.html"
-    path.write_text(render_report(rows, deltas, base, candidate, question_scores=scores), encoding="utf-8")
+    path.write_text(render_report(figures, deltas), encoding="utf-8")
     return path
 
 
@@ -195,8 +194,8 @@ def test_untrusted_text_is_escaped(tmp_path):
     for run in (base, candidate):
         run["answers"].loc[run["answers"]["question_id"] == "q1", "question"] = hostile
     candidate["answers"].loc[candidate["answers"]["question_id"] == "q1", "answer"] = hostile
-    rows = compare_runs(base, candidate, 'base"><b>', "cand", None)
-    page = render_report(rows, metric_deltas(base["metrics"], candidate["metrics"]), base, candidate)
+    _, figures = compared(base, candidate, 'base"><b>', "cand", with_gold=False)
+    page = render_report(figures, metric_deltas(base["metrics"], candidate["metrics"]))
     markup = ReportMarkup()
     markup.feed(page)
     assert "script" not in markup.tags and "img" not in markup.tags and "b" not in markup.tags
@@ -209,8 +208,8 @@ def test_a_grade_flip_shows_the_relevance_as_stored():
     base, candidate = _run("base", 0), _run("cand", 1)
     for run, value in ((base, 0.4996), (candidate, 0.5004)):
         run["grades"].loc[run["grades"]["parent_id"] == "q1-doc#p1", "relevance"] = value
-    rows = compare_runs(base, candidate, "base", "cand", None)
-    page = render_report(rows, metric_deltas(base["metrics"], candidate["metrics"]), base, candidate)
+    _, figures = compared(base, candidate, "base", "cand", with_gold=False)
+    page = render_report(figures, metric_deltas(base["metrics"], candidate["metrics"]))
     assert "0.4996 → 0.5004" in page
 
 
@@ -240,8 +239,8 @@ def test_gold_verdicts_of_each_case():
 def test_the_summary_lines_keep_their_metric_rows():
     """The CLI's summary still lists every metric (the report shows them once, in its table)."""
     base, candidate = _run("base", 0), _run("cand", 1)
-    rows = compare_runs(base, candidate, "base", "cand", None)
-    lines = summary_lines(rows, metric_deltas(base["metrics"], candidate["metrics"]))
+    _, figures = compared(base, candidate, "base", "cand", with_gold=False)
+    lines = summary_lines(figures, metric_deltas(base["metrics"], candidate["metrics"]))
     assert lines[0].startswith("compare base (base) -> cand (candidate): 7 questions in both")
     assert any(line.strip().startswith("web_search_rate") for line in lines)
 

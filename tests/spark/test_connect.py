@@ -227,3 +227,27 @@ def test_the_heartbeat_commits_while_a_batch_holds_its_tasks_on_connect(connect_
     writes = [c["timestamp"] for c in DeltaTable(str(tmp_path / "runs")).history() if c["operation"] == "MERGE"]
     # a beat committed while every task of the batch ran (a first one may slip in before they start)
     assert [t for t in writes if first_request + 2000 < t < last_reply - 1000], (writes, first_request, last_reply)
+
+
+def test_spark_conf_reaches_a_connect_session_and_a_static_setting_is_one_line(connect_url, tmp_path):
+    probe = (
+        "from crag.config import load_config; from crag.spark import get_spark;"
+        f"cfg = load_config(None, ['spark.remote={connect_url}', 'spark.conf.spark.sql.ansi.enabled=false']);"
+        "s = get_spark(cfg.spark); print(s.conf.get('spark.sql.ansi.enabled'), s.conf.get('spark.sql.session.timeZone'))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["false", "UTC"], done.stderr[-2000:]
+    refused = crag(
+        "eval",
+        "--warehouse",
+        str(tmp_path),
+        "--run",
+        "r",
+        "--set",
+        "spark.conf.spark.executor.memory=3g",
+        url=connect_url,
+        check=False,
+    )
+    assert refused.returncode == 2 and refused.stderr.startswith(
+        "crag: error: spark.conf spark.executor.memory: the running Spark session does not take it ("
+    ), refused.stderr

@@ -21,6 +21,17 @@ def test_eval_and_calibrate_commands_on_the_sample(spark, tmp_path, index_overri
     assert main(["calibrate", "--warehouse", str(tmp_path), "--run", "gold"]) == 0
     out = capsys.readouterr().out
     assert "proposed lower" in out and "--set routing.policy=thresholds" in out and "grader yes/no threshold" in out
+    # computed in Spark (the driver receives sums by value), it is what the pure function gives over
+    # the run's whole frames
+    from crag.calibration import calibrate, report
+
+    config = json.loads(DeltaTable(str(tmp_path / "runs")).to_pandas()["config"].iloc[0])
+    frames = {name: run_rows(tmp_path, name) for name in ("grades", "gold")}
+    routing, grader = config["routing"], config["grader"]
+    local = calibrate(
+        frames["grades"], frames["gold"], routing["lower"], routing["upper"], grader["threshold"], routing["policy"]
+    )
+    assert out.strip() == report(local) and "lexical grader exponents" in out
     assert main(["calibrate", "--warehouse", str(tmp_path), "--run", "nosuch"]) == 2
     assert capsys.readouterr().err == f"crag: error: no run 'nosuch' in {tmp_path}\n"
     assert main(["calibrate", "--warehouse", str(tmp_path / "nowh"), "--run", "gold"]) == 2
@@ -74,6 +85,9 @@ def test_eval_counts_the_questions_without_gold_in_the_metrics_that_need_none(sp
     version = DeltaTable(str(tmp_path / "w" / "metric_values")).version()
     assert main(["eval", "--warehouse", str(tmp_path / "w"), "--run", "some", "--slices", "all,langauge"]) == 2
     assert capsys.readouterr().err.startswith("crag: error: unknown slice 'langauge': a slice is all, or one of route")
+    # and so is a value no run can have (it was refused after the metrics were computed and written)
+    assert main(["eval", "--warehouse", str(tmp_path / "w"), "--run", "some", "--slices", "answerable=true"]) == 2
+    assert capsys.readouterr().err == "crag: error: unknown slice 'answerable=true': answerable is one of yes, no\n"
     assert DeltaTable(str(tmp_path / "w" / "metric_values")).version() == version
     assert (
         main(["eval", "--warehouse", str(tmp_path / "w"), "--run", "some", "--slices", "all", "--format", "json"]) == 0

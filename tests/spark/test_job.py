@@ -168,7 +168,9 @@ def test_a_question_answered_twice_and_another_not_at_all_breaks_the_row_invaria
     wh = Warehouse(spark, str(tmp_path))
     plan = crag_job.RunPlan(CragConfig(), Ledger(wh, CragConfig(), "r", "base"), {}, None)
     rows = [{"run_id": "r", "question_id": q, "question": "?", "input_row": i} for i, q in enumerate("abc")]
-    totals = wh.frame("inputs", pa.Table.from_pylist(rows, schema.INPUTS)).agg(*crag_batches.input_totals()).collect()[0]
+    totals = (
+        wh.frame("inputs", pa.Table.from_pylist(rows, schema.INPUTS)).agg(*crag_batches.input_totals()).collect()[0]
+    )
     plan.input_rows = plan.accepted = int(totals["accepted"])
     plan.question_ids = int(totals["question_ids"])
 

@@ -200,3 +200,38 @@ def test_a_file_name_with_a_colon_is_one_line(spark, tmp_path):
     path.write_text(json.dumps({"question_id": "a", "question": "one?"}) + "\n")
     with pytest.raises(InputError, match=r"Spark cannot read a file whose name holds ':'.*rename or copy"):
         read_questions(spark, str(path))
+
+
+def test_a_malformed_csv_row_is_a_reject_row_that_names_its_line_and_costs_no_other(spark, tmp_path):
+    """Spark's CSV reader let an unterminated quote swallow the next row into its question, and
+    answered a row with more fields than the header without its extra fields."""
+    path = tmp_path / "q.csv"
+    path.write_text(
+        'question_id,question\nq1,"What is X?\nq2,What is Y?\nq3,What is Z?,extra\nq4,"multi\nline?"\nq5,fine?\n',
+        encoding="utf-8",
+    )
+    out = _validated(spark, path)
+    assert list(out["input_row"]) == [0, 1, 2, 3, 4]
+    assert list(out["reason"]) == [
+        'CSV line 2: a quoted field goes on after its closing quote (a quote inside a field must be doubled: "")',
+        None,
+        "CSV line 4: it has 3 fields; the header has 2",
+        None,
+        None,
+    ]
+    assert out.loc[0, "question"] == 'q1,"What is X?'  # the line, for the reject row
+    accepted = out[out["reason"].isna()]
+    assert list(accepted["question_id"]) == ["q2", "q4", "q5"]
+    assert list(accepted["question"]) == ["What is Y?", "multi\nline?", "fine?"]
+
+
+def test_ids_that_are_one_id_in_nfc_are_duplicates(spark, tmp_path):
+    path = tmp_path / "q.jsonl"
+    rows = [("caf\u00e9", "composed?"), ("cafe\u0301", "decomposed?"), ("cafe", "other?")]
+    path.write_text("".join(json.dumps({"question_id": i, "question": q}) + "\n" for i, q in rows), encoding="utf-8")
+    out = _validated(spark, path)
+    assert list(out["reason"]) == [
+        None,
+        "duplicate question_id 'cafe\u0301', spelt otherwise (the same id in NFC): first seen at input row 0",
+        None,
+    ]

@@ -34,6 +34,28 @@ def two_runs(spark, index_overrides, tmp_path_factory):
     return wh
 
 
+def test_compare_and_calibrate_bring_no_run_rows_to_the_driver(two_runs, spark, monkeypatch, tmp_path, capsys):
+    """They compute in Spark, as run and eval do: the driver receives aggregates (metrics, counts by
+    value, the few rows a report shows), never a run's answers or grades."""
+    frame_class = type(spark.range(1))
+    real = frame_class.toPandas
+
+    def guarded(self):
+        rows_of_a_run = {"answer", "rationale", "question", "raw_output"} & set(self.columns)
+        assert not rows_of_a_run, f"a run's rows reached the driver: {self.columns}"
+        return real(self)
+
+    monkeypatch.setattr(frame_class, "toPandas", guarded)
+    argv = ["--warehouse", str(two_runs)]
+    report = tmp_path / "r.html"
+    assert (
+        main(["compare", *argv, "--base", "base", "--candidate", "cand", "--no-mlflow", "--report", str(report)]) == 0
+    )
+    assert main(["calibrate", *argv, "--run", "cand"]) == 0
+    out = capsys.readouterr().out
+    assert "compare base (base) -> cand (candidate): 49 questions in both" in out and "proposed lower" in out
+
+
 def test_comparison_rows_match_the_run_tables(two_runs, capsys, index_overrides):
     wh = two_runs
     report = wh / "report.html"
@@ -94,7 +116,7 @@ def test_a_report_path_that_cannot_be_written_is_one_line_and_said_before_the_ru
     argv = ["compare", "--warehouse", str(two_runs), "--base", "cand", "--candidate", "base", "--no-mlflow"]
     report = tmp_path / "afile" / "sub" / "x.html"
     with monkeypatch.context() as patched:  # said before the runs are read, and nothing is made
-        patched.setattr(crag.compare, "read_run", lambda *a: pytest.fail("the runs were read"))
+        patched.setattr(crag.compare, "_compare_in_spark", lambda *a: pytest.fail("the runs were read"))
         assert main([*argv, "--report", str(report)]) == 2
     said = f"crag: error: cannot write the report {report}: {tmp_path / 'afile'} is a file, not a folder\n"
     assert capsys.readouterr().err == said

@@ -197,9 +197,9 @@ def test_a_lexical_refit_whose_thresholds_score_below_the_current_settings_is_dr
     assert kept["routing"].accuracy >= kept["routing_current"].accuracy
     real = crag.calibration.refit_lexical
 
-    def upside_down(grades, gold, threshold):  # a refit that ranks every document the wrong way round
-        fitted = real(grades, gold, threshold)
-        return fitted and (fitted[0], fitted[1].assign(relevance=1 - fitted[1]["relevance"]))
+    def upside_down(aggregate, threshold):  # a refit that ranks every document the wrong way round
+        fitted = real(aggregate, threshold)
+        return fitted and (fitted[0], lambda docs: 1 - fitted[1](docs))
 
     monkeypatch.setattr(crag.calibration, "refit_lexical", upside_down)
     result = calibrate(grades, gold, 0.5, 0.5, current_threshold=0.5)

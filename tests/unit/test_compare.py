@@ -5,7 +5,8 @@ import json
 import pandas as pd
 
 from crag.compare import (
-    compare_runs,
+    Figures,
+    compared,
     config_difference,
     config_line,
     config_values,
@@ -14,7 +15,7 @@ from crag.compare import (
     render_report,
     summary_lines,
 )
-from crag.evaluation import METRICS, evaluate, question_scores
+from crag.evaluation import METRICS, evaluate
 
 
 def test_metric_deltas_follow_crag_evals_order_not_the_stored_one():
@@ -32,8 +33,8 @@ def test_a_mean_summed_in_another_order_is_no_change_and_no_shared_question_is_s
     assert deltas["delta"].tolist() == [0.0] and f"{deltas['delta'][0]:+.3f}" == "+0.000"
     only_base = _run({"a": ("What is one?", "one", "internal", ["one"])})
     only_candidate = _run({"b": ("What is two?", "two", "internal", ["two"])})
-    rows, deltas, whole = _compared(only_base, only_candidate)
-    lines = summary_lines(rows, deltas, whole)
+    _, figures, deltas, whole = _compared(only_base, only_candidate)
+    lines = summary_lines(figures, deltas, whole)
     assert "  answers changed   0 (no question asked alike in both)" in lines and "nan" not in "\n".join(lines)
 
 
@@ -88,9 +89,8 @@ def _run(questions: dict) -> dict[str, pd.DataFrame]:
 
 
 def _compared(base: dict, candidate: dict):
-    scores = tuple(question_scores(r["answers"], r["grades"], r["gold"]) for r in (base, candidate))
-    rows = compare_runs(base, candidate, "base", "cand", scores)
-    return rows, *metric_figures(rows, base, candidate)
+    rows, figures = compared(base, candidate, "base", "cand")
+    return rows, figures, *metric_figures(figures, base["metrics"], candidate["metrics"])
 
 
 def test_a_question_asked_differently_under_the_same_id_is_not_credited_to_the_variant():
@@ -110,7 +110,7 @@ def test_a_question_asked_differently_under_the_same_id_is_not_credited_to_the_v
             "regolded": ("Which Wi-Fi band?", "5 GHz.", "internal", ["5 GHz"]),
         }
     )
-    rows, deltas, whole = _compared(base, candidate)
+    rows, figures, deltas, whole = _compared(base, candidate)
     rows = rows.set_index("question_id")
     assert rows["question_changed"].to_dict() == {"regolded": False, "reworded": True, "same": False, "spaced": False}
     assert rows["gold_changed"].to_dict() == {"regolded": True, "reworded": True, "same": False, "spaced": False}
@@ -119,7 +119,7 @@ def test_a_question_asked_differently_under_the_same_id_is_not_credited_to_the_v
     assert rows.loc["reworded", "grade_flips"] == []
     assert rows.loc["regolded", "answer_changed"] and pd.isna(rows.loc["regolded", "answer_contained_delta"])
     assert rows.loc["same", "answer_contained_delta"] == 1.0 and rows.loc["same", "route_flip"]
-    lines = summary_lines(rows.reset_index(), deltas, whole)
+    lines = summary_lines(figures, deltas, whole)
     assert (
         lines[1]
         == "  set apart         1 asked differently (answers not compared), 1 with other gold (no metric deltas)"
@@ -141,24 +141,24 @@ def test_metric_deltas_are_over_the_questions_both_runs_answered():
         "b": ("How loud is it?", None, "refused", ["32 dB"]),
     }
     extra = {"c": ("Which Wi-Fi band?", "2.4 GHz.", "internal", ["2.4 GHz"])}
-    rows, deltas, whole = _compared(_run(questions), _run({**questions, **extra}))
+    _, figures, deltas, whole = _compared(_run(questions), _run({**questions, **extra}))
     contained = deltas.set_index("metric").loc["answer_contained"]
     assert (contained["delta"], contained["n_base"], contained["n_candidate"]) == (0.0, 2, 2)
     assert whole.set_index("metric").loc["answer_contained", ["n_base", "n_candidate"]].tolist() == [2, 3]
-    lines = summary_lines(rows, deltas, whole)
+    lines = summary_lines(figures, deltas, whole)
     assert lines[0].endswith("2 questions in both, 0 only in base, 1 only in candidate")
     assert any(line.startswith("  answer_contained     0.500 ->    0.500  (+0.000; n 2 / 2)") for line in lines)
     assert any(line.startswith("  answer_contained     0.500       0.667  (n 2 / 3)") for line in lines)
     # with every question paired, the summary is the one it always was: no second block
-    rows, deltas, whole = _compared(_run(questions), _run(questions))
-    assert whole is None and not any("paired" in line for line in summary_lines(rows, deltas, whole))
+    _, figures, deltas, whole = _compared(_run(questions), _run(questions))
+    assert whole is None and not any("paired" in line for line in summary_lines(figures, deltas, whole))
 
 
 def test_the_report_sets_apart_a_question_asked_differently():
     base = _run({"a": ("How heavy is the AQ-7?", None, "refused", ["6.2 kg"])})
     candidate = _run({"a": ("How wide is the AQ-7?", "28 cm.", "internal", ["28 cm"])})
-    rows, deltas, whole = _compared(base, candidate)
-    page = render_report(rows, deltas, base, candidate, whole=whole)
+    _, figures, deltas, whole = _compared(base, candidate)
+    page = render_report(figures, deltas, whole=whole)
     assert "1 asked differently (answers not compared)" in page and "No answer changed." in page
     assert "No document was graded differently." in page  # its one document flipped, for another question
     assert "Each run over all its questions" in page
@@ -171,14 +171,14 @@ def _records(base_cfg: dict, candidate_cfg: dict, hashes=("h1", "h2")):
 def test_the_summary_and_report_say_what_the_configs_differ_in():
     base_cfg = {"grader": {"threshold": 0.5, "prompt": "p.yaml"}, "routing": {"policy": "any_irrelevant"}, "k": 1}
     same = {"a": ("What is one?", "one", "internal", ["one"])}
-    rows, deltas, whole = _compared(_run(same), _run(same))
+    _, figures, deltas, whole = _compared(_run(same), _run(same))
     alike = config_difference(*_records(base_cfg, base_cfg, ("h1", "h1")))
-    assert "  config            the same in both runs" in summary_lines(rows, deltas, whole, alike)
-    assert not any(line.startswith("  config") for line in summary_lines(rows, deltas, whole))  # not known: not said
+    assert "  config            the same in both runs" in summary_lines(figures, deltas, whole, alike)
+    assert not any(line.startswith("  config") for line in summary_lines(figures, deltas, whole))  # not known: not said
     # equal as stored, but the hashes differ: a value the stored configs mask (a store's text_key)
     masked = config_difference(*_records(base_cfg, base_cfg))
     assert "  config            differ in a value stored masked (the config hashes differ)" in summary_lines(
-        rows, deltas, whole, masked
+        figures, deltas, whole, masked
     )
     candidate_cfg = {
         "grader": {"threshold": 0.4, "prompt": "p.yaml"},
@@ -191,13 +191,13 @@ def test_the_summary_and_report_say_what_the_configs_differ_in():
     )
     keys = [key for key, _, _ in changes.changes]
     assert keys == ["grader.threshold", "note", "routing.last_resort", "routing.policy", "routing.upper"]
-    (line,) = [line for line in summary_lines(rows, deltas, whole, changes) if line.startswith("  config")]
+    (line,) = [line for line in summary_lines(figures, deltas, whole, changes) if line.startswith("  config")]
     assert line.startswith('  config            5 keys differ: grader.threshold 0.5 -> 0.4; note (absent) -> "xxx')
     # a key set to null is not a missing key
     assert line.endswith(
         '…; routing.last_resort 0.4 -> null; routing.policy "any_irrelevant" -> "thresholds"; and 1 more (in the report)'
     )
-    page = render_report(rows, deltas, _run(same), _run(same), whole=whole, config=changes)
+    page = render_report(figures, deltas, whole=whole, config=changes)
     assert "5 keys differ (below)" in page and page.count("<tr><td><code>") == 5
     assert "<td><code>&#34;any_irrelevant&#34;</code></td>" in page  # escaped, as every value of a run
     assert "<td><code>(absent)</code></td><td><code>0.6</code></td>" in page
@@ -214,3 +214,45 @@ def test_a_key_with_control_characters_cannot_forge_a_summary_line():
     forged = {"retriever": {"kwargs": {"a\n  answers changed   99\x1b[2J": 1}}}
     line = config_line(config_difference(*_records({}, forged)))
     assert "\n" not in line and "\x1b" not in line and "\\n  answers changed" in line
+
+
+def test_the_figures_of_parts_add_up_to_the_figures_of_the_whole():
+    """`crag compare` compares the runs one Spark partition of questions at a time and adds up each
+    part's Figures: they must be the whole comparison's."""
+    base = _run(
+        {
+            "a": ("How long is the warranty?", None, "refused", ["5 years"]),
+            "b": ("How loud is it?", "32 dB.", "internal", ["32 dB"]),
+            "c": ("How heavy is the AQ-7?", None, "refused", ["6.2 kg"]),
+            "d": ("Which Wi-Fi band?", "2.4 GHz.", "internal", ["2.4 GHz"]),
+            "e": ("What colour is it?", "White.", "internal", ["white"]),
+            "f": ("Only in base?", "Yes.", "internal", ["yes"]),
+        }
+    )
+    candidate = _run(
+        {
+            "a": ("How long is the warranty?", "5 years.", "internal", ["5 years"]),
+            "b": ("How loud is it?", "It is quiet.", "internal", ["32 dB"]),
+            "c": ("How wide is the AQ-7?", "28 cm.", "internal", ["28 cm"]),
+            "d": ("Which Wi-Fi band?", "5 GHz.", "internal", ["5 GHz"]),
+            "e": ("What colour is it?", None, "refused", ["white"]),
+            "g": ("Only in candidate?", "No.", "internal", ["no"]),
+        }
+    )
+    _, whole = compared(base, candidate, "base", "cand")
+
+    def only(run, ids):
+        return {name: frame[frame["question_id"].isin(ids)] for name, frame in run.items() if name != "metrics"}
+
+    parts = [
+        compared(only(base, ids), only(candidate, ids), "base", "cand", with_gold=True)[1]
+        for ids in (["a", "c", "e", "g"], ["b", "d", "f"])
+    ]
+    added = Figures.combined(parts)
+    exact = {k: v for k, v in vars(whole).items() if k not in ("similarity_sum", "metric_totals")}
+    assert {k: getattr(added, k) for k in exact} == exact
+    assert added.changed == 4 and added.grade_flips == 2 and added.first_flips and added.verdict_changes
+    assert abs(added.similarity_sum - whole.similarity_sum) < 1e-9
+    for run in (0, 1):
+        a, w = (f.metrics(run).set_index(["metric", "slice"]).sort_index() for f in (added, whole))
+        assert a.index.equals(w.index) and (a["n"] == w["n"]).all() and ((a["value"] - w["value"]).abs() < 1e-9).all()

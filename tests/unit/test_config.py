@@ -207,3 +207,58 @@ def test_a_set_of_the_backend_a_section_has_drops_nothing(tmp_path):
     for sets in ([], ["grader.backend=lexical"], ["grader.backend=openai", "grader.endpoint=m"]):
         with pytest.raises(ConfigError, match="unknown config key 'grader.threshhold'"):
             load_config(conf, sets)
+
+
+def test_spark_settings_are_one_dotted_key_each_from_yaml_or_set(tmp_path):
+    conf = tmp_path / "c.yaml"
+    conf.write_text(
+        "spark:\n  conf:\n    spark.sql.catalog.lake: org.example.Catalog\n    spark.sql.ansi.enabled: true\n"
+    )
+    cfg = load_config(
+        conf, ["spark.conf.spark.sql.catalog.lake.uri=http://h:1/x", "spark.conf.spark.executor.memory=2g"]
+    )
+    assert cfg.spark.conf == {
+        "spark.sql.catalog.lake": "org.example.Catalog",
+        "spark.sql.ansi.enabled": "true",  # YAML's boolean, as Spark spells it
+        "spark.sql.catalog.lake.uri": "http://h:1/x",
+        "spark.executor.memory": "2g",
+    }
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        (
+            "spark.conf.spark.sql.session.timeZone=PST",
+            "spark.sql.session.timeZone is set by crag (crag's tables hold UTC times)",
+        ),
+        ("spark.conf.spark.jars=/x.jar", "spark.jars is set by crag (the Delta Lake jars: set spark.jars_dir)"),
+        (
+            "spark.conf.spark.sql.catalog.spark_catalog=x",
+            "spark.sql.catalog.spark_catalog is set by crag (Delta Lake's catalog)",
+        ),
+        ("spark.conf.spark.master=local[9]", "spark.master is set by crag (set spark.master)"),
+        ("spark.conf.spark.connect.grpc.binding.port=1", "is set by crag (Spark Connect's wiring"),
+        ("spark.conf.sql.shuffle.partitions=8", "sql.shuffle.partitions: a Spark setting's name starts with 'spark.'"),
+        ("spark.conf={spark: {sql: 1}}", "spark: a Spark setting takes one value"),
+        ("spark.sql.catalog.x=y", "a Spark setting is given as spark.conf.spark.…"),
+    ],
+)
+def test_a_spark_setting_crag_owns_or_misspelt_is_refused_with_one_line(override, said):
+    with pytest.raises(ConfigError, match=None) as refused:
+        load_config(None, [override])
+    assert said in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_every_setting_crag_gives_a_local_session_is_one_spark_conf_refuses():
+    from crag.config import CRAG_SPARK_SETTINGS
+    from crag.spark import LOCAL_SETTINGS
+
+    assert set(LOCAL_SETTINGS) <= set(CRAG_SPARK_SETTINGS)
+
+
+def test_the_spark_connect_deadline_is_a_positive_duration():
+    assert load_config(None, ["spark.connect_timeout_s=2.5"]).spark.connect_timeout_s == 2.5
+    for bad in ("0", "-1", ".inf", "true", "100000"):
+        with pytest.raises(ConfigError, match="spark.connect_timeout_s"):
+            load_config(None, [f"spark.connect_timeout_s={bad}"])

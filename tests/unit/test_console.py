@@ -208,9 +208,13 @@ def test_select_slices(metrics):
     default = select_slices(metrics)
     assert default[0] == "all" and len(default) == 16 and default[1:] == sorted(default[1:])
     with pytest.raises(
-        InputError, match=r"unknown slice 'language=fr': this run has all, action=ambiguous, .*route=web"
+        InputError, match=r"unknown slice 'expected_route=unknown': this run has all, action=ambiguous, .*route=web"
     ):
-        select_slices(metrics, "language=fr")
+        select_slices(metrics, "expected_route=unknown")  # a slice a run can have, this one has not
+    with pytest.raises(InputError, match=r"^unknown slice 'language=fr': language is one of en, ja$"):
+        slice_names("language=fr")  # said before a run's metrics are computed
+    with pytest.raises(InputError, match=r"^unknown slice 'answerable=true': answerable is one of yes, no$"):
+        slice_names("all,answerable=true")
     with pytest.raises(InputError, match=r"unknown slice 'lang=en': a slice is all, or one of route, action, language"):
         slice_names("all,lang=en")  # said before a run's metrics are computed
     with pytest.raises(InputError, match="names no slice"):
@@ -255,3 +259,19 @@ def test_metrics_markdown(metrics):
     lines = render_metrics(metrics, "all,answerable=no", fmt="markdown").splitlines()
     assert lines[0] == "| metric | all | answerable=no |" and lines[1] == "| --- | ---: | ---: |"
     assert "| recall_at_k | 0.000 | - |" in lines
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown", "json"])
+def test_bidi_controls_in_a_value_are_escapes_not_a_reordered_line(fmt):
+    """`crag sql --format table` printed a right-to-left override raw: the rest of the line read backwards."""
+    value = "txt\u202egpj.exe and \u2067isolated\u2069 \u200fmark"
+    out = render(pd.DataFrame({"name": [value], "n": [1]}), fmt, width=200)
+    assert not any(c in out for c in "\u202e\u2067\u2069\u200f"), out
+    assert "\\u202e" in out and "\\u2067" in out and "\\u200f" in out
+    if fmt == "json":  # the escape is JSON's: the same value
+        assert json.loads(out)["name"] == value
+
+
+def test_csv_keeps_values_exact():
+    value = "txt\u202egpj.exe"
+    assert render(pd.DataFrame({"name": [value]}), "csv") == f"name\n{value}"

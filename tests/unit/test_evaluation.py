@@ -6,7 +6,10 @@ import pytest
 
 from crag.calibration import (
     RoutingProposal,
+    _parsed,
     calibrate,
+    docs_of,
+    local_aggregate,
     propose_grade_threshold,
     propose_routing,
     refit_semantic,
@@ -153,6 +156,18 @@ def test_evaluate_by_hand():
     assert value("routing_accuracy", "language=ja") == 1.0
     assert value("routing_accuracy", "expected_route=web") == 0.0
     assert ("web_recall", "all") not in m.index  # b never searched the web
+
+
+def test_documents_not_graded_count_as_retrieved_not_as_grades():
+    """A document the grader's call failed on (parse_status not_graded, grade null) was retrieved (it
+    counts for recall_at_k) but not graded: it is no miss of the grader's."""
+    answers, grades, gold = _tables()
+    grades = grades.astype({"grade": object, "relevance": object})
+    grades.loc[grades["doc_id"] == "d1", ["grade", "relevance"]] = None
+    m = evaluate(answers, grades, gold).set_index(["metric", "slice"])
+    assert m.loc[("recall_at_k", "all"), "value"] == 1.0  # d1 was retrieved
+    assert m.loc[("grader_precision", "all"), "value"] == 0.0 and m.loc[("grader_precision", "all"), "n"] == 1  # d2
+    assert ("grader_recall", "all") not in m.index  # the one gold document was never graded
 
 
 def test_a_blank_gold_answer_makes_no_question_answerable():
@@ -371,17 +386,22 @@ def test_the_refitted_semantic_relevance_is_the_one_the_printed_weights_give():
         ]
     )
     noise = rng.normal(0, 0.1, len(features))
-    gold_docs = pd.Series(
+    gold = pd.DataFrame(
         {
-            f"q{i}": {f"d{i}"} if lex + cos + e > 1.3 else {"other"}
-            for i, ((lex, cos), e) in enumerate(zip(features, noise))
+            "question_id": [f"q{i}" for i in range(len(features))],
+            "expected_route": None,
+            "gold_doc_ids": [
+                [f"d{i}"] if lex + cos + e > 1.3 else ["other"]
+                for i, ((lex, cos), e) in enumerate(zip(features, noise))
+            ],
         }
     )
-    weights, refitted = refit_semantic(grades, gold_docs)
+    docs = docs_of(grades, gold)
+    weights, relevance = refit_semantic(local_aggregate(docs))
     w = weights["en"]
     lex, cos = (np.array([float(f"{v:.4f}") for v in column]) for column in zip(*features))
     printed = np.round(1 / (1 + np.exp(-(w["bias"] + w["lexical"] * lex + w["semantic"] * cos))), 4)
-    assert refitted["relevance"].tolist() == printed.tolist()
+    assert relevance(_parsed(docs)).tolist() == printed.tolist()
 
 
 def test_calibrate_fits_no_threshold_to_a_binary_grader():

@@ -82,9 +82,32 @@ def test_ids_lose_their_spaces_and_may_hold_no_control_or_invisible_character_no
     ]
     assert checked.loc[7, "reason"] == f"question_id is {MAX_ID_CHARS + 1} characters; the limit is {MAX_ID_CHARS}"
     assert list(checked["id_problem"]) == [False, False] + [True] * 6
-    # the joiners and the soft hyphen are parts of real names (Persian, Indic, emoji sequences)
-    names = ["می‌خواهم", "👨‍👩", "co­operate"]
+    # the joiners are parts of real names where they shape a word (Persian, Indic, emoji sequences)
+    names = ["می\u200cخواهم", "👨\u200d👩", "क्\u200dष"]
     assert _check(["q?"] * 3, ids=names)["reason"].isna().all()
+
+
+@pytest.mark.parametrize(
+    ("qid", "said"),
+    [
+        ("q1\u00a0", "space character U+00A0 (NO-BREAK SPACE) at position 2 (the one space an id may hold is ' ')"),
+        ("q\u30001", "space character U+3000 (IDEOGRAPHIC SPACE) at position 1 (the one space an id may hold is ' ')"),
+        ("q\u3164", "control or invisible character U+3164 (HANGUL FILLER) at position 1"),
+        ("\u115fq", "control or invisible character U+115F (HANGUL CHOSEONG FILLER) at position 0"),
+        ("q\u1160", "control or invisible character U+1160 (HANGUL JUNGSEONG FILLER) at position 1"),
+        ("q\uffa0", "control or invisible character U+FFA0 (HALFWIDTH HANGUL FILLER) at position 1"),
+        ("q1\U000e0041", "control or invisible character U+E0041 (TAG LATIN CAPITAL LETTER A) at position 2"),
+        ("q\u180e1", "control or invisible character U+180E (MONGOLIAN VOWEL SEPARATOR) at position 1"),
+        ("co\u00adop", "control or invisible character U+00AD (SOFT HYPHEN) at position 2"),
+        ("a\u200db", "control or invisible character U+200D (ZERO WIDTH JOINER) at position 1"),  # joins nothing
+        ("q\u202e1", "control or invisible character U+202E (RIGHT-TO-LEFT OVERRIDE) at position 1"),
+        ("\u2764\ufe0f", "control or invisible character U+FE0F (VARIATION SELECTOR-16) at position 1"),
+    ],
+)
+def test_an_id_that_prints_alike_or_invisibly_is_refused_as_unicode_identifiers_are(qid, said):
+    """What NFKC_Casefold erases (Default_Ignorable_Code_Point) and every space but ' ' (UTS #39)."""
+    checked = _check(["q?"], ids=[qid])
+    assert checked.loc[0, "reason"] == f"question_id contains {said}" and checked.loc[0, "id_problem"]
 
 
 def test_an_id_that_was_not_utf8_is_rejected_not_merged_with_another():
@@ -237,3 +260,44 @@ def test_a_control_character_in_a_jsonl_line_is_described_once():
         parse_json_line(b'{"question": "a\x00b"}')[1]
         == "line is not valid JSON (Invalid control character at column 16)"
     )
+
+
+def test_a_json_line_that_repeats_a_key_is_a_reject_not_its_last_value():
+    lines = [
+        '{"question_id": "a", "question": "first?", "question": "second?"}',
+        '{"question_id": "b", "question": "ok?", "question_id": "c"}',
+        '{"question_id": "d", "question": "fine?", "answers": ["x", "x"]}',  # a value repeated is no key repeated
+    ]
+    checked = check_rows(pd.DataFrame({"value": lines, "input_row": range(3)}), 100)
+    assert list(checked["reason"]) == [
+        'line repeats the key "question" (JSON would keep only its last value)',
+        'line repeats the key "question_id" (JSON would keep only its last value)',
+        None,
+    ]
+
+
+def test_csv_records_are_read_strictly_and_a_bad_one_costs_no_other_row():
+    from crag.text import csv_records
+
+    text = (
+        "question_id,question\r\n"
+        'q1,"What is X?\r\n'  # an unterminated quote: it would swallow q2 into its question
+        "q2,What is Y?\r\n"
+        "\r\n"
+        'q3,"a ""quoted"" word",extra\r\n'  # one field more than the header
+        'q4,"two\nlines"\n'
+        'q5,"open\n'
+        'q6,",x\n'  # q5's quote closes here: a record of three fields over two lines
+        "q7,last?"
+    )
+    records = [(r.line, r.fields, r.problem) for r in csv_records(text)]
+    assert records == [
+        (1, ["question_id", "question"], None),
+        (2, None, 'a quoted field goes on after its closing quote (a quote inside a field must be doubled: "")'),
+        (3, ["q2", "What is Y?"], None),
+        (5, None, "it has 3 fields; the header has 2"),
+        (6, ["q4", "two\nlines"], None),
+        (8, None, "it has 3 fields; the header has 2"),
+        (9, None, "a quoted field is not closed (an unterminated quote)"),  # read again from its second line
+        (10, ["q7", "last?"], None),
+    ]

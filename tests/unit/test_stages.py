@@ -293,6 +293,19 @@ def test_a_grader_miscount_fails_only_that_question():
     assert out.loc[1, "route"] == "internal" and out.loc[1, "error"] is None
 
 
+def test_documents_whose_grading_failed_are_stored_as_not_graded_with_the_error():
+    """Every grading call failing left grades rows with a NULL grade and parse_status, as if graded."""
+    out, _ = run(["some relevant?", "all relevant?"], wrong_count_for="some relevant?")
+    failed, graded = out.loc[0, "graded"], out.loc[1, "graded"]
+    assert [d["doc_id"] for d in failed] == ["internal-0", "internal-1", "internal-2"]  # every one retrieved is kept
+    assert {d["parse_status"] for d in failed} == {"not_graded"}
+    assert all(d.get("grade") is None and d.get("relevance") is None for d in failed)
+    assert all("grader returned 2 grades for 3 documents" in d["rationale"] for d in failed)
+    assert {d["parse_status"] for d in graded} == {"ok"} and {d["grade"] for d in graded} == {"yes"}
+    rows = to_stage_output(out).column("grades").to_pylist()[0]  # as Spark stores them
+    assert {r["parse_status"] for r in rows} == {"not_graded"} and {r["grader"] for r in rows} == {"fake-grader"}
+
+
 def _rows_of(n: int) -> pd.DataFrame:
     """n questions q0, q1, ... without an error, as a stage's input has them (no call counted yet)."""
     questions = [f"q{i}" for i in range(n)]

@@ -50,3 +50,38 @@ def test_a_report_is_attached_to_its_run_only_and_an_id_cannot_rewrite_the_searc
     # MLflow's search has no bound parameters: an id that would end the quoted value is refused first
     with pytest.raises(InputError, match="invalid run id"):
         log_report(cfg.mlflow, str(tmp_path), "x' OR tags.`crag.run_id` != '", str(report))
+
+
+def test_a_catalog_warehouse_off_databricks_names_its_store_and_makes_no_folder_here(tmp_path, monkeypatch):
+    """The store landed in ./<catalog.schema>/mlflow, and the next run took that folder for the warehouse."""
+    from crag.errors import ConfigError
+    from crag.tracking import check_tracking
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
+    cfg = CragConfig()
+    with pytest.raises(
+        ConfigError,
+        match=r"warehouse main\.crag is a catalog schema, which holds no MLflow store: set mlflow\.tracking_uri",
+    ):
+        log_run(cfg, "main.crag", "r1", "base", {"accepted": 1}, None, 1.0, {})
+    with pytest.raises(ConfigError):
+        check_tracking(cfg, "main.crag")  # said before a run starts
+    check_tracking(CragConfig(mlflow={"enabled": False}), "main.crag")
+    assert list(tmp_path.iterdir()) == []
+    store = tmp_path / "elsewhere" / "mlflow.db"
+    named = CragConfig(mlflow={"tracking_uri": f"sqlite:///{store}"})
+    assert log_run(named, "main.crag", "r1", "base", {"accepted": 1}, None, 1.0, {"a": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere"]  # artifacts beside the store, not ./mlruns
+    assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == ["artifacts", "mlflow.db"]
+
+
+def test_a_folder_an_earlier_crag_left_for_a_catalog_warehouse_is_told_from_a_warehouse(tmp_path):
+    from crag.warehouse import left_store_folder
+
+    (tmp_path / "main.crag" / "mlflow").mkdir(parents=True)
+    (tmp_path / "main.crag" / "mlflow" / "mlflow.db").write_bytes(b"")
+    assert left_store_folder(str(tmp_path / "main.crag"))
+    (tmp_path / "main.crag" / "answers").mkdir()  # a warehouse folder: tables beside its store
+    assert not left_store_folder(str(tmp_path / "main.crag"))
+    assert not left_store_folder(str(tmp_path / "absent.x"))
