@@ -48,6 +48,16 @@ class Answer:
     cited: list[int] = field(default_factory=list)  # positions in the context list
 
 
+# Upper bounds in milliseconds of the buckets of Usage.call_ms_hist; one more bucket holds the slower
+# calls. Buckets, not each call's time: a histogram adds up across questions and batches as the other
+# counts do, and a run's latency percentiles are read from the sum (latency_percentile_ms).
+LATENCY_BOUNDS_MS = (250, 500, 1000, 2000, 4000, 8000, 16000, 32000, 64000, 128000)
+
+
+def _no_calls() -> list[int]:
+    return [0] * (len(LATENCY_BOUNDS_MS) + 1)
+
+
 @dataclass
 class Usage:
     """Calls and tokens backend calls cost: a fresh tally the caller hands to each call, which the
@@ -59,11 +69,41 @@ class Usage:
     completion_tokens: int = 0
     retries: int = 0
     cache_hits: int = 0  # backend calls answered from the stage cache instead
+    # Remote calls (each attempt) that found every in-flight slot of their endpoint taken and waited
+    # on the client, and the milliseconds they waited: not counted against a call's timeout.
+    queued_calls: int = 0
+    queue_ms: int = 0
+    # Remote calls (each attempt) by how long the service took to answer: counts per LATENCY_BOUNDS_MS
+    # bucket, the last for slower calls (and calls given up on a timeout).
+    call_ms_hist: list[int] = field(default_factory=_no_calls)
+
+    def add_call(self, latency_ms: float) -> None:
+        self.call_ms_hist[latency_bucket(latency_ms)] += 1
+
+
+def latency_bucket(latency_ms: float) -> int:
+    return next((i for i, bound in enumerate(LATENCY_BOUNDS_MS) if latency_ms <= bound), len(LATENCY_BOUNDS_MS))
+
+
+def latency_percentile_ms(hist: list[int], percentile: float) -> int | None:
+    """The upper bound of the bucket that holds the `percentile`th call of a Usage.call_ms_hist (None:
+    no calls, or the slowest bucket, which has no bound)."""
+    total = sum(hist)
+    if not total:
+        return None
+    rank, seen = percentile / 100 * total, 0
+    for bound, count in zip((*LATENCY_BOUNDS_MS, None), hist):
+        seen += count
+        if seen >= rank:
+            return bound
+    return None
 
 
 @runtime_checkable
 class ChatModel(Protocol):
-    """A chat-completion endpoint. `chat` adds its calls, tokens and retries to `usage`."""
+    """A chat-completion endpoint. `chat` adds its calls, tokens and retries to `usage`; `json_schema`
+    (a {"name", "schema", "strict"} wrapper) is asked for in the structured-output mode `structured`
+    (crag.config.StructuredOutput)."""
 
     name: str
     concurrency: int  # requests this process may have in flight
@@ -77,7 +117,11 @@ class ChatModel(Protocol):
         temperature: float,
         json_schema: dict | None = None,
         regex: str | None = None,
+        structured: str = "json_schema",
     ) -> str: ...
+
+    def context_window(self) -> int | None:
+        """The server's context window in tokens, when it says."""
 
 
 @runtime_checkable
