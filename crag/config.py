@@ -390,7 +390,7 @@ class SourceCheckConfig(ConstrainedLLMConfig):
     """Reference flow 3's check that a web result is a usable source (YES/NO) before it is used."""
 
     prompt: str = "prompts/source_check.yaml"
-    max_tokens: int = Field(10, gt=0)  # YES, or {"verdict": "YES"} under structured output
+    max_tokens: int = Field(20, gt=0)  # YES, or {"verdict": "YES"} under structured output
     subject: str | None = None  # what the sources must be about, e.g. "the Hoshi AQ-7 air purifier"
 
 

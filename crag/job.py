@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from crag import schema
 from crag.backends import build_backends, resolve_credentials, smallest_budget
+from crag.backends.base import LATENCY_COUNT_NAMES, remote_calls_line
 from crag.backends.remote import call_with_deadline
 from crag.config import ConfigDifference, CragConfig, load_config, redacted
 from crag.console import render_metrics
@@ -218,6 +219,7 @@ class RunResult:
             f"{c['cache_hits']} answered from the stage cache",
             f"  tokens      {c['prompt_tokens']} prompt, {c['completion_tokens']} completion",
             f"  grader      {c.get('grade_parse_failed', 0)} unreadable outputs, {c.get('grade_parse_repaired', 0)} repaired",
+            *([f"  latency     {latency}"] if (latency := remote_calls_line(c)) else []),
             f"  wall time   {self.seconds:.1f} s",
         ]
         if self.metrics is not None and not self.metrics.empty:
@@ -858,7 +860,9 @@ def _count_aggregates() -> list:
         *[
             F.coalesce(F.sum(c), F.lit(0)).alias(c)
             for c in ("search_calls", "llm_calls", "prompt_tokens", "completion_tokens", "retries", "cache_hits")
+            + ("queued_calls", "queue_ms")
         ],
+        *[F.coalesce(F.sum(F.col("call_ms_hist")[i]), F.lit(0)).alias(n) for i, n in enumerate(LATENCY_COUNT_NAMES)],
         F.coalesce(F.sum("n_relevant"), F.lit(0)).alias("relevant_docs"),
         *[F.count_if(F.col("action") == a).alias(f"action_{a}") for a in ACTIONS],
         *[F.count_if(F.col("route") == r).alias(f"route_{r}") for r in ROUTES],
@@ -876,7 +880,9 @@ def run_counts(plan: RunPlan, staged=None) -> dict[str, int]:
         staged = plan.warehouse.load(plan.staging) if staged is None else staged
         totals = {k: int(v or 0) for k, v in staged.agg(*_count_aggregates()).collect()[0].asDict().items()}
     counts = {"input_rows": plan.input_rows, "rejected": plan.rejected}
-    counts.update({k: v for k, v in totals.items() if v or not k.startswith(("action_", "route_", "grade_parse_"))})
+    counts.update(
+        {k: v for k, v in totals.items() if v or not k.startswith(("action_", "route_", "grade_parse_", "calls_ms_"))}
+    )
     return counts
 
 

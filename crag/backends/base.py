@@ -81,6 +81,36 @@ class Usage:
         self.call_ms_hist[latency_bucket(latency_ms)] += 1
 
 
+# The run's totals of each Usage.call_ms_hist bucket, by name (crag.job's counts)
+LATENCY_COUNT_NAMES = (*(f"calls_ms_le_{bound}" for bound in LATENCY_BOUNDS_MS), f"calls_ms_over_{LATENCY_BOUNDS_MS[-1]}")
+# Past these, the summary says that the services were the bottleneck, and what to look at.
+SLOW_P95_MS = 8000
+QUEUED_SHARE = 0.5
+
+
+def remote_calls_line(counts: dict[str, int]) -> str | None:
+    """The run summary's line on its remote calls: the 95th-percentile latency, how many calls waited
+    on the client for a free slot, and a hint when the services were slow (None: no remote call)."""
+    hist = [int(counts.get(name, 0)) for name in LATENCY_COUNT_NAMES]
+    calls = sum(hist)
+    if not calls:
+        return None
+    p95 = latency_percentile_ms(hist, 95)
+    queued, waited = int(counts.get("queued_calls", 0)), int(counts.get("queue_ms", 0)) / 1000
+    line = (
+        f"p95 {'over ' + str(LATENCY_BOUNDS_MS[-1] // 1000) if p95 is None else '<= ' + f'{p95 / 1000:g}'} s over "
+        f"{calls} calls; {queued} waited on the client for a free slot ({waited:.1f} s in all)"
+    )
+    if p95 is None or p95 > SLOW_P95_MS:
+        line += (
+            "; slow answers: keep policy.max_concurrency within what the server runs at once, and timeout_s above "
+            "this p95"
+        )
+    elif queued > QUEUED_SHARE * calls:
+        line += "; most calls waited for a slot: the endpoint's policy.max_concurrency (or the server's slots) limits the run"
+    return line
+
+
 def latency_bucket(latency_ms: float) -> int:
     return next((i for i, bound in enumerate(LATENCY_BOUNDS_MS) if latency_ms <= bound), len(LATENCY_BOUNDS_MS))
 

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 from crag.backends.base import Usage
 from crag.backends.parsing import content_text
 from crag.backends.remote import Endpoint, RefusedRequest, error_message, http_status, refused_as_invalid, secret
-from crag.backends.structured import PROBED_MODES, request_fields
+from crag.backends.structured import PROBED_MODES, PROBED_MODES_GBNF, request_fields
 from crag.config import LLMConfig
 
 PROBE_SCHEMA = {
@@ -67,6 +67,7 @@ class OpenAICompatible:
         self.concurrency = self._endpoint.concurrency
         self._described = cfg.base_url is None  # api.openai.com describes none of this
         self._context: int | None = None
+        self._takes_gbnf = False  # a llama.cpp server, which takes GBNF grammars
         self._auto: str | None = None  # the mode `auto` resolved to
         self._lock = threading.Lock()
 
@@ -84,6 +85,7 @@ class OpenAICompatible:
             self._described = True
             facts = server_facts(self._client, self.model)
         self._context = facts.get("context")
+        self._takes_gbnf = bool(facts.get("gbnf"))
         if facts.get("slots"):
             self._endpoint.limit_to_server(facts["slots"])
             self.concurrency = self._endpoint.concurrency
@@ -120,7 +122,7 @@ class OpenAICompatible:
     def _probe(self, usage: Usage) -> str:
         """The first structured-output mode the server accepts; its calls count in `usage`."""
         refused = []
-        for mode in PROBED_MODES:
+        for mode in PROBED_MODES_GBNF if self._takes_gbnf else PROBED_MODES:
             try:
                 self._complete(PROBE_MESSAGES, usage, 8, 0.0, request_fields(mode, PROBE_SCHEMA))
                 return mode
@@ -171,9 +173,10 @@ def _refusal(exc: Exception, name: str, extra: dict) -> Exception | None:
 
 
 def server_facts(client, model: str) -> dict[str, int]:
-    """What an OpenAI-compatible server says about itself: `context` (its context window in tokens)
-    and `slots` (requests it runs at once), each when it says. Read with GET requests that fail
-    quietly: a server that does not answer them is described by the config alone."""
+    """What an OpenAI-compatible server says about itself: `context` (its context window in tokens),
+    `slots` (requests it runs at once) and `gbnf` (1: it takes GBNF grammars), each when it says. Read
+    with GET requests that fail quietly: a server that does not answer them is described by the
+    config alone."""
     facts: dict[str, int] = {}
     base = str(client.base_url).rstrip("/")
     parts = urlsplit(base)
@@ -182,7 +185,7 @@ def server_facts(client, model: str) -> dict[str, int]:
     settings = props.get("default_generation_settings") if isinstance(props, dict) else None
     context = (settings or {}).get("n_ctx") if isinstance(settings, dict) else None
     if isinstance(props, dict) and isinstance(props.get("total_slots"), int):
-        facts["slots"] = props["total_slots"]
+        facts["slots"], facts["gbnf"] = props["total_slots"], 1
     models = _get_json(client, f"{base}/models")  # vLLM: max_model_len of each model
     for entry in models.get("data", []) if isinstance(models, dict) else []:
         if isinstance(entry, dict) and entry.get("id") == model and isinstance(entry.get("max_model_len"), int):
@@ -193,7 +196,7 @@ def server_facts(client, model: str) -> dict[str, int]:
         described = _get_json(client, f"{root}/openapi.json")
         title = ((described or {}).get("info") or {}).get("title", "") if isinstance(described, dict) else ""
         if "llama.cpp Python" in str(title):  # llama-cpp-python's server runs one request at a time
-            facts["slots"] = 1
+            facts["slots"], facts["gbnf"] = 1, 1
     return facts
 
 

@@ -182,7 +182,7 @@ def parse_score(text: str) -> Parsed:
 def _structured_score(text: str) -> Parsed | None:
     """The reply as the score format's JSON schema has it (crag.backends.llm_roles.SCORE_SCHEMA)."""
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, strict=False)
     except json.JSONDecodeError:
         return None
     if not isinstance(obj, dict) or set(obj) != {"score", "reason"}:
@@ -242,7 +242,7 @@ def parse_yes_no(text: str) -> bool | None:
     output asks); None when the reply gives neither."""
     stripped = visible(text)
     try:
-        obj = json.loads(stripped)
+        obj = json.loads(stripped, strict=False)
     except json.JSONDecodeError:
         obj = None
     if isinstance(obj, dict) and len(obj) == 1:
@@ -256,7 +256,8 @@ def clean_query(text: str) -> str:
     that only introduces the query ("Here is the improved query:") is passed over."""
     stripped = visible(text)
     try:
-        obj = json.loads(stripped)
+        # strict=False: a raw line break inside the string, which some servers' JSON modes let through
+        obj = json.loads(stripped, strict=False)
         if isinstance(obj, dict):
             stripped = str(next(iter(obj.values()), ""))
     except json.JSONDecodeError:

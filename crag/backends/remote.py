@@ -58,12 +58,14 @@ _VALIDATION_ERROR = re.compile(r"validation error|literal_error|Input should be|
 
 
 def error_message(exc: BaseException) -> str:
-    """What the service said, on one line: the `message` of its error body when it has one."""
+    """What the service said, on one line: the `message` of its error body when it has one, up to a
+    blank line (llama-cpp-python's server adds its traceback after one)."""
     body = getattr(exc, "body", None)
     message = body.get("message") if isinstance(body, dict) else None
     if not isinstance(message, str) and isinstance(body, dict) and isinstance(body.get("error"), dict):
         message = body["error"].get("message")
-    return " ".join(str(message if isinstance(message, str) else exc).split())
+    said = str(message if isinstance(message, str) else exc)
+    return " ".join(re.split(r"\n\s*\n", said, maxsplit=1)[0].split())
 
 
 def refused_as_invalid(exc: BaseException) -> bool:

@@ -20,8 +20,12 @@ import json
 import re
 from typing import Any
 
-# The modes, in the order `auto` tries them: the most widely taken first.
+# The modes, in the order `auto` tries them: the most widely taken first. json_object before grammar,
+# since a server that does not know `grammar` may ignore the field rather than refuse it; but a server
+# known to take GBNF (llama.cpp's, llama-cpp-python's) gets crag's grammar first: llama-cpp-python's own
+# schema converter lets control characters into strings, which makes the JSON invalid.
 PROBED_MODES = ("json_schema", "json_object", "grammar")
+PROBED_MODES_GBNF = ("json_schema", "grammar", "json_object")
 
 
 def request_fields(mode: str, schema: dict) -> dict:

@@ -130,10 +130,17 @@ def _refusal(behaviour: ServiceBehaviour, body: dict) -> tuple[int, dict] | None
     """The error the emulated server answers a chat request it does not take with (None: it takes it)."""
     response_format = body.get("response_format") or {}
     if behaviour.chat_server == "llama-cpp-python" and response_format.get("type") not in (None, "text", "json_object"):
-        # as llama-cpp-python's server words pydantic's error, with status 500
+        # as llama-cpp-python 0.3.36's server words pydantic's error, with status 500 and its traceback
+        error = {
+            "type": "literal_error",
+            "loc": ("body", "response_format", "type"),
+            "msg": "Input should be 'text' or 'json_object'",
+            "input": response_format.get("type"),
+            "ctx": {"expected": "'text' or 'json_object'"},
+        }
         message = (
-            "1 validation error for CreateChatCompletionRequest\nresponse_format.type\n  Input should be 'text' or "
-            f"'json_object' [type=literal_error, input_value={response_format.get('type')!r}, input_type=str]"
+            f"1 validation error:\n  {error}\n\n  File \"llama_cpp/server/app.py\", line 376, in "
+            "create_chat_completion\n    POST /v1/chat/completions"
         )
         return 500, {"error": {"message": message, "type": "internal_server_error", "param": None, "code": None}}
     if behaviour.context_tokens is not None:
