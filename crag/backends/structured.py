@@ -114,6 +114,6 @@ def _object(schema: dict, name: str, rules: dict[str, str]) -> str:
             raise ValueError(f"{name}: two properties give the rule name {rule!r}")
         rules[rule] = ""  # reserved before its body is made, so a nested property cannot take the name
         rules[rule] = _value(sub, rule, rules)
-        parts.append(f"{_literal(json.dumps(key, ensure_ascii=False))} ws \":\" ws {rule}")
+        parts.append(f'{_literal(json.dumps(key, ensure_ascii=False))} ws ":" ws {rule}')
     inner = ' ws "," ws '.join(parts)
     return f'"{{" ws {inner} ws "}}"' if parts else '"{" ws "}"'

@@ -139,7 +139,7 @@ def _refusal(behaviour: ServiceBehaviour, body: dict) -> tuple[int, dict] | None
             "ctx": {"expected": "'text' or 'json_object'"},
         }
         message = (
-            f"1 validation error:\n  {error}\n\n  File \"llama_cpp/server/app.py\", line 376, in "
+            f'1 validation error:\n  {error}\n\n  File "llama_cpp/server/app.py", line 376, in '
             "create_chat_completion\n    POST /v1/chat/completions"
         )
         return 500, {"error": {"message": message, "type": "internal_server_error", "param": None, "code": None}}

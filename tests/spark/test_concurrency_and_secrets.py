@@ -86,7 +86,6 @@ class Recording:
 
         return None
 
-
     def chat(self, messages, usage, **kw):
         self.messages.append(messages)
         return self.reply

@@ -80,7 +80,6 @@ class Recording:
 
         return None
 
-
     def chat(self, messages, usage, **kw):
         self.messages.extend(messages)
         return self.reply

@@ -25,7 +25,12 @@ TO_OPENAI = ["grader.backend=openai", "grader.endpoint=m", "grader.base_url=http
 def test_a_grader_switched_to_a_model_gets_the_graders_defaults():
     grader = load_config(LOCAL, TO_OPENAI).grader
     assert (grader.max_tokens, grader.temperature, grader.structured_output) == (20, 0.0, "auto")
-    assert load_config(LOCAL, [*TO_OPENAI, "grader.format=score", "grader.prompt=prompts/grade_score.yaml"]).grader.max_tokens == 80
+    assert (
+        load_config(
+            LOCAL, [*TO_OPENAI, "grader.format=score", "grader.prompt=prompts/grade_score.yaml"]
+        ).grader.max_tokens
+        == 80
+    )
     assert load_config(LOCAL, [*TO_OPENAI, "grader.max_tokens=64"]).grader.max_tokens == 64
 
 

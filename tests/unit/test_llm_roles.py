@@ -29,7 +29,6 @@ class RecordingModel:
 
         return None
 
-
     def chat(self, messages, usage, **kw):
         self.messages.append(messages)
         return '{"grade": "no"}'
@@ -62,7 +61,6 @@ class ScriptedModel:
     def context_window(self):
 
         return None
-
 
     def chat(self, messages, usage, **kw):
         return self.replies.pop(0)

@@ -87,7 +87,14 @@ def test_auto_takes_json_object_where_the_grammar_is_not_known(emulator):
     emulator.behaviour["serving"].chat_server = "llama-cpp-python"
     model = OpenAICompatible(cfg().grader)
     model._takes_gbnf, model._described = False, True  # as if its OpenAPI title were another's
-    model.chat([{"role": "user", "content": "q"}], Usage(), max_tokens=5, temperature=0, json_schema=GRADE_SCHEMA, structured="auto")
+    model.chat(
+        [{"role": "user", "content": "q"}],
+        Usage(),
+        max_tokens=5,
+        temperature=0,
+        json_schema=GRADE_SCHEMA,
+        structured="auto",
+    )
     refused, probe, _ = emulator.of("serving")
     assert probe.body["response_format"]["type"] == "json_object"
 
@@ -161,7 +168,11 @@ def _as_regex(grammar: str) -> re.Pattern:
 @pytest.mark.parametrize(
     "schema, valid, invalid",
     [
-        (GRADE_SCHEMA, ['{"grade": "yes"}', '{"grade":"no"}'], ['{"grade": "maybe"}', '{"grade": "yes", "x": 1}', "yes"]),
+        (
+            GRADE_SCHEMA,
+            ['{"grade": "yes"}', '{"grade":"no"}'],
+            ['{"grade": "maybe"}', '{"grade": "yes", "x": 1}', "yes"],
+        ),
         (
             SCORE_SCHEMA,
             ['{"score": 4, "reason": "it says so"}', '{"score":0,"reason":""}'],
