@@ -16,6 +16,7 @@ import yaml
 
 from crag.backends.base import Answer, ChatModel, Document, Grade, Usage
 from crag.backends.parsing import clean_query, parse_answer, parse_binary, parse_score, parse_yes_no
+from crag.backends.structured import object_schema
 from crag.config import (
     LLMConfig,
     LLMGeneratorConfig,
@@ -29,43 +30,17 @@ from crag.config import (
 from crag.errors import ConfigError
 from crag.text import invisible
 
-GRADE_SCHEMA = {
-    "name": "relevance_grade",
-    "schema": {
-        "type": "object",
-        "properties": {"grade": {"type": "string", "enum": ["yes", "no"]}},
-        "required": ["grade"],
-        "additionalProperties": False,
-    },
-    "strict": True,
-}
+GRADE_SCHEMA = object_schema("relevance_grade", grade={"type": "string", "enum": ["yes", "no"]})
 GRADE_REGEX = r'\{"grade": "(yes|no)"\}'
 # The score format under structured output: the score and the reason as JSON, in place of the two
 # lines the prompt asks for (crag.backends.parsing.parse_score reads both)
-SCORE_SCHEMA = {
-    "name": "relevance_score",
-    "schema": {
-        "type": "object",
-        "properties": {
-            "score": {"type": "integer", "minimum": 0, "maximum": 5},
-            "reason": {"type": "string", "maxLength": 200},
-        },
-        "required": ["score", "reason"],
-        "additionalProperties": False,
-    },
-    "strict": True,
-}
+SCORE_SCHEMA = object_schema(
+    "relevance_score",
+    score={"type": "integer", "minimum": 0, "maximum": 5},
+    reason={"type": "string", "maxLength": 200},
+)
 # The source check's YES or NO
-VERDICT_SCHEMA = {
-    "name": "source_verdict",
-    "schema": {
-        "type": "object",
-        "properties": {"verdict": {"type": "string", "enum": ["YES", "NO"]}},
-        "required": ["verdict"],
-        "additionalProperties": False,
-    },
-    "strict": True,
-}
+VERDICT_SCHEMA = object_schema("source_verdict", verdict={"type": "string", "enum": ["YES", "NO"]})
 
 
 # The $placeholders each role fills: (those its prompt must use, those it may use)
@@ -320,16 +295,7 @@ class LLMRewriter(_Role):
 
 
 def query_schema(cfg: LLMRewriterConfig) -> dict:
-    return {
-        "name": "web_query",
-        "schema": {
-            "type": "object",
-            "properties": {"query": {"type": "string", "minLength": 1, "maxLength": cfg.max_query_chars}},
-            "required": ["query"],
-            "additionalProperties": False,
-        },
-        "strict": True,
-    }
+    return object_schema("web_query", query={"type": "string", "minLength": 1, "maxLength": cfg.max_query_chars})
 
 
 def cut_at_word(text: str, max_chars: int) -> str:

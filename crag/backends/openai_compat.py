@@ -21,19 +21,10 @@ from urllib.parse import urlsplit, urlunsplit
 from crag.backends.base import Usage
 from crag.backends.parsing import content_text
 from crag.backends.remote import Endpoint, RefusedRequest, error_message, http_status, refused_as_invalid, secret
-from crag.backends.structured import PROBED_MODES, PROBED_MODES_GBNF, request_fields
+from crag.backends.structured import PROBED_MODES, PROBED_MODES_GBNF, object_schema, request_fields
 from crag.config import LLMConfig
 
-PROBE_SCHEMA = {
-    "name": "probe",
-    "schema": {
-        "type": "object",
-        "properties": {"ok": {"type": "string", "enum": ["yes"]}},
-        "required": ["ok"],
-        "additionalProperties": False,
-    },
-    "strict": True,
-}
+PROBE_SCHEMA = object_schema("probe", ok={"type": "string", "enum": ["yes"]})
 PROBE_MESSAGES = [{"role": "user", "content": 'Reply with {"ok": "yes"}.'}]
 # What a server's description is read with: a short wait, since a server that does not describe
 # itself leaves the defaults in place

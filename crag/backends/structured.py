@@ -28,6 +28,13 @@ PROBED_MODES = ("json_schema", "json_object", "grammar")
 PROBED_MODES_GBNF = ("json_schema", "grammar", "json_object")
 
 
+def object_schema(name: str, **properties: dict) -> dict:
+    """A json_schema wrapper ({"name", "schema", "strict"}) for an object of exactly these properties,
+    all required, in this order: the form OpenAI's strict mode takes and `gbnf` states."""
+    schema = {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+    return {"name": name, "schema": schema, "strict": True}
+
+
 def request_fields(mode: str, schema: dict) -> dict:
     """The body fields that ask for `schema` (a json_schema wrapper: {"name", "schema", "strict"}) in
     `mode`; {} for none."""
