@@ -84,4 +84,4 @@ test: install
 	$(BIN)/python -m pytest -q
 
 test-llm: install $(LLM_VENV)/.installed
-	CRAG_LLM_PYTHON=$(LLM_VENV)/bin/python $(BIN)/python -m pytest -q tests/llm
+	CRAG_LLM_PYTHON=$(LLM_VENV)/bin/python $(BIN)/python -m pytest -q --durations=0 tests/llm

@@ -30,15 +30,15 @@ EVERY_ROLE = [
     "web_search.verify.base_url=${OPENAI_BASE_URL}",
     "web_search.verify.endpoint=${CRAG_MODEL}",
     "web_search.verify.subject=the Hoshi AQ-7 air purifier",
-    "web_search.verify.max_doc_chars=600",
+    "web_search.verify.max_doc_chars=400",
     "routing.policy=min_context_chars",
     "routing.min_context_chars=1000000",
 ]
 SHORT = [
     "retriever.k=2",
     "web_search.k=2",
-    "generator.max_tokens=64",
-    *[f"{role}.max_doc_chars=600" for role in ("grader", "generator")],
+    "generator.max_tokens=48",
+    *[f"{role}.max_doc_chars=400" for role in ("grader", "generator")],
 ]
 # the sample's questions, each id once (it repeats one, for the tests of duplicate ids)
 QUESTIONS = list(
