@@ -70,16 +70,17 @@ class OpenAICompatible:
         return self._context
 
     def _describe(self) -> None:
+        """Read what the server says once; the first calls wait for it (the slot limit applies to them)."""
         with self._lock:
             if self._described:
                 return
-            self._described = True
             facts = server_facts(self._client, self.model)
-        self._context = facts.get("context")
-        self._takes_gbnf = bool(facts.get("gbnf"))
-        if facts.get("slots"):
-            self._endpoint.limit_to_server(facts["slots"])
-            self.concurrency = self._endpoint.concurrency
+            self._context = facts.get("context")
+            self._takes_gbnf = bool(facts.get("gbnf"))
+            if facts.get("slots"):
+                self._endpoint.limit_to_server(facts["slots"])
+                self.concurrency = self._endpoint.concurrency
+            self._described = True
 
     # ------------------------------------------------------------------ chat
 
