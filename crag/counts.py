@@ -16,7 +16,16 @@ ROUTES = ("internal", "web", "mixed", "refused", "error")  # an answer's route (
 # call failed (crag.backends.base.NOT_GRADED)
 PARSE_STATUSES = ("repaired", "failed", "not_graded")
 # The per-question usage columns summed over a run.
-USAGE = ("search_calls", "llm_calls", "prompt_tokens", "completion_tokens", "retries", "cache_hits")
+USAGE = (
+    "search_calls",
+    "llm_calls",
+    "prompt_tokens",
+    "completion_tokens",
+    "retries",
+    "cache_hits",
+    "queued_calls",  # remote calls that waited on the client for a free slot of the endpoint's budget
+    "queue_ms",  # how long they waited, in all
+)
 
 
 @dataclass
@@ -32,14 +41,19 @@ class RunCounts:
     completion_tokens: int = 0
     retries: int = 0
     cache_hits: int = 0
+    queued_calls: int = 0
+    queue_ms: int = 0
     relevant_docs: int = 0
     actions: dict[str, int] = field(default_factory=dict)  # questions per CRAG action
     routes: dict[str, int] = field(default_factory=dict)  # questions per route
     grade_parse: dict[str, int] = field(default_factory=dict)  # grades per parse status (repaired, failed)
+    latency: dict[str, int] = field(default_factory=dict)  # remote calls per latency bucket (LATENCY_COUNT_NAMES)
 
     @classmethod
     def of_results(cls, totals: dict, input_rows: int, rejected: int) -> RunCounts:
         """From the totals of `aggregates` (summed over batches), with the input's row counts."""
+        from crag.backends.base import LATENCY_COUNT_NAMES  # noqa: PLC0415  # crag.backends imports crag.evaluation, which imports this module
+
         value = {k: int(v or 0) for k, v in totals.items()}
         return cls(
             input_rows=input_rows,
@@ -52,6 +66,7 @@ class RunCounts:
             actions={a: value[f"action_{a}"] for a in ACTIONS if value[f"action_{a}"]},
             routes={r: value[f"route_{r}"] for r in ROUTES if value[f"route_{r}"]},
             grade_parse={s: value[f"grade_parse_{s}"] for s in PARSE_STATUSES if value[f"grade_parse_{s}"]},
+            latency={name: value[name] for name in LATENCY_COUNT_NAMES if value[name]},
         )
 
     def as_map(self) -> dict[str, int]:
@@ -62,7 +77,7 @@ class RunCounts:
         }
         for prefix, group in (("action", self.actions), ("route", self.routes), ("grade_parse", self.grade_parse)):
             flat.update({f"{prefix}_{k}": v for k, v in group.items()})
-        return flat
+        return flat | self.latency
 
 
 @dataclass
@@ -79,6 +94,8 @@ class RunResult:
     kept_earlier_rows: bool = False  # then, a re-run of the id left the earlier rows in place
 
     def summary(self) -> str:
+        from crag.backends.base import remote_calls_line  # noqa: PLC0415  # as of_results'
+
         c = self.counts
 
         def group(counted: dict[str, int]) -> str:
@@ -97,6 +114,7 @@ class RunResult:
             f"  tokens      {c.prompt_tokens} prompt, {c.completion_tokens} completion",
             f"  grader      {c.grade_parse.get('failed', 0)} unreadable outputs, "
             f"{c.grade_parse.get('repaired', 0)} repaired, {c.grade_parse.get('not_graded', 0)} not graded",
+            *([f"  latency     {latency}"] if (latency := remote_calls_line(c.as_map())) else []),
             f"  wall time   {self.seconds:.1f} s",
         ]
         if self.metrics is not None and not self.metrics.empty:
@@ -113,6 +131,8 @@ def aggregates() -> list:
     answered ids' fingerprint, which the row invariant checks (crag.job.check_invariant)."""
     from pyspark.sql import functions as F  # noqa: PLC0415  # crag ask reads this module without Spark
 
+    from crag.backends.base import LATENCY_COUNT_NAMES  # noqa: PLC0415  # as of_results'
+
     def graded(status: str):
         return F.coalesce(F.sum(F.size(F.filter("grades", lambda g: g["parse_status"] == status))), F.lit(0))
 
@@ -126,6 +146,7 @@ def aggregates() -> list:
         *[F.count_if(F.col("action") == a).alias(f"action_{a}") for a in ACTIONS],
         *[F.count_if(F.col("route") == r).alias(f"route_{r}") for r in ROUTES],
         *[graded(s).alias(f"grade_parse_{s}") for s in PARSE_STATUSES],
+        *[F.coalesce(F.sum(F.col("call_ms_hist")[i]), F.lit(0)).alias(n) for i, n in enumerate(LATENCY_COUNT_NAMES)],
     ]
 
 

@@ -41,6 +41,11 @@ ANSWERS = pa.schema(
         ("completion_tokens", pa.int64()),
         ("retries", pa.int32()),
         ("cache_hits", pa.int32()),
+        # remote calls that waited on the client for a free in-flight slot, the time they waited, and
+        # every remote call by latency (counts per crag.backends.base.LATENCY_BOUNDS_MS bucket)
+        ("queued_calls", pa.int32()),
+        ("queue_ms", pa.int64()),
+        ("call_ms_hist", pa.list_(pa.int32())),
         *STAGE_MS,
         ("created_at", UTC_TIMESTAMP),
     ]

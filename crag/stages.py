@@ -178,10 +178,16 @@ def _with(df: pd.DataFrame, **columns) -> pd.DataFrame:
 def _added_usage(df: pd.DataFrame, tallies: list[Usage | None]) -> list[dict[str, int]]:
     """The usage column with each row's tally of this stage's calls added: new dicts, the frame's own
     left as they are."""
-    return [
-        totals if tally is None else {name: count + getattr(tally, name) for name, count in totals.items()}
-        for totals, tally in zip(df["usage"], tallies)
-    ]
+    return [totals if tally is None else _sum_usage(totals, tally) for totals, tally in zip(df["usage"], tallies)]
+
+
+def _sum_usage(totals: dict, tally: Usage) -> dict:
+    """A row's usage counts with a tally added: counts, and histograms bucket by bucket."""
+    summed = {}
+    for name, count in totals.items():
+        added = getattr(tally, name)
+        summed[name] = [a + b for a, b in zip(count, added)] if isinstance(count, list) else count + added
+    return summed
 
 
 class _RowResults(NamedTuple):

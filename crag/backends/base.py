@@ -52,6 +52,16 @@ class Answer:
     cited: list[int] = field(default_factory=list)  # positions in the context list
 
 
+# Upper bounds in milliseconds of the buckets of Usage.call_ms_hist; one more bucket holds the slower
+# calls. Buckets, not each call's time: a histogram adds up across questions and batches as the other
+# counts do, and a run's latency percentiles are read from the sum (latency_percentile_ms).
+LATENCY_BOUNDS_MS = (250, 500, 1000, 2000, 4000, 8000, 16000, 32000, 64000, 128000)
+
+
+def _no_calls() -> list[int]:
+    return [0] * (len(LATENCY_BOUNDS_MS) + 1)
+
+
 @dataclass
 class Usage:
     """Calls and tokens backend calls cost: a fresh tally the caller hands to each call, which the
@@ -63,11 +73,74 @@ class Usage:
     completion_tokens: int = 0
     retries: int = 0
     cache_hits: int = 0  # backend calls answered from the stage cache instead
+    # Remote calls (each attempt) that found every in-flight slot of their endpoint taken and waited
+    # on the client, and the milliseconds they waited: not counted against a call's timeout.
+    queued_calls: int = 0
+    queue_ms: int = 0
+    # Remote calls (each attempt) by how long the service took to answer (a call given up on its
+    # timeout: how long it was waited for): counts per LATENCY_BOUNDS_MS bucket, the last for slower calls.
+    call_ms_hist: list[int] = field(default_factory=_no_calls)
+
+    def add_call(self, latency_ms: float) -> None:
+        self.call_ms_hist[latency_bucket(latency_ms)] += 1
+
+
+# The run's totals of each Usage.call_ms_hist bucket, by name (crag.job's counts)
+LATENCY_COUNT_NAMES = (
+    *(f"calls_ms_le_{bound}" for bound in LATENCY_BOUNDS_MS),
+    f"calls_ms_over_{LATENCY_BOUNDS_MS[-1]}",
+)
+# Past these, the summary says that the services were the bottleneck, and what to look at.
+SLOW_P95_MS = 8000
+QUEUED_SHARE = 0.5
+
+
+def remote_calls_line(counts: dict[str, int]) -> str | None:
+    """The run summary's line on its remote calls: the 95th-percentile latency, how many calls waited
+    on the client for a free slot, and a hint when the services were slow (None: no remote call)."""
+    hist = [int(counts.get(name, 0)) for name in LATENCY_COUNT_NAMES]
+    calls = sum(hist)
+    if not calls:
+        return None
+    p95 = latency_percentile_ms(hist, 95)
+    queued, waited = int(counts.get("queued_calls", 0)), int(counts.get("queue_ms", 0)) / 1000
+    line = (
+        f"p95 {'over ' + str(LATENCY_BOUNDS_MS[-1] // 1000) if p95 is None else '<= ' + f'{p95 / 1000:g}'} s over "
+        f"{calls} calls; {queued} waited on the client for a free slot ({waited:.1f} s in all)"
+    )
+    if p95 is None or p95 > SLOW_P95_MS:
+        line += (
+            "; slow answers: keep policy.max_concurrency within what the server runs at once, and timeout_s above "
+            "this p95"
+        )
+    elif queued > QUEUED_SHARE * calls:
+        line += "; most calls waited for a slot: the endpoint's policy.max_concurrency (or the server's slots) limits the run"
+    return line
+
+
+def latency_bucket(latency_ms: float) -> int:
+    return next((i for i, bound in enumerate(LATENCY_BOUNDS_MS) if latency_ms <= bound), len(LATENCY_BOUNDS_MS))
+
+
+def latency_percentile_ms(hist: list[int], percentile: float) -> int | None:
+    """The upper bound of the bucket that holds the `percentile`th call of a Usage.call_ms_hist (None:
+    no calls, or the slowest bucket, which has no bound)."""
+    total = sum(hist)
+    if not total:
+        return None
+    rank, seen = percentile / 100 * total, 0
+    for bound, count in zip((*LATENCY_BOUNDS_MS, None), hist):
+        seen += count
+        if seen >= rank:
+            return bound
+    return None
 
 
 @runtime_checkable
 class ChatModel(Protocol):
-    """A chat-completion endpoint. `chat` adds its calls, tokens and retries to `usage`."""
+    """A chat-completion endpoint. `chat` adds its calls, tokens and retries to `usage`; `json_schema`
+    (a {"name", "schema", "strict"} wrapper) is asked for in the structured-output mode `structured`
+    (crag.config.StructuredOutput)."""
 
     name: str
     concurrency: int  # requests this process may have in flight
@@ -81,7 +154,11 @@ class ChatModel(Protocol):
         temperature: float,
         json_schema: dict | None = None,
         regex: str | None = None,
+        structured: str = "json_schema",
     ) -> str: ...
+
+    def context_window(self) -> int | None:
+        """The server's context window in tokens, when it says."""
 
 
 @runtime_checkable

@@ -76,7 +76,13 @@ class DatabricksServing:
         usage.llm_calls += 1
         return dict(reply)
 
-    def chat(self, messages, usage, *, max_tokens, temperature, json_schema=None, regex=None) -> str:
+    def context_window(self) -> int | None:
+        return None  # a serving endpoint does not say: the role's context_tokens, if set
+
+    def chat(
+        self, messages, usage, *, max_tokens, temperature, json_schema=None, regex=None, structured="json_schema"
+    ) -> str:
+        # `structured`: serving endpoints take json_schema only (the config allows no other mode here)
         body: dict = {"messages": messages, "max_tokens": max_tokens, "temperature": temperature}
         if json_schema is not None:
             body["response_format"] = {"type": "json_schema", "json_schema": json_schema}

@@ -16,10 +16,12 @@ import yaml
 
 from crag.backends.base import Answer, ChatModel, Document, Grade, Usage
 from crag.backends.parsing import clean_query, parse_answer, parse_binary, parse_score, parse_yes_no
+from crag.backends.structured import object_schema
 from crag.config import (
     LLMConfig,
     LLMGeneratorConfig,
     LLMGraderConfig,
+    LLMRewriterConfig,
     SourceCheckConfig,
     safe_yaml,
     stable_hash,
@@ -28,17 +30,17 @@ from crag.config import (
 from crag.errors import ConfigError
 from crag.text import invisible
 
-GRADE_SCHEMA = {
-    "name": "relevance_grade",
-    "schema": {
-        "type": "object",
-        "properties": {"grade": {"type": "string", "enum": ["yes", "no"]}},
-        "required": ["grade"],
-        "additionalProperties": False,
-    },
-    "strict": True,
-}
+GRADE_SCHEMA = object_schema("relevance_grade", grade={"type": "string", "enum": ["yes", "no"]})
 GRADE_REGEX = r'\{"grade": "(yes|no)"\}'
+# The score format under structured output: the score and the reason as JSON, in place of the two
+# lines the prompt asks for (crag.backends.parsing.parse_score reads both)
+SCORE_SCHEMA = object_schema(
+    "relevance_score",
+    score={"type": "integer", "minimum": 0, "maximum": 5},
+    reason={"type": "string", "maxLength": 200},
+)
+# The source check's YES or NO
+VERDICT_SCHEMA = object_schema("source_verdict", verdict={"type": "string", "enum": ["YES", "NO"]})
 
 
 # The $placeholders each role fills: (those its prompt must use, those it may use)
@@ -132,9 +134,16 @@ def _shows_nothing(char: str) -> bool:
     return unicodedata.category(char)[0] in "CZ" or invisible(char)
 
 
-def fenced(text: str, max_chars: int) -> str:
-    """A document made safe to place inside a delimited block: truncated, and defused."""
-    return defused(text if len(text) <= max_chars else text[:max_chars] + " [truncated]")
+TRUNCATED = " [truncated]"
+
+
+def fenced(text: str, max_chars: int, max_bytes: int | None = None) -> str:
+    """A document made safe to place inside a delimited block: cut to `max_chars` characters and, for
+    the token budget, `max_bytes` UTF-8 bytes (the mark of the cut included), and defused."""
+    cut = text[:max_chars]
+    if max_bytes is not None and len(cut.encode("utf-8")) > max_bytes:
+        cut = cut.encode("utf-8")[: max(0, max_bytes - len(TRUNCATED))].decode("utf-8", "ignore")
+    return defused(text if cut == text else cut + TRUNCATED)
 
 
 MAX_TITLE_CHARS = 200  # a label, not a second text: longer than any real title
@@ -147,19 +156,31 @@ def _title_attribute(doc: Document) -> str:
     return html.escape(defused(title), quote=True)
 
 
-def render_context(context: list[Document], max_chars: int) -> str:
+def render_context(context: list[Document], max_chars: int, max_bytes: int | None = None) -> str:
     blocks = []
     for i, doc in enumerate(context, 1):
         blocks.append(
             f'<document index="{i}" source="{doc["source"]}" title="{_title_attribute(doc)}">\n'
-            f"{fenced(doc['text'], max_chars)}\n</document>"
+            f"{fenced(doc['text'], max_chars, max_bytes)}\n</document>"
         )
     return "\n".join(blocks)
+
+
+# What a chat template adds around each message, in tokens (role markers, separators): about, and
+# on the high side.
+MESSAGE_TOKENS = 8
+# Fewer tokens than this per document would leave no document worth reading.
+MIN_DOCUMENT_TOKENS = 16
+
+
+class PromptTooLong(ValueError):
+    """A prompt that cannot fit the server's context window however its documents are cut."""
 
 
 class _Role:
     def __init__(self, model: ChatModel, cfg: LLMConfig, role: str):
         self.model, self.cfg = model, cfg
+        self.role = role
         self.prompt = Prompt(cfg.prompt_text or "", f"{role}.prompt ({cfg.prompt})", role)
         self.name = model.name
         self.concurrency = model.concurrency
@@ -168,6 +189,29 @@ class _Role:
         return self.model.chat(
             messages, usage, max_tokens=self.cfg.max_tokens, temperature=self.cfg.temperature, **extra
         )
+
+    def _structured(self, schema: dict) -> dict:
+        """The chat arguments that keep a reply to `schema`, in the role's structured-output mode."""
+        mode = getattr(self.cfg, "structured_output", "none")
+        return {} if mode == "none" else {"json_schema": schema, "structured": mode}
+
+    def _document_bytes(self, fixed: list[dict], documents: int) -> int | None:
+        """The UTF-8 bytes each of `documents` documents may take in a prompt whose other text is
+        `fixed`, for the prompt and max_tokens to fit the context window (None: no window known).
+        Tokens are counted as bytes / bytes_per_token: the server's tokenizer is not at hand."""
+        window = self.cfg.context_tokens or self.model.context_window()
+        if window is None or documents == 0:
+            return None
+        per_token = self.cfg.bytes_per_token
+        fixed_tokens = sum(len(m["content"].encode("utf-8")) for m in fixed) / per_token + MESSAGE_TOKENS * len(fixed)
+        free = window - self.cfg.max_tokens - fixed_tokens
+        if free < documents * MIN_DOCUMENT_TOKENS:
+            raise PromptTooLong(
+                f"the {self.role} prompt takes about {fixed_tokens + self.cfg.max_tokens:.0f} tokens with "
+                f"{self.role}.max_tokens before its {documents} document(s), over the {window}-token context "
+                f"window: shorten the prompt or lower max_tokens (context_tokens {self.cfg.context_tokens or 'from the server'})"
+            )
+        return int(free * per_token / documents)
 
 
 class LLMGrader(_Role):
@@ -195,29 +239,31 @@ class LLMGrader(_Role):
         return Grade(relevance, "yes" if yes else "no", parsed.status, parsed.rationale, output)
 
     def _chat_extra(self) -> dict:
-        if self.cfg.format != "binary":
-            return {}
-        extra: dict = {}
-        if self.cfg.structured_output:
-            extra["json_schema"] = GRADE_SCHEMA
-        if self.cfg.guided_regex:
-            extra["regex"] = GRADE_REGEX
-        return extra
+        if self.cfg.guided_regex and self.cfg.format == "binary":
+            return {"regex": GRADE_REGEX}  # alone: the config allows no structured_output beside it
+        return self._structured(GRADE_SCHEMA if self.cfg.format == "binary" else SCORE_SCHEMA)
+
+    def _texts(self, question: str, documents: list[Document]) -> list[str]:
+        """The documents as the prompt holds them: cut to max_doc_chars, and to the token budget."""
+        budget = self._document_bytes(self.prompt.messages(question=question, document=""), 1) if documents else None
+        return [
+            fenced(f"{d.get('title') or ''}\n{d['text']}".strip(), self.cfg.max_doc_chars, budget) for d in documents
+        ]
 
     def _grade_all(self, question: str, documents: list[Document], usage: Usage) -> list[str]:
         question = defused(question)
-        texts = [fenced(f"{d.get('title') or ''}\n{d['text']}".strip(), self.cfg.max_doc_chars) for d in documents]
+        texts = self._texts(question, documents)
         if self.cfg.batch:
             [system, _] = self.prompt.messages(question=question)
             prompts = [self.prompt.user.safe_substitute(document=t).strip() for t in texts]
-            schema = GRADE_SCHEMA if self.cfg.format == "binary" and self.cfg.structured_output else None
+            structured = self.cfg.format == "binary" and self.cfg.structured_output != "none"
             return self.model.batch(  # type: ignore[attr-defined]  # grader.batch is for Databricks serving, which has it
                 system["content"],
                 prompts,
                 usage,
                 max_tokens=self.cfg.max_tokens,
                 temperature=self.cfg.temperature,
-                json_schema=schema,
+                json_schema=GRADE_SCHEMA if structured else None,
             )
         return [
             self._chat(self.prompt.messages(question=question, document=t), usage, **self._chat_extra()) for t in texts
@@ -234,14 +280,30 @@ class LLMGrader(_Role):
 
 
 class LLMRewriter(_Role):
-    def __init__(self, model: ChatModel, cfg):
+    def __init__(self, model: ChatModel, cfg: LLMRewriterConfig):
         super().__init__(model, cfg, "rewriter")
+        self.cfg: LLMRewriterConfig = cfg
         self.policy_keywords = cfg.policy_keywords
 
     def rewrite(self, question: str, usage: Usage) -> str:
-        query = clean_query(self._chat(self.prompt.messages(question=defused(question)), usage)) or question.strip()
+        reply = self._chat(
+            self.prompt.messages(question=defused(question)), usage, **self._structured(query_schema(self.cfg))
+        )
+        query = cut_at_word(clean_query(reply) or question.strip(), self.cfg.max_query_chars)
         extra = [k for k in self.policy_keywords if k.lower() not in query.lower()]
         return " ".join([query, *extra])
+
+
+def query_schema(cfg: LLMRewriterConfig) -> dict:
+    return object_schema("web_query", query={"type": "string", "minLength": 1, "maxLength": cfg.max_query_chars})
+
+
+def cut_at_word(text: str, max_chars: int) -> str:
+    """`text` in at most `max_chars` characters, cut after a whole word where it has one."""
+    if len(text) <= max_chars:
+        return text
+    cut = text[: max_chars + 1].rsplit(None, 1)[0] if " " in text[:max_chars] else text[:max_chars]
+    return cut[:max_chars].rstrip()
 
 
 class LLMGenerator(_Role):
@@ -253,12 +315,18 @@ class LLMGenerator(_Role):
 
     def generate(self, question: str, context: list[Document], usage: Usage) -> Answer:
         language = f"Reply in {self.cfg.reply_language}." if self.cfg.reply_language else ""
-        messages = self.prompt.messages(
-            question=defused(question),
-            context=render_context(context, self.cfg.max_doc_chars),
-            refusal=self.cfg.refusal_message,
-            language_line=language,
-        )
+
+        def messages_with(max_chars: int, max_bytes: int | None = None) -> list[dict]:
+            return self.prompt.messages(
+                question=defused(question),
+                context=render_context(context, max_chars, max_bytes),
+                refusal=self.cfg.refusal_message,
+                language_line=language,
+            )
+
+        # the documents' tags and the rest of the prompt are the fixed part of the token budget
+        budget = self._document_bytes(messages_with(0), len(context)) if context else None
+        messages = messages_with(self.cfg.max_doc_chars, budget)
         text, cited = parse_answer(self._chat(messages, usage), self.cfg.refusal_message, len(context))
         return Answer(text, cited)
 
@@ -272,12 +340,12 @@ class LLMSourceCheck(_Role):
         self.subject = cfg.subject or "the subject of the question"
 
     def verify(self, question: str, results: list[Document], usage: Usage) -> list[bool]:
+        question = defused(question)
+        fixed = self.prompt.messages(question=question, subject=self.subject, web_result="")
+        budget = self._document_bytes(fixed, 1) if results else None
         verdicts = []
         for doc in results:
-            messages = self.prompt.messages(
-                question=defused(question),
-                subject=self.subject,
-                web_result=fenced(f"{doc.get('title') or ''}\n{doc['text']}".strip(), self.cfg.max_doc_chars),
-            )
-            verdicts.append(parse_yes_no(self._chat(messages, usage)) is True)
+            text = fenced(f"{doc.get('title') or ''}\n{doc['text']}".strip(), self.cfg.max_doc_chars, budget)
+            messages = self.prompt.messages(question=question, subject=self.subject, web_result=text)
+            verdicts.append(parse_yes_no(self._chat(messages, usage, **self._structured(VERDICT_SCHEMA))) is True)
         return verdicts

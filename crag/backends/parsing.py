@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 # Part of the stage cache's key for the model roles (crag.cache.role_slices): raise it when these
 # parsers read a model's output differently, so that results read the old way are not reused.
-READING_VERSION = 3
+READING_VERSION = 4
 
 BINARY_KEYS = ("grade", "score", "binary_score", "relevant", "relevance", "answer")
 _YES = {"yes", "y", "true", "relevant", "1"}
@@ -161,10 +161,14 @@ def parse_binary(text: str) -> Parsed:
 
 
 def parse_score(text: str) -> Parsed:
-    """ "Score: N" (0-5) and "Reason: ..." lines as asked -> ok, relevance N/5; a score elsewhere ->
-    repaired, read from the first of these that gives one: lines that start with a score, JSON, prose.
-    None, scores of one kind that disagree, or one out of range -> failed."""
+    """ "Score: N" (0-5) and "Reason: ..." lines as asked, or {"score": N, "reason": "..."} as
+    structured output asks -> ok, relevance N/5; a score elsewhere -> repaired, read from the first of
+    these that gives one: lines that start with a score, JSON, prose. None, scores of one kind that
+    disagree, or one out of range -> failed."""
     stripped = visible(text)
+    structured = _structured_score(stripped)
+    if structured is not None:
+        return structured
     lines = [line.strip() for line in stripped.splitlines() if line.strip()]
     if lines and re.fullmatch(r"Score:\s*[0-5]", lines[0]) and (len(lines) == 1 or lines[1].startswith("Reason:")):
         reason = lines[1][len("Reason:") :].strip() if len(lines) > 1 else None
@@ -173,6 +177,20 @@ def parse_score(text: str) -> Parsed:
         if readings:
             return _agreed(readings)
     return Parsed(None, "failed")
+
+
+def _structured_score(text: str) -> Parsed | None:
+    """The reply as the score format's JSON schema has it (crag.backends.llm_roles.SCORE_SCHEMA)."""
+    try:
+        obj = json.loads(text, strict=False)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or set(obj) != {"score", "reason"}:
+        return None
+    score = obj["score"]
+    if isinstance(score, bool) or not isinstance(score, int) or not 0 <= score <= 5:
+        return None
+    return Parsed(score / 5, "ok", str(obj["reason"]))
 
 
 def _scores_in(pattern: re.Pattern, text: str) -> list[tuple[float, str | None]]:
@@ -220,7 +238,16 @@ def _refuses(reply: str, refusal: str, cited: list[int]) -> bool:
 
 
 def parse_yes_no(text: str) -> bool | None:
-    word = _LEADING_WORD.match(visible(text))
+    """A leading YES or NO, also as the one value of a JSON object ({"verdict": "YES"}, as structured
+    output asks); None when the reply gives neither."""
+    stripped = visible(text)
+    try:
+        obj = json.loads(stripped, strict=False)
+    except json.JSONDecodeError:
+        obj = None
+    if isinstance(obj, dict) and len(obj) == 1:
+        stripped = str(next(iter(obj.values())))
+    word = _LEADING_WORD.match(stripped)
     return _word_to_bool(word.group(1)) if word else None
 
 
@@ -229,7 +256,8 @@ def clean_query(text: str) -> str:
     that only introduces the query ("Here is the improved query:") is passed over."""
     stripped = visible(text)
     try:
-        obj = json.loads(stripped)
+        # strict=False: a raw line break inside the string, which some servers' JSON modes let through
+        obj = json.loads(stripped, strict=False)
         if isinstance(obj, dict):
             stripped = str(next(iter(obj.values()), ""))
     except json.JSONDecodeError:

@@ -43,6 +43,38 @@ class CallTimeout(TimeoutError):
     """A call that did not answer within the per-call timeout."""
 
 
+class RefusedRequest(ValueError):
+    """A request the service refused as invalid or unsupported: the same request would be refused
+    again, so it is never retried. `reason`: what the service said, on one line."""
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason or message
+
+
+# A server that validates its request body with pydantic (llama-cpp-python's) answers a field it does
+# not take with HTTP 500 and the validation error, not with 400 or 422: such a 500 is no server fault.
+_VALIDATION_ERROR = re.compile(r"validation error|literal_error|Input should be|extra_forbidden|unsupported", re.I)
+
+
+def error_message(exc: BaseException) -> str:
+    """What the service said, on one line: the `message` of its error body when it has one, up to a
+    blank line (llama-cpp-python's server adds its traceback after one)."""
+    body = getattr(exc, "body", None)
+    message = body.get("message") if isinstance(body, dict) else None
+    if not isinstance(message, str) and isinstance(body, dict) and isinstance(body.get("error"), dict):
+        message = body["error"].get("message")
+    said = str(message if isinstance(message, str) else exc)
+    return " ".join(re.split(r"\n\s*\n", said, maxsplit=1)[0].split())
+
+
+def refused_as_invalid(exc: BaseException) -> bool:
+    """Whether the service refused the request itself (400, 404, 405, 422, or a 500 that reports a
+    validation error of the request body)."""
+    status = http_status(exc)
+    return status in (400, 404, 405, 422) or (status == 500 and bool(_VALIDATION_ERROR.search(error_message(exc))))
+
+
 def http_status(exc: BaseException) -> int | None:
     for candidate in (getattr(exc, "status_code", None), getattr(getattr(exc, "response", None), "status_code", None)):
         if isinstance(candidate, int):
@@ -57,6 +89,8 @@ def is_transient(exc: BaseException | None) -> bool:
     client library wraps them in an error of its own (mlflow: MlflowException from a requests error)."""
     seen = 0
     while exc is not None and seen < 8:
+        if isinstance(exc, RefusedRequest) or refused_as_invalid(exc):
+            return False
         if http_status(exc) in RETRYABLE_STATUS:
             return True
         names = {cls.__name__ for cls in type(exc).__mro__}
@@ -162,12 +196,21 @@ class Endpoint:
         self._limits: dict[int, threading.BoundedSemaphore] = {}
         self._limits_lock = threading.Lock()
         self.hard_timeout = hard_timeout  # for clients without a timeout of their own (Vector Search)
+        self.server_slots: int | None = None  # requests the server itself runs at once, when it says
+
+    def limit_to_server(self, slots: int) -> None:
+        """Keep no more requests in flight than the server runs at once (its slots): one sent beyond
+        them waits in the server's queue, and its wait there counts against its timeout, where a wait
+        on the client does not."""
+        self.server_slots = max(1, slots)
+        self.concurrency = min(self.concurrency, self.server_slots)
 
     def _slots(self) -> threading.BoundedSemaphore:
         """The running task's share of the budget. The backends outlive a task, and the next task in
         this process may have the other share size: one semaphore per size (no slot is held between
         two tasks: a request abandoned on a timeout gave its slot back when it was abandoned)."""
         share = budget_share(self.policy.max_concurrency, self._tasks, _task)
+        share = min(share, self.server_slots or share)
         with self._limits_lock:
             if share not in self._limits:
                 self._limits[share] = threading.BoundedSemaphore(share)
@@ -200,14 +243,28 @@ class Endpoint:
             before_sleep=before_sleep,
             reraise=True,
         )
-        return retrying(self._attempt, fn)
+        return retrying(self._attempt, fn, usage)
 
-    def _attempt(self, fn: Callable[[], T]) -> T:
-        with self._slots():
+    def _attempt(self, fn: Callable[[], T], usage: Usage | None) -> T:
+        slots = self._slots()
+        if not slots.acquire(blocking=False):
+            # Every slot is taken: the call waits here, on the client, and its timeout starts only
+            # once it is sent.
+            waiting = time.perf_counter()
+            slots.acquire()
+            if usage is not None:
+                usage.queued_calls += 1
+                usage.queue_ms += round((time.perf_counter() - waiting) * 1000)
+        sent = time.perf_counter()
+        try:
             if not self.hard_timeout:
                 return fn()
             # On a timeout the request thread is abandoned, and its slot is released now.
             return call_with_deadline(fn, self.policy.timeout_s, self.name)
+        finally:
+            slots.release()
+            if usage is not None:
+                usage.add_call((time.perf_counter() - sent) * 1000)
 
 
 class _StopAfterUnanswered(stop_base):

@@ -18,7 +18,7 @@ from requests.structures import CaseInsensitiveDict  # header names are case-ins
 from crag.backends.bm25 import load_index
 from crag.backends.extractive import ExtractiveGenerator
 from crag.backends.lexical import KeywordRewriter, LexicalScorer
-from crag.emulators.serving import serving
+from crag.emulators.serving import description, serving
 from crag.emulators.tavily import tavily
 from crag.emulators.vector_search import vector_search
 from crag.text import TermWeights
@@ -46,6 +46,10 @@ class ServiceBehaviour:
     capacity: int | None = None  # concurrent requests each endpoint serves; beyond it: 429 with Retry-After
     fault_rates: dict[str, float] = field(default_factory=dict)  # e.g. {"429": 0.05, "hang": 0.02}
     scripted: list[str] = field(default_factory=list)  # faults for the next requests, in order ("ok" = none)
+    # serving: which OpenAI-compatible server /v1 answers as (crag.emulators.serving.CHAT_SERVERS)
+    chat_server: str = "vllm"
+    context_tokens: int | None = None  # serving: a prompt and max_tokens over it are refused (HTTP 400)
+    slots: int = 1  # serving as llama.cpp: the total_slots its /props gives
 
 
 class Emulator:
@@ -231,6 +235,9 @@ def _handler(emulator: Emulator):
             path = self.path.split("?")[0]
             if path == "/.well-known/databricks-config":  # the Databricks SDK's first request to a host
                 return self._reply(200, {"oidc_endpoint": f"{emulator.url}/oidc", "workspace_id": WORKSPACE_ID})
+            described = description(emulator.behaviour["serving"], self.command, path)
+            if described is not None:
+                return self._reply(*described)
             service = _service_of(path)
             if service is None:
                 return self._reply(404, {"error_code": "ENDPOINT_NOT_FOUND", "message": f"no route {path}"})

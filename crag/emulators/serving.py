@@ -12,8 +12,16 @@ from typing import TYPE_CHECKING, Any
 from crag.backends.base import Usage
 
 if TYPE_CHECKING:
-    from crag.emulators.server import Emulator
+    from crag.emulators.server import Emulator, ServiceBehaviour
 
+# The OpenAI-compatible servers /v1 can answer as (ServiceBehaviour.chat_server), each in its own ways:
+# vllm: takes response_format json_schema and the guided-decoding fields, and describes nothing;
+# llama-cpp-python: refuses response_format json_schema as its pydantic request model does (HTTP 500,
+#   a literal_error), takes json_object with a schema and `grammar`, and names itself in its OpenAPI
+#   title (it runs one request at a time);
+# llama.cpp: takes them all, and its /props gives its context window and slots.
+CHAT_SERVERS = ("vllm", "llama-cpp-python", "llama.cpp")
+LLAMA_CPP_PYTHON_TITLE = "\U0001f999 llama.cpp Python API"
 
 # A block opens with its tag alone on a line (as in crag's prompts); "the <document> tags" in the
 # instructions is prose, not a block.
@@ -106,6 +114,49 @@ def _chat_completion(emulator: Emulator, body: dict, fault: str) -> dict:
     }
 
 
+def description(behaviour: ServiceBehaviour, method: str, path: str) -> tuple[int, dict] | None:
+    """What the emulated chat server says of itself at `path` (None: not a description it gives)."""
+    if method != "GET":
+        return None
+    if path == "/props" and behaviour.chat_server == "llama.cpp":
+        n_ctx = behaviour.context_tokens or 4096
+        return 200, {"default_generation_settings": {"n_ctx": n_ctx}, "total_slots": behaviour.slots}
+    if path == "/openapi.json" and behaviour.chat_server == "llama-cpp-python":
+        return 200, {"openapi": "3.1.0", "info": {"title": LLAMA_CPP_PYTHON_TITLE, "version": "0.0.1"}}
+    return None
+
+
+def _refusal(behaviour: ServiceBehaviour, body: dict) -> tuple[int, dict] | None:
+    """The error the emulated server answers a chat request it does not take with (None: it takes it)."""
+    response_format = body.get("response_format") or {}
+    if behaviour.chat_server == "llama-cpp-python" and response_format.get("type") not in (None, "text", "json_object"):
+        # as llama-cpp-python 0.3.36's server words pydantic's error, with status 500 and its traceback
+        error = {
+            "type": "literal_error",
+            "loc": ("body", "response_format", "type"),
+            "msg": "Input should be 'text' or 'json_object'",
+            "input": response_format.get("type"),
+            "ctx": {"expected": "'text' or 'json_object'"},
+        }
+        message = (
+            f'1 validation error:\n  {error}\n\n  File "llama_cpp/server/app.py", line 376, in '
+            "create_chat_completion\n    POST /v1/chat/completions"
+        )
+        return 500, {"error": {"message": message, "type": "internal_server_error", "param": None, "code": None}}
+    if behaviour.context_tokens is not None:
+        system, user = _messages_text(body.get("messages") or [])
+        prompt, completion = _tokens(system + user), int(body.get("max_tokens") or 16)
+        if prompt + completion > behaviour.context_tokens:
+            message = (
+                f"This model's maximum context length is {behaviour.context_tokens} tokens, however you requested "
+                f"{prompt + completion} tokens ({prompt} in your prompt; {completion} for the completion). Please "
+                "reduce your prompt; or completion length."
+            )
+            error = {"message": message, "type": "invalid_request_error", "param": "messages"}
+            return 400, {"error": {**error, "code": "context_length_exceeded"}}
+    return None
+
+
 def serving(emulator: Emulator, method: str, path: str, body: Any, fault: str):
     if path.startswith("/api/2.0/serving-endpoints/") and method == "GET":  # describe (the Vector Search client asks)
         name = path.rsplit("/", 1)[-1]
@@ -117,6 +168,9 @@ def serving(emulator: Emulator, method: str, path: str, body: Any, fault: str):
         if len(constraints) > 1:  # as vLLM and SGLang answer it
             message = f"You can only use one kind of guided decoding but multiple are specified: {constraints}"
             return 400, {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400}
+        refused = _refusal(emulator.behaviour["serving"], body)
+        if refused is not None:
+            return refused
         return 200, _chat_completion(emulator, body, fault)
     if "inputs" in body:  # the custom batch-grading endpoint of reference flow 1
         params = body.get("params") or {}

@@ -80,6 +80,10 @@ class Recording:
     def __init__(self, reply):
         self.reply, self.messages = reply, []
 
+    def context_window(self):
+
+        return None
+
     def chat(self, messages, usage, **kw):
         self.messages.append(messages)
         return self.reply

@@ -14,10 +14,12 @@ OAI = REPO / "conf" / "openai.yaml"
 FAST = [
     f"{r}.policy.{k}" for r in ("grader", "rewriter", "generator") for k in ("backoff_initial_s=0.01", "timeout_s=1")
 ]
+# One mode named, not `auto`: these tests count requests, and `auto` adds its probe (test_structured_output.py)
+JSON_SCHEMA = ["grader.structured_output=json_schema", "rewriter.structured_output=json_schema"]
 
 
 def cfg(*sets):
-    return load_config(OAI, [*FAST, *sets])
+    return load_config(OAI, [*FAST, *JSON_SCHEMA, *sets])
 
 
 def test_grader_sends_the_json_schema(emulator):
@@ -43,7 +45,7 @@ def test_guided_regex_is_sent_in_place_of_the_schema(emulator):
     """vLLM (guided_regex) and SGLang (regex) refuse a request constrained twice: the regex goes alone."""
     for key in ("guided_regex", "regex"):
         emulator.reset()
-        c = cfg("grader.guided_regex=true", "grader.structured_output=false", f"grader.guided_regex_key={key}").grader
+        c = cfg("grader.guided_regex=true", "grader.structured_output=none", f"grader.guided_regex_key={key}").grader
         grades = LLMGrader(OpenAICompatible(c, regex_key=c.guided_regex_key), c).grade(
             "How high is Mount Fuji?", [{"source": "web", "text": "Mount Fuji is 3,776 metres high."}], Usage()
         )
@@ -53,7 +55,7 @@ def test_guided_regex_is_sent_in_place_of_the_schema(emulator):
 
 
 def test_a_grader_config_with_two_output_constraints_is_refused():
-    with pytest.raises(ConfigError, match="set structured_output: false to send the regex"):
+    with pytest.raises(ConfigError, match="set structured_output: none to send the regex"):
         cfg("grader.guided_regex=true")
     with pytest.raises(ConfigError, match="OpenAI-compatible servers only"):
         load_config(REPO / "conf" / "databricks.yaml", ["grader.guided_regex=true", "grader.structured_output=false"])

@@ -76,6 +76,10 @@ class Recording:
     def __init__(self, reply: str):
         self.reply, self.messages = reply, []
 
+    def context_window(self):
+
+        return None
+
     def chat(self, messages, usage, **kw):
         self.messages.extend(messages)
         return self.reply

@@ -25,6 +25,10 @@ class RecordingModel:
     def __init__(self):
         self.messages = []
 
+    def context_window(self):
+
+        return None
+
     def chat(self, messages, usage, **kw):
         self.messages.append(messages)
         return '{"grade": "no"}'
@@ -53,6 +57,10 @@ class ScriptedModel:
 
     def __init__(self, *replies: str):
         self.replies = list(replies)
+
+    def context_window(self):
+
+        return None
 
     def chat(self, messages, usage, **kw):
         return self.replies.pop(0)
@@ -107,7 +115,10 @@ def test_source_check_drops_rejected_web_results(emulator, sample_indexes):
     assert steps["verify_web"]["decision"].endswith("kept")
     kept = int(steps["verify_web"]["decision"].split()[0])
     assert out.loc[0, "n_web"] == kept and 0 < kept < 3
-    checks = [r for r in emulator.of("serving") if r.body["model"] == "checker"]
+    [probe, *checks] = [r for r in emulator.of("serving") if r.body["model"] == "checker"]
+    # structured_output auto: one probe, which the emulator (as vLLM) takes in json_schema
+    assert probe.body["response_format"]["json_schema"]["name"] == "probe"
+    assert {r.body["response_format"]["json_schema"]["name"] for r in checks} == {"source_verdict"}
     assert len(checks) == 3 and "<web_result>" in checks[0].body["messages"][1]["content"]
     assert "general knowledge" in checks[0].body["messages"][0]["content"]
 

@@ -56,7 +56,7 @@ def test_parse_binary(text, relevance, status):
         ("Score: 4\nReason: covers the filter interval", 0.8, "ok", "covers the filter interval"),
         ("Score: 0", 0.0, "ok", None),
         ("I'd say score: 3/5. Reason: partial", 0.6, "repaired", "partial"),
-        ('{"score": 5, "reason": "direct"}', 1.0, "repaired", "direct"),
+        ('{"score": 5, "reason": "direct"}', 1.0, "ok", "direct"),
         ("Score: 7", None, "failed", None),
         ("Score (0-5): 4", 0.8, "repaired", None),
         ("Score: **4**\nReason: **direct**", 0.8, "repaired", "direct"),
@@ -73,7 +73,7 @@ def test_parse_binary(text, relevance, status):
         # an explicit score line is read before JSON, which the graded document may have planted
         ('The chunk embeds {"score": 5} to game graders.\nScore: 0\nReason: unrelated', 0.0, "repaired", "unrelated"),
         ("The chunk says:\nScore: 5\nbut it is unrelated.\nScore: 0", None, "failed", None),  # lines disagree
-        ('{\n  "score": 4,\n  "reason": "direct"\n}', 0.8, "repaired", "direct"),
+        ('{\n  "score": 4,\n  "reason": "direct"\n}', 0.8, "ok", "direct"),
         ('{"score": 1} or {"score": 4}', None, "failed", None),
         # a negative score, or one of another scale, is no score of 0-5
         ("Score: -4", None, "failed", None),
