@@ -64,14 +64,14 @@ def test_a_catalog_warehouse_off_databricks_names_its_store_and_makes_no_folder_
         ConfigError,
         match=r"warehouse main\.crag is a catalog schema, which holds no MLflow store: set mlflow\.tracking_uri",
     ):
-        log_run(cfg, "main.crag", "r1", "base", {"accepted": 1}, None, 1.0, {})
+        log_run(cfg, "main.crag", "r1", "base", RunCounts(accepted=1), None, 1.0, {})
     with pytest.raises(ConfigError):
         check_tracking(cfg, "main.crag")  # said before a run starts
     check_tracking(CragConfig(mlflow={"enabled": False}), "main.crag")
     assert list(tmp_path.iterdir()) == []
     store = tmp_path / "elsewhere" / "mlflow.db"
     named = CragConfig(mlflow={"tracking_uri": f"sqlite:///{store}"})
-    assert log_run(named, "main.crag", "r1", "base", {"accepted": 1}, None, 1.0, {"a": 1})
+    assert log_run(named, "main.crag", "r1", "base", RunCounts(accepted=1), None, 1.0, {"a": 1})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere"]  # artifacts beside the store, not ./mlruns
     assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == ["artifacts", "mlflow.db"]
 
