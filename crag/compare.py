@@ -119,6 +119,11 @@ def _score_deltas(qid: str, scores: list) -> dict:
     return out
 
 
+def _field(row, column: str):
+    """A column of a question's row in one run (None: the run has no such question)."""
+    return None if row is None else row[column]
+
+
 def compare_runs(
     base: dict[str, pd.DataFrame],
     candidate: dict[str, pd.DataFrame],
@@ -144,28 +149,27 @@ def compare_runs(
     for qid in sorted(set(a.index) | set(b.index)):
         x = a.loc[qid] if qid in a.index else None
         y = b.loc[qid] if qid in b.index else None
-        get = lambda r, c: None if r is None else r[c]  # noqa: E731
         row = {
             "base_run": base_id,
             "candidate_run": candidate_id,
             "question_id": qid,
-            "question": get(x, "question") if x is not None else get(y, "question"),
+            "question": _field(x, "question") if x is not None else _field(y, "question"),
             "in_base": x is not None,
             "in_candidate": y is not None,
             "question_changed": None,
             "gold_changed": None,
-            "answer_base": get(x, "answer"),
-            "answer_candidate": get(y, "answer"),
+            "answer_base": _field(x, "answer"),
+            "answer_candidate": _field(y, "answer"),
             "answer_changed": None,
             "answer_similarity": None,
-            "action_base": get(x, "action"),
-            "action_candidate": get(y, "action"),
-            "route_base": get(x, "route"),
-            "route_candidate": get(y, "route"),
+            "action_base": _field(x, "action"),
+            "action_candidate": _field(y, "action"),
+            "route_base": _field(x, "route"),
+            "route_candidate": _field(y, "route"),
             "action_flip": None,
             "route_flip": None,
-            "n_relevant_base": get(x, "n_relevant"),
-            "n_relevant_candidate": get(y, "n_relevant"),
+            "n_relevant_base": _field(x, "n_relevant"),
+            "n_relevant_candidate": _field(y, "n_relevant"),
             "n_relevant_delta": None,
             "grade_flips": [],
             "f1_delta": None,

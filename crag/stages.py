@@ -30,7 +30,6 @@ from crag.backends.base import NOT_GRADED, Backends, Document, Grade, Grader, Us
 from crag.config import (
     CragConfig,
     GeneratorConfig,
-    GraderConfig,
     RefinementConfig,
     RetrieverConfig,
     RoutingConfig,
@@ -366,9 +365,10 @@ def _not_graded(docs: list[Document], grader: Grader, error: str) -> list[Docume
 
 
 @runs(STAGES["grade"])
-def grade(df: pd.DataFrame, backends: Backends, cfg: GraderConfig) -> dict:
+def grade(df: pd.DataFrame, backends: Backends, _: None = None) -> dict:
     """A relevance score and yes/no for every retrieved document (web results are graded in the web
-    search stage). The grader backend was built from `cfg`, which holds nothing more for the stage."""
+    search stage). Everything the grader's config says is in the grader backend built from it: the
+    stage gets no config of its own."""
     grader = backends.grader
 
     def grade_row(row, tally: Usage) -> list[Document]:
@@ -762,7 +762,7 @@ def generate(df: pd.DataFrame, backends: Backends, cfg: GeneratorConfig) -> dict
 # The stages in order, each with the config section it receives.
 PIPELINE: tuple[tuple[Callable[..., pd.DataFrame], Callable[[CragConfig], Any]], ...] = (
     (retrieve, lambda cfg: cfg.retriever),
-    (grade, lambda cfg: cfg.grader),
+    (grade, lambda cfg: None),
     (decide, lambda cfg: cfg.routing),
     (rewrite, lambda cfg: cfg.web_search),
     (web_search, lambda cfg: WebStageConfig(search=cfg.web_search, min_context_chars=cfg.routing.min_context_chars)),

@@ -250,42 +250,39 @@ def _handler(emulator: Emulator):
                 key = body.get("api_key") if isinstance(body, dict) else None
                 if auth != f"Bearer {emulator.token}" and key != emulator.token:
                     return self._reply(401, {"error_code": "UNAUTHENTICATED", "message": "invalid token"})
-            endpoint = endpoint_of(service, path, body)
-            admitted = emulator._admit(service, endpoint)
-            if admitted is None:
-                return self._reply(
-                    429,
-                    {"error_code": "REQUEST_LIMIT_EXCEEDED", "message": "capacity"},
-                    {"Retry-After": str(int(emulator.retry_after_s))},
-                )
-            # The slot is released before the reply is written: once the client has its answer it may
-            # send the next request at once, and that one must find the slot free.
-            try:
-                behaviour = emulator.behaviour[service]
-                fault = emulator._fault(service)
-                if behaviour.latency_s:
-                    time.sleep(behaviour.latency_s)
-                reply: tuple[int, dict, dict | None]
-                if fault == "429":
-                    reply = (
-                        429,
-                        {"error_code": "REQUEST_LIMIT_EXCEEDED", "message": "slow down"},
-                        {"Retry-After": str(int(emulator.retry_after_s))},
-                    )
-                elif fault == "500":
-                    reply = (500, {"error_code": "INTERNAL_ERROR", "message": "injected failure"}, None)
-                else:
-                    if fault == "hang":
-                        time.sleep(emulator.hang_s)
-                    status, payload = ROUTES[service](emulator, self.command, path, body, fault=fault)
-                    reply = (status, payload, None)
-            finally:
-                emulator._release(service, endpoint, admitted)
-            return self._reply(*reply)
+            return self._reply(*_served(emulator, service, self.command, path, body))
 
         do_GET = do_POST = do_PATCH = _handle
 
     return Handler
+
+
+def _served(emulator: Emulator, service: str, command: str, path: str, body) -> tuple[int, Any, dict | None]:
+    """A request to a service as the service answers it: within the endpoint's capacity (429 beyond it),
+    after its latency, with any fault injected; (status, payload, headers)."""
+    endpoint = endpoint_of(service, path, body)
+    admitted = emulator._admit(service, endpoint)
+    if admitted is None:
+        slow_down = {"Retry-After": str(int(emulator.retry_after_s))}
+        return 429, {"error_code": "REQUEST_LIMIT_EXCEEDED", "message": "capacity"}, slow_down
+    # The slot is released before the reply is written: once the client has its answer it may send the
+    # next request at once, and that one must find the slot free.
+    try:
+        behaviour = emulator.behaviour[service]
+        fault = emulator._fault(service)
+        if behaviour.latency_s:
+            time.sleep(behaviour.latency_s)
+        if fault == "429":
+            slow_down = {"Retry-After": str(int(emulator.retry_after_s))}
+            return 429, {"error_code": "REQUEST_LIMIT_EXCEEDED", "message": "slow down"}, slow_down
+        if fault == "500":
+            return 500, {"error_code": "INTERNAL_ERROR", "message": "injected failure"}, None
+        if fault == "hang":
+            time.sleep(emulator.hang_s)
+        status, payload = ROUTES[service](emulator, command, path, body, fault=fault)
+        return status, payload, None
+    finally:
+        emulator._release(service, endpoint, admitted)
 
 
 ROUTES = {"serving": serving, "vector_search": vector_search, "tavily": tavily}

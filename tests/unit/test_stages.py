@@ -124,7 +124,7 @@ def run(texts, cfg=None, **kw):
 
 def test_stages_declare_their_inputs_and_refuse_to_run_out_of_order():
     with pytest.raises(ValueError, match="stage 'grade' needs column"):
-        stages.grade(stages.start(questions("x?")), make_backends(), CragConfig().grader)
+        stages.grade(stages.start(questions("x?")), make_backends())
 
 
 def stage_steps(backends, cfg):
