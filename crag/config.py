@@ -285,6 +285,9 @@ class SemanticGraderConfig(Section):
     web_threshold: float | None = Field(None, ge=0, le=1)  # as the lexical grader's (None: `threshold`)
     embedding: Literal["multilingual-e5-small", "use-multilingual-v3"] = "multilingual-e5-small"
     languages: SemanticLanguages = Field(default_factory=SemanticLanguages)
+    # the lexical relevance it combines: the lexical grader's, with the same defaults
+    exponents: LexicalExponents = Field(default_factory=LexicalExponents)
+    signals: LexicalSignals = Field(default_factory=LexicalSignals)
 
     @model_validator(mode="before")
     @classmethod
@@ -458,6 +461,9 @@ class IndexingConfig(Section):
     # dense vectors of the child chunks next to the BM25 index, for the hybrid retriever and the
     # semantic grader: a model shipped in a package (crag.backends.embedding), or none
     embedding: Literal["none", "multilingual-e5-small", "use-multilingual-v3"] = "none"
+    # a folder keeping the passage vectors by model and text hash, so that a rebuild embeds only the
+    # chunks that changed (crag.backends.embedding.EmbeddingCache); null: embed every chunk each build
+    embedding_cache: str | None = None
 
     @model_validator(mode="after")
     def _overlap_inside_a_chunk(self) -> IndexingConfig:
