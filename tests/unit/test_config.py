@@ -156,9 +156,7 @@ def test_a_config_shipped_with_crag_is_found_by_name_from_any_folder(tmp_path, m
         load_config("conf/local.yaml")
 
 
-@pytest.mark.parametrize(
-    "variant, model", [("semantic", "multilingual-e5-small"), ("semantic_use", "use-multilingual-v3")]
-)
+@pytest.mark.parametrize("variant, model", [("semantic", "multilingual-e5-small"), (None, "use-multilingual-v3")])
 def test_the_semantic_grader_gets_the_weights_fitted_for_its_model(variant, model):
     """Cosines of two models are on different scales: one model's weights on the other's cosines would
     grade silently wrong, so a language the config does not calibrate gets its own model's weights."""
@@ -181,6 +179,20 @@ def test_the_semantic_grader_gets_the_weights_fitted_for_its_model(variant, mode
     ).grader.languages
     assert switched.en.model_dump() == {"lexical": 1, "semantic": 2, "bias": -3}
     assert switched.ja.model_dump() == FITTED_WEIGHTS[model]["ja"]
+
+
+def test_a_variant_that_switches_a_backend_leaves_the_replaced_backends_keys_behind(tmp_path):
+    """conf/local.yaml's grader is semantic, with `embedding`; variant lexical switches to the lexical
+    grader, which has no such key. A key the variant itself gives is still checked."""
+    cfg = load_config(LOCAL_CONF, [], "lexical")
+    assert cfg.grader.backend == "lexical" and cfg.indexing.embedding == "none" and cfg.grader.web_threshold == 0.25
+    assert load_config(LOCAL_CONF, ["grader.backend=lexical"], "semantic").grader.backend == "lexical"
+    conf = tmp_path / "local.yaml"
+    conf.write_text(LOCAL_CONF.read_text(encoding="utf-8"), encoding="utf-8")
+    (tmp_path / "variants").mkdir()
+    (tmp_path / "variants" / "mine.yaml").write_text("grader:\n  backend: lexical\n  embedding: none\n")
+    with pytest.raises(ConfigError, match="unknown config key 'grader.embedding'"):
+        load_config(conf, [], "mine")
 
 
 def test_a_set_that_switches_a_backend_leaves_the_replaced_backends_keys_behind():
