@@ -898,7 +898,9 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = (), variant:
         data = deep_merge(data, overlay)
         # A variant that switches a backend (variant lexical: grader.backend) drops the base's keys of
         # the one it replaces, as a --set does.
-        given = {(name, key) for name, section in overlay.items() if isinstance(section, dict) for key in section}
+        given: set[tuple[str, ...]] = {
+            (name, key) for name, section in overlay.items() if isinstance(section, dict) for key in section
+        }
         _drop_replaced_backends_keys(data, base_backends, given)
     file_backends = _backends(data)
     overridden: set[tuple[str, ...]] = set()
