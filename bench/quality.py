@@ -360,6 +360,7 @@ def main() -> None:
             print(render_popqa(extra["popqa"]))
         else:
             no_grades = pd.DataFrame(columns=["question_id", "source", "doc_id"])  # the confusion needs no grades
+            gold = gold[["question_id", "answers", "is_impossible", "expected_route", "gold_doc_ids"]]
             confusion = action_confusion(question_scores(answers, no_grades, gold))
             print(f"action confusion (expected route x action):\n{confusion.to_string()}")
             extra["confusion"] = confusion.to_dict(orient="index")
