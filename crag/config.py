@@ -391,10 +391,21 @@ class ExtractiveGeneratorConfig(Section):
     max_sentences: int = Field(2, ge=1, le=3)
     min_sentence_score: float = Field(0.2, ge=0, le=1)
     document_weight: float = Field(0.5, ge=0, le=1)  # share of a sentence's score taken from its document's relevance
+    # share taken from the cosine of the question and the sentence (`embedding`'s model; 0: not embedded)
+    cosine_weight: float = Field(0.0, ge=0, le=1)
+    embedding: Literal["use-multilingual-v3", "multilingual-e5-small"] | None = None
     # no sentence reaches min_sentence_score: answer from the most relevant document's best sentences
     # instead of refusing (the context holds only documents graded relevant)
     answer_from_best_document: bool = True
     refusal_message: RefusalMessage = DEFAULT_REFUSAL
+
+    @model_validator(mode="after")
+    def _weights_within_one(self) -> ExtractiveGeneratorConfig:
+        if self.document_weight + self.cosine_weight > 1:
+            raise ValueError("generator.document_weight + generator.cosine_weight must be at most 1")
+        if self.cosine_weight > 0 and self.embedding is None:
+            raise ValueError("generator.cosine_weight needs generator.embedding: the model the cosine comes from")
+        return self
 
 
 class LLMGeneratorConfig(LLMConfig):

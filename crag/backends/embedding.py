@@ -44,25 +44,34 @@ class Embedder:
     """A model, with the questions it embedded kept: the retriever and the grader embed the same
     question, and Spark reuses its Python workers across tasks."""
 
-    KEPT_QUERIES = 20_000
+    KEPT = 20_000  # texts of each kind kept per process
 
     def __init__(self, model: Model):
         self.model, self.name, self.dim = model, model.name, model.dim
         self._queries: dict[str, np.ndarray] = {}
+        self._passages: dict[str, np.ndarray] = {}
 
     def query(self, text: str) -> np.ndarray:
         return self.queries([text])[0]
 
     def queries(self, texts: list[str]) -> np.ndarray:
         """(len(texts), dim): the questions not seen yet embedded together, in one call."""
-        new = list(dict.fromkeys(t for t in texts if t not in self._queries))
+        return self._kept(self._queries, self.model.queries, texts)
+
+    def kept_passages(self, texts: list[str]) -> np.ndarray:
+        """As `passages`, keeping the vectors in the process: texts graded or answered from again and
+        again (a web result, a context's sentences)."""
+        return self._kept(self._passages, self.model.passages, texts)
+
+    def _kept(self, kept: dict[str, np.ndarray], encode, texts: list[str]) -> np.ndarray:
+        new = list(dict.fromkeys(t for t in texts if t not in kept))
         if new:
-            if len(self._queries) + len(new) > self.KEPT_QUERIES:
-                self._queries.clear()
-            self._queries.update(zip(new, self.model.queries(new)))
+            if len(kept) + len(new) > self.KEPT:
+                kept.clear()
+            kept.update(zip(new, encode(new)))
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        return np.stack([self._queries[t] for t in texts])
+        return np.stack([kept[t] for t in texts])
 
     def passages(self, texts: list[str]) -> np.ndarray:
         return self.model.passages(texts)

@@ -11,7 +11,6 @@ text (a Tavily result, a refined strip) is embedded when graded."""
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 
@@ -36,7 +35,6 @@ class SemanticGrader:
         self.cfg = cfg
         self.embedder = load_embedder(cfg.embedding)
         self.indexes = {source: index for source, index in indexes.items() if index.embedding == cfg.embedding}
-        self._passage = functools.lru_cache(maxsize=10_000)(lambda text: self.embedder.passages([text])[0])
         self.name = "semantic"
 
     def cosine(self, question: str, doc: Document) -> float:
@@ -46,7 +44,7 @@ class SemanticGrader:
             similarity = index.parent_similarity(vector, doc.get("parent_id"), doc["text"])
             if similarity is not None:
                 return similarity
-        return float(self._passage(doc["text"]) @ vector)
+        return float(self.embedder.kept_passages([doc["text"]])[0] @ vector)
 
     def grade(self, question: str, documents: list[Document], usage: Usage) -> list[Grade]:
         lang = language(question)
