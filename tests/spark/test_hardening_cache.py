@@ -55,7 +55,7 @@ def test_results_read_by_older_parsers_are_not_reused(monkeypatch):
     configs = [
         load_config(DBX),  # every role a model
         load_config(OPENAI, ["web_search.verify.backend=openai", "web_search.verify.endpoint=m"]),
-        load_config(LOCAL_CONF),  # no model: lexical, keywords, extractive
+        load_config(LOCAL_CONF),  # no language model: semantic (a sentence encoder), keywords, extractive
     ]
     before = [role_slices(cfg) for cfg in configs]
     monkeypatch.setattr(crag.cache, "READING_VERSION", crag.cache.READING_VERSION + 1)
