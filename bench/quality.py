@@ -205,10 +205,13 @@ def prepare_popqa(out: Path, per_dataset: int, seed: int) -> dict:
 def _answers_in_corpus(questions: list[dict], corpus: list[dict]) -> int:
     """Questions any of whose gold answers occurs in some paragraph of the corpus (as `answer_contained`
     matches it): the most an extractive answerer could contain, right or by chance."""
-    from crag.evaluation import best, contained
+    from crag.evaluation import holds, is_cjk, normalize_answer
 
-    text = "\n".join(d["text"] for d in corpus)
-    return sum(best(contained, text, q["answers"]) > 0 for q in questions)
+    paragraphs = {cjk: [normalize_answer(d["text"], cjk) for d in corpus] for cjk in (False, True)}
+    return sum(
+        any(holds(p, normalize_answer(g, is_cjk(g))) for g in q["answers"] if g for p in paragraphs[is_cjk(g)])
+        for q in questions
+    )
 
 
 def popqa_figures(answers: pd.DataFrame, gold: pd.DataFrame, popularity: dict[str, int]) -> dict:
