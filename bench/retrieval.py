@@ -68,7 +68,8 @@ def main() -> None:
         docs, questions, sets = corpus_files(args.corpus, workdir)
         lexical = load_config(CONF, [*sets, "indexing.embedding=none", "indexing.embedding_cache=null"])
         dense = load_config(CONF, [*sets, f"indexing.embedding={args.embedding}", "indexing.embedding_cache=null"])
-        _, load_s = timed(load_embedder, args.embedding)  # once per process, as a Spark worker loads it
+        # once per process, as a Spark worker loads it (the package reads its weights on first use)
+        _, load_s = timed(lambda name: load_embedder(name).passages(["warm-up"]), args.embedding)
         manifest, lexical_s = timed(build_index, docs, workdir / "lexical", lexical.indexing)
         _, dense_s = timed(build_index, docs, workdir / "dense", dense.indexing)
         n = manifest["n_chunks"]

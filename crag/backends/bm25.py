@@ -171,7 +171,7 @@ class LexicalIndex:
         if self.embedding == "none":
             raise UnusableIndexError(
                 f"index {self.path} has no dense vectors: rebuild it with indexing.embedding set "
-                "(e.g. --set indexing.embedding=multilingual-e5-small)"
+                "(e.g. --set indexing.embedding=use-multilingual-v3)"
             )
         vectors = np.load(self.data / DENSE_FILE)
         if len(vectors) != len(self._chunk_parent):
