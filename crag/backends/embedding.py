@@ -63,6 +63,11 @@ class Embedder:
         again (a web result, a context's sentences)."""
         return self._kept(self._passages, self.model.passages, texts)
 
+    def forget(self) -> None:
+        """Drop the kept vectors (a benchmark times each retriever with its own embedding calls)."""
+        self._queries.clear()
+        self._passages.clear()
+
     def _kept(self, kept: dict[str, np.ndarray], encode, texts: list[str]) -> np.ndarray:
         new = list(dict.fromkeys(t for t in texts if t not in kept))
         if new:

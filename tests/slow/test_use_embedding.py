@@ -41,7 +41,7 @@ def test_a_repeated_text_gets_the_vector_it_gets_alone():
     # questions in one batch get the vectors they get one by one
     questions = ["Where does the cat sleep?", "富士山の標高は？", "Why did shares drop?"]
     batch = embedder.queries(questions)
-    embedder._queries.clear()
+    embedder.forget()
     assert np.allclose(batch, np.stack([embedder.query(q) for q in questions]), atol=1e-5)
 
 
