@@ -11,12 +11,15 @@ Two setups:
 - the default: 1,000 questions per dataset, 500 from each half, unanswerable SQuAD questions included;
 - `--setup actions` (issue 15's): 150 knowledge-base and 150 web questions per dataset, all answerable,
   scored on the CRAG action (`--set routing.policy=thresholds` for the paper's policy).
+`--datasets popqa` adds PopQA (../shared/data/popqa: questions and gold answers, no corpus) over SQuAD
+2.0's articles, the only English Wikipedia text there is offline, and prints the CRAG paper's PopQA
+accuracy (gold answer contained) overall and on the long tail; docs/quality.md says what compares.
 For each dataset it prints the metrics, the action confusion (expected route x action) and the costs:
 index build time, job time per question, and the peak memory of the whole process tree (driver, JVM,
 Python workers) during the dataset's index build and job; then whether each of the setup's targets
 (TARGETS) is met.
 
-Run:  python -m bench.quality [--setup default|actions] [--datasets squad_v2,jsquad,jaquad] [--per-dataset N]
+Run:  python -m bench.quality [--setup default|actions] [--datasets squad_v2,jsquad,jaquad,popqa] [--per-dataset N]
                               [--answerable-only] [--variant semantic|semantic_use] [--set KEY=VALUE ...] [--calibrate]
                               [--reuse-indexes]
 Writes the metrics to <out>/quality.json as well as printing them.
@@ -95,15 +98,12 @@ SETUPS = {
 }
 
 
-def prepare(dataset: str, out: Path, per_dataset: int, seed: int, answerable_only: bool = False) -> dict:
-    """Write kb.jsonl, web.jsonl and questions.jsonl for one dataset; return their paths and counts.
-    `answerable_only`: draw only questions with a gold answer (SQuAD 2.0's unanswerable ones left out)."""
-    path = require_dataset(dataset)
-    corpus = read_jsonl(path / "corpus.jsonl")
-    questions = read_jsonl(path / "questions.jsonl")
-    titles = sorted({d["title"] for d in corpus})
-    kb_titles = set(titles[0::2])
-    folder = out / dataset
+def write_collections(dataset: str, folder: Path) -> tuple[list[dict], set[str]]:
+    """kb.jsonl and web.jsonl of one reading-comprehension dataset in `folder`: its article titles,
+    sorted, assigned alternately to the knowledge base and the web. Returns the corpus and the
+    knowledge base's titles."""
+    corpus = read_jsonl(require_dataset(dataset) / "corpus.jsonl")
+    kb_titles = set(sorted({d["title"] for d in corpus})[0::2])
     folder.mkdir(parents=True, exist_ok=True)
     for name, keep in (("kb", lambda t: t in kb_titles), ("web", lambda t: t not in kb_titles)):
         with (folder / f"{name}.jsonl").open("w", encoding="utf-8") as f:
@@ -112,18 +112,29 @@ def prepare(dataset: str, out: Path, per_dataset: int, seed: int, answerable_onl
                     # The article title heads its paragraph, as a page title heads a web result; some
                     # JSQuAD answers are only in the title.
                     text = f"{d['title'].replace('_', ' ')}\n{d['text']}"
-                    f.write(
-                        json.dumps(
-                            {
-                                "doc_id": d["doc_id"],
-                                "title": d["title"],
-                                "text": text,
-                                "url": URL_BASE[dataset] + d["title"],
-                            },
-                            ensure_ascii=False,
-                        )
-                        + "\n"
-                    )
+                    row = {
+                        "doc_id": d["doc_id"],
+                        "title": d["title"],
+                        "text": text,
+                        "url": URL_BASE[dataset] + d["title"],
+                    }
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return corpus, kb_titles
+
+
+def write_questions(path: Path, rows: list[dict]) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+
+
+def prepare(dataset: str, out: Path, per_dataset: int, seed: int, answerable_only: bool = False) -> dict:
+    """Write kb.jsonl, web.jsonl and questions.jsonl for one dataset; return their paths and counts.
+    `answerable_only`: draw only questions with a gold answer (SQuAD 2.0's unanswerable ones left out)."""
+    if dataset == "popqa":
+        return prepare_popqa(out, per_dataset, seed)
+    questions = read_jsonl(require_dataset(dataset) / "questions.jsonl")
+    folder = out / dataset
+    corpus, kb_titles = write_collections(dataset, folder)
     if answerable_only:
         questions = [q for q in questions if not q["is_impossible"] and any(q["answers"])]
     rng = random.Random(seed)
@@ -134,29 +145,104 @@ def prepare(dataset: str, out: Path, per_dataset: int, seed: int, answerable_onl
     chosen = []
     for internal, pool in halves.items():
         chosen += rng.sample(pool, min(len(pool), per_dataset // 2))
-    with (folder / "questions.jsonl").open("w", encoding="utf-8") as f:
-        for q in chosen:
-            internal = q["title"] in kb_titles
-            f.write(
-                json.dumps(
-                    {
-                        "question_id": q["question_id"],
-                        "question": q["question"],
-                        "answers": q["answers"],
-                        "is_impossible": q["is_impossible"],
-                        "expected_route": "internal" if internal else "web",
-                        "gold_doc_ids": [q["doc_id"]],
-                    },
-                    ensure_ascii=False,
-                )
-                + "\n"
-            )
+    write_questions(
+        folder / "questions.jsonl",
+        [
+            {
+                "question_id": q["question_id"],
+                "question": q["question"],
+                "answers": q["answers"],
+                "is_impossible": q["is_impossible"],
+                "expected_route": "internal" if q["title"] in kb_titles else "web",
+                "gold_doc_ids": [q["doc_id"]],
+            }
+            for q in chosen
+        ],
+    )
     return {
         "folder": folder,
         "questions": len(chosen),
         "kb_docs": sum(d["title"] in kb_titles for d in corpus),
         "web_docs": sum(d["title"] not in kb_titles for d in corpus),
     }
+
+
+def prepare_popqa(out: Path, per_dataset: int, seed: int) -> dict:
+    """PopQA's questions (../shared/data/popqa: questions and gold answers, no corpus) over the only
+    English Wikipedia text there is offline: SQuAD 2.0's articles, split into knowledge base and web
+    as for squad_v2. They are not about PopQA's subjects, so this measures what the embedded backends
+    do without the right documents (see docs/quality.md, "PopQA"): no expected route, no gold document."""
+    questions = read_jsonl(require_dataset("popqa") / "questions.jsonl")
+    folder = out / "popqa"
+    corpus, kb_titles = write_collections("squad_v2", folder)
+    chosen = random.Random(seed).sample(questions, min(len(questions), per_dataset))
+    write_questions(
+        folder / "questions.jsonl",
+        [
+            {
+                "question_id": q["question_id"],
+                "question": q["question"],
+                "answers": q["answers"],
+                "is_impossible": False,
+            }
+            for q in chosen
+        ],
+    )
+    (folder / "popularity.json").write_text(
+        json.dumps({q["question_id"]: q["s_pop"] for q in chosen}), encoding="utf-8"
+    )
+    titles = {d["title"].replace("_", " ").casefold() for d in corpus}
+    return {
+        "folder": folder,
+        "questions": len(chosen),
+        "kb_docs": sum(d["title"] in kb_titles for d in corpus),
+        "web_docs": sum(d["title"] not in kb_titles for d in corpus),
+        "subjects_with_an_article": sum(q["s_wiki_title"].casefold() in titles for q in chosen),
+        "answers_in_corpus": _answers_in_corpus(chosen, corpus),
+    }
+
+
+def _answers_in_corpus(questions: list[dict], corpus: list[dict]) -> int:
+    """Questions any of whose gold answers occurs in some paragraph of the corpus (as `answer_contained`
+    matches it): the most an extractive answerer could contain, right or by chance."""
+    from crag.evaluation import holds, is_cjk, normalize_answer
+
+    paragraphs = {cjk: [normalize_answer(d["text"], cjk) for d in corpus] for cjk in (False, True)}
+    return sum(
+        any(holds(p, normalize_answer(g, is_cjk(g))) for g in q["answers"] if g for p in paragraphs[is_cjk(g)])
+        for q in questions
+    )
+
+
+def popqa_figures(answers: pd.DataFrame, gold: pd.DataFrame, popularity: dict[str, int]) -> dict:
+    """Accuracy as the CRAG paper counts it on PopQA (a gold answer contained in the answer; a refusal
+    is wrong), over all questions and over the long tail (subject popularity s_pop < 100, the
+    definition behind the paper's 1,399-question subset)."""
+    from crag.evaluation import best, contained
+
+    rows = answers.merge(gold[["question_id", "answers"]], on="question_id")
+    rows["correct"] = [
+        best(contained, None if refused else answer, list(golds))
+        for answer, refused, golds in zip(rows["answer"], rows["refused"], rows["answers"])
+    ]
+    tail = rows[rows["question_id"].map(popularity) < 100]
+    return {
+        "accuracy": round(float(rows["correct"].mean()), 4),
+        "n": len(rows),
+        "long_tail_accuracy": round(float(tail["correct"].mean()), 4) if len(tail) else None,
+        "long_tail_n": len(tail),
+        "refused": round(float(rows["refused"].mean()), 4),
+    }
+
+
+def render_popqa(figures: dict) -> str:
+    n = figures["n"]
+    return (
+        f"PopQA accuracy (gold answer contained; a refusal is wrong): {figures['accuracy']:.3f} of {n} questions, "
+        f"long tail (s_pop < 100) {figures['long_tail_accuracy']} of {figures['long_tail_n']}; refused {figures['refused']:.3f}\n"
+        f"  subjects with an article in the corpus: {figures['subjects_with_an_article']} of {n}; "
+        f"questions with a gold answer anywhere in the corpus: {figures['answers_in_corpus']} of {n}"
+    )
 
 
 def _index_matches(path: Path, indexing) -> bool:
@@ -169,7 +255,7 @@ def _index_matches(path: Path, indexing) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--datasets", default="squad_v2,jsquad,jaquad")
+    parser.add_argument("--datasets", default="squad_v2,jsquad,jaquad", help="any of squad_v2, jsquad, jaquad, popqa")
     parser.add_argument(
         "--setup",
         choices=sorted(SETUPS),
@@ -265,14 +351,22 @@ def main() -> None:
             render_metrics(metrics[metrics["metric"].isin(REPORTED)], [s for s in slices if s in set(metrics["slice"])])
         )
         values = {f"{m}|{s}": v for m, s, v in metrics[["metric", "slice", "value"]].itertuples(index=False)}
-        gold = pd.read_json(folder / "questions.jsonl", lines=True)[
-            ["question_id", "answers", "is_impossible", "expected_route", "gold_doc_ids"]
-        ]
-        no_grades = pd.DataFrame(columns=["question_id", "source", "doc_id"])  # the confusion needs no grades
+        gold = pd.read_json(folder / "questions.jsonl", lines=True)
         answers = run_rows(result.warehouse, "answers", result.run_id)
-        confusion = action_confusion(question_scores(answers, no_grades, gold))
         refused = int(answers["refused"].sum())
-        print(f"action confusion (expected route x action):\n{confusion.to_string()}")
+        extra: dict = {}
+        if dataset == "popqa":
+            popularity = json.loads((folder / "popularity.json").read_text(encoding="utf-8"))
+            extra["popqa"] = popqa_figures(answers, gold, popularity) | {
+                k: prepared[k] for k in ("subjects_with_an_article", "answers_in_corpus")
+            }
+            print(render_popqa(extra["popqa"]))
+        else:
+            no_grades = pd.DataFrame(columns=["question_id", "source", "doc_id"])  # the confusion needs no grades
+            gold = gold[["question_id", "answers", "is_impossible", "expected_route", "gold_doc_ids"]]
+            confusion = action_confusion(question_scores(answers, no_grades, gold))
+            print(f"action confusion (expected route x action):\n{confusion.to_string()}")
+            extra["confusion"] = confusion.to_dict(orient="index")
         answerable_refused = values.get("answerable_refused|answerable=yes")
         counts = {f"{m}|{s}": n for m, s, n in metrics[["metric", "slice", "n"]].itertuples(index=False)}
         n_answerable = int(counts.get("answerable_refused|answerable=yes", 0))
@@ -303,8 +397,8 @@ def main() -> None:
             "seconds": round(time.perf_counter() - t0, 1),
             "costs": costs,
             "metrics": values,
-            "confusion": confusion.to_dict(orient="index"),
             "targets": checks,
+            **extra,
         }
     if args.calibrate:
         from crag.calibration import calibrate
@@ -313,6 +407,7 @@ def main() -> None:
         runs = [
             {name: run_rows(out / "warehouse", name, f"quality-{dataset}") for name in ("grades", "gold")}
             for dataset in args.datasets.split(",")
+            if dataset != "popqa"  # no gold documents or routes to fit on
         ]
         result = calibrate(
             pd.concat([r["grades"] for r in runs], ignore_index=True),

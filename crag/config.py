@@ -286,30 +286,35 @@ class LanguageCalibration(Section):
     bias: float
 
 
-# The weights crag calibrate fitted for each embedding model on the development sample of
-# bench/quality.py (--setup actions --seed 1, the three sets together; en from SQuAD 2.0, ja from JSQuAD
-# and JaQuAD). Each model's cosines sit on a scale of their own (multilingual-e5-small's between 0.7
-# and 0.9, USE's between 0 and 0.7), so a language the config leaves out gets its own model's weights.
+# The weights fitted for each embedding model, over the lexical relevance each was combined with. Each
+# model's cosines sit on a scale of their own (multilingual-e5-small's between 0.7 and 0.9, USE's
+# between 0 and 0.7), so a language the config leaves out gets its own model's weights.
+# use-multilingual-v3: a logistic regression of "the document is gold" on the lexical grader's relevance
+# (its three signals) and the cosine, per language, as `crag calibrate` fits it, over bench/quality.py's
+# development samples (--setup actions --seed 1 and 2, the three sets; en from SQuAD 2.0, ja from JSQuAD
+# and JaQuAD), each bias then moved so that its language's best routing cut lies at 0.5 (docs/quality.md).
+# multilingual-e5-small: fitted the same way on --seed 1 when the lexical input was term coverage alone
+# (before the three signals); `crag calibrate` on a run of it refits them.
 FITTED_WEIGHTS: dict[str, dict[str, dict[str, float]]] = {
     "multilingual-e5-small": {
         "en": {"lexical": 5.545, "semantic": 41.093, "bias": -40.114},
         "ja": {"lexical": 11.5, "semantic": 18.347, "bias": -23.594},
     },
     "use-multilingual-v3": {
-        "en": {"lexical": 7.312, "semantic": 6.028, "bias": -8.301},
-        "ja": {"lexical": 12.74, "semantic": 2.344, "bias": -9.222},
+        "en": {"lexical": 8.41, "semantic": 5.241, "bias": -5.716},
+        "ja": {"lexical": 12.608, "semantic": 1.577, "bias": -6.642},
     },
 }
 
 
 class SemanticLanguages(Section):
-    """One calibration per language. Defaults: multilingual-e5-small's (FITTED_WEIGHTS)."""
+    """One calibration per language. Defaults: use-multilingual-v3's (FITTED_WEIGHTS)."""
 
     en: LanguageCalibration = Field(
-        default_factory=lambda: LanguageCalibration(**FITTED_WEIGHTS["multilingual-e5-small"]["en"])
+        default_factory=lambda: LanguageCalibration(**FITTED_WEIGHTS["use-multilingual-v3"]["en"])
     )
     ja: LanguageCalibration = Field(
-        default_factory=lambda: LanguageCalibration(**FITTED_WEIGHTS["multilingual-e5-small"]["ja"])
+        default_factory=lambda: LanguageCalibration(**FITTED_WEIGHTS["use-multilingual-v3"]["ja"])
     )
 
 
@@ -320,15 +325,18 @@ class SemanticGraderConfig(Section):
     backend: Literal["semantic"]
     threshold: float = Field(0.5, ge=0, le=1)
     web_threshold: float | None = Field(None, ge=0, le=1)  # as the lexical grader's (None: `threshold`)
-    embedding: Literal["multilingual-e5-small", "use-multilingual-v3"] = "multilingual-e5-small"
+    embedding: Literal["multilingual-e5-small", "use-multilingual-v3"] = "use-multilingual-v3"
     languages: SemanticLanguages = Field(default_factory=SemanticLanguages)
+    # the lexical relevance it combines: the lexical grader's, with the same defaults
+    exponents: LexicalExponents = Field(default_factory=LexicalExponents)
+    signals: LexicalSignals = Field(default_factory=LexicalSignals)
 
     @model_validator(mode="before")
     @classmethod
     def _the_models_weights(cls, data: Any) -> Any:
         """A language the config does not calibrate gets the weights fitted for the configured model."""
         if isinstance(data, dict) and isinstance(data.get("languages", {}), dict):
-            fitted = FITTED_WEIGHTS.get(data.get("embedding", "multilingual-e5-small"))
+            fitted = FITTED_WEIGHTS.get(data.get("embedding", "use-multilingual-v3"))
             if fitted is not None:  # an unknown model fails `embedding` with its own message
                 data = {**data, "languages": {**fitted, **data.get("languages", {})}}
         return data
@@ -437,10 +445,21 @@ class ExtractiveGeneratorConfig(Section):
     max_sentences: int = Field(2, ge=1, le=3)
     min_sentence_score: float = Field(0.2, ge=0, le=1)
     document_weight: float = Field(0.5, ge=0, le=1)  # share of a sentence's score taken from its document's relevance
+    # share taken from the cosine of the question and the sentence (`embedding`'s model; 0: not embedded)
+    cosine_weight: float = Field(0.0, ge=0, le=1)
+    embedding: Literal["use-multilingual-v3", "multilingual-e5-small"] | None = None
     # no sentence reaches min_sentence_score: answer from the most relevant document's best sentences
     # instead of refusing (the context holds only documents graded relevant)
     answer_from_best_document: bool = True
     refusal_message: RefusalMessage = DEFAULT_REFUSAL
+
+    @model_validator(mode="after")
+    def _weights_within_one(self) -> ExtractiveGeneratorConfig:
+        if self.document_weight + self.cosine_weight > 1:
+            raise ValueError("generator.document_weight + generator.cosine_weight must be at most 1")
+        if self.cosine_weight > 0 and self.embedding is None:
+            raise ValueError("generator.cosine_weight needs generator.embedding: the model the cosine comes from")
+        return self
 
 
 class LLMGeneratorConfig(LLMConfig):
@@ -512,6 +531,9 @@ class IndexingConfig(Section):
     # dense vectors of the child chunks next to the BM25 index, for the hybrid retriever and the
     # semantic grader: a model shipped in a package (crag.backends.embedding), or none
     embedding: Literal["none", "multilingual-e5-small", "use-multilingual-v3"] = "none"
+    # a folder keeping the passage vectors by model and text hash, so that a rebuild embeds only the
+    # chunks that changed (crag.backends.embedding.EmbeddingCache); null: embed every chunk each build
+    embedding_cache: str | None = None
 
     @model_validator(mode="after")
     def _overlap_inside_a_chunk(self) -> IndexingConfig:
@@ -973,8 +995,8 @@ def config_path(conf: str | Path) -> Path:
 
 
 def _drop_replaced_backends_keys(data: dict, file_backends: dict[str, Any], overridden: set[tuple[str, ...]]) -> None:
-    """A --set that switches a section's backend (`web_search.backend=none` over conf/local.yaml)
-    leaves the file's keys of the backend it replaces (`web_search.index`): those the new backend does
+    """A --set (or a variant) that switches a section's backend (`web_search.backend=none` over
+    conf/local.yaml) leaves the file's keys of the backend it replaces (`web_search.index`): those the new backend does
     not take, and another of the section's backends does, are dropped. Any other key stays to be
     checked: a mistyped one, or one a --set gave (`web_search.index=...`), still fails."""
     for name, field in CragConfig.model_fields.items():
@@ -993,6 +1015,10 @@ def _drop_replaced_backends_keys(data: dict, file_backends: dict[str, Any], over
             del section[key]
 
 
+def _backends(data: dict) -> dict[str, Any]:
+    return {name: section.get("backend") for name, section in data.items() if isinstance(section, dict)}
+
+
 def load_config(path: str | Path | None, overrides: Sequence[str] = (), variant: str | None = None) -> CragConfig:
     path = config_path(path) if path else None
     data: dict = _read_yaml(path, "config file") if path else {}
@@ -1005,8 +1031,16 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = (), variant:
         if not vpath.is_file():
             known = sorted(p.stem for p in vpath.parent.glob("*.yaml"))
             raise ConfigError(f"unknown variant {variant!r}: no {vpath} (known: {', '.join(known) or 'none'})")
-        data = deep_merge(data, _read_yaml(vpath, "variant file"))
-    file_backends = {name: section.get("backend") for name, section in data.items() if isinstance(section, dict)}
+        overlay = _read_yaml(vpath, "variant file")
+        base_backends = _backends(data)
+        data = deep_merge(data, overlay)
+        # A variant that switches a backend (variant lexical: grader.backend) drops the base's keys of
+        # the one it replaces, as a --set does.
+        given: set[tuple[str, ...]] = {
+            (name, key) for name, section in overlay.items() if isinstance(section, dict) for key in section
+        }
+        _drop_replaced_backends_keys(data, base_backends, given)
+    file_backends = _backends(data)
     overridden: set[tuple[str, ...]] = set()
     for item in overrides:
         keys, value = parse_override(item)

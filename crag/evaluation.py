@@ -106,7 +106,12 @@ def contained(prediction: str, gold: str) -> float:
     """A normalised gold answer occurs in the normalised answer as whole words: "15 years" does not
     hold "5 years", nor 19910 1991."""
     cjk = is_cjk(gold)
-    g, p = normalize_answer(gold, cjk), normalize_answer(prediction, cjk)
+    return holds(normalize_answer(prediction, cjk), normalize_answer(gold, cjk))
+
+
+def holds(p: str, g: str) -> float:
+    """`contained` over texts normalised already (a long text checked against many answers is
+    normalised once)."""
     start = p.find(g) if g else -1
     while start >= 0:
         end = start + len(g)

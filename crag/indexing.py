@@ -307,7 +307,7 @@ def build_index(docs: str | Path, out: str | Path, cfg: IndexingConfig) -> dict:
         + (f", embedding them with {cfg.embedding}" if cfg.embedding != "none" else ""),
         file=sys.stderr,
     )
-    return write_index(chunks, Path(out), cfg.tokenizer, cfg.embedding)
+    return write_index(chunks, Path(out), cfg.tokenizer, cfg.embedding, cfg.embedding_cache)
 
 
 def build_knowledge_base(docs: str | Path, out: str | Path, cfg: CragConfig) -> dict:

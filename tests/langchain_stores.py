@@ -33,6 +33,17 @@ class HashedBagOfWords(Embeddings):
         return self._embed(text)
 
 
+class BatchedHashedBagOfWords(HashedBagOfWords):
+    """The same vectors, with the batch call for questions that crag's retriever uses when offered
+    (as crag.backends.langchain_embeddings.PackagedEmbeddings offers it); each call's texts are kept."""
+
+    calls: list[list[str]] = []
+
+    def embed_queries(self, texts: list[str]) -> list[list[float]]:
+        self.calls.append(list(texts))
+        return [self._embed(t) for t in texts]
+
+
 # Child chunks, each carrying its parent's id and text (the small/large scheme crag index writes).
 PARENTS = {
     "filter#p0": (
@@ -136,6 +147,12 @@ def faiss_store(path: str):
 
     # The docstore is a pickle this test wrote itself.
     return FAISS.load_local(path, HashedBagOfWords(), allow_dangerous_deserialization=True)
+
+
+def faiss_store_batched(path: str):
+    from langchain_community.vectorstores import FAISS
+
+    return FAISS.load_local(path, BatchedHashedBagOfWords(), allow_dangerous_deserialization=True)
 
 
 def chroma_store(path: str, collection: str = "crag-test"):

@@ -14,6 +14,7 @@ from typing import Any
 from crag.backends.base import Backends
 from crag.backends.bm25 import BM25Retriever, OfflineCorpusSearch, build_identity
 from crag.backends.databricks_serving import DatabricksServing
+from crag.backends.embedding import load_embedder
 from crag.backends.extractive import ExtractiveGenerator
 from crag.backends.hybrid import HybridRetriever
 from crag.backends.lexical import KeywordRewriter, LexicalGrader, LexicalScorer
@@ -304,7 +305,12 @@ def _llm_rewriter(b: _Building, cfg: LLMRewriterConfig):
 
 def _extractive_generator(b: _Building, cfg: ExtractiveGeneratorConfig):
     return ExtractiveGenerator(
-        b.scorer, cfg.max_sentences, cfg.min_sentence_score, cfg.document_weight, cfg.answer_from_best_document
+        b.scorer,
+        cfg.max_sentences,
+        cfg.min_sentence_score,
+        cfg.document_weight,
+        cfg.answer_from_best_document,
+        (cfg.cosine_weight, load_embedder(cfg.embedding)) if cfg.cosine_weight > 0 and cfg.embedding else None,
     )
 
 

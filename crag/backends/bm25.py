@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from crag import tables
 from crag.backends.base import Document
-from crag.backends.embedding import load_embedder
+from crag.backends.embedding import embed_passages, load_embedder
 from crag.errors import InputError, UnusableIndexError
 from crag.text import TermWeights, tokenize
 
@@ -44,9 +44,12 @@ STALE_COMPLETE_BUILD_S = 120
 STALE_BUILD_S = 3600
 
 
-def write_index(chunks: pa.Table, out: Path, tokenizer: str, embedding: str = "none") -> dict:
+def write_index(
+    chunks: pa.Table, out: Path, tokenizer: str, embedding: str = "none", embedding_cache: str | None = None
+) -> dict:
     """`embedding`: a model name from crag.backends.embedding to store dense vectors of the child chunks
-    too (the hybrid retriever and the semantic grader read them), or "none"."""
+    too (the hybrid retriever and the semantic grader read them), or "none"; `embedding_cache`: a
+    folder where vectors are kept by text hash across builds (crag.backends.embedding.embed_passages)."""
     corpus_tokens = [tokenize(t, tokenizer) for t in chunks.column("chunk_text").to_pylist()]
     if not any(corpus_tokens):
         raise InputError(
@@ -62,7 +65,8 @@ def write_index(chunks: pa.Table, out: Path, tokenizer: str, embedding: str = "n
     index.index(corpus_tokens, show_progress=False)
     index.save(str(build / "bm25"), show_progress=False)
     if embedding != "none":
-        np.save(build / DENSE_FILE, load_embedder(embedding).passages(chunks.column("chunk_text").to_pylist()))
+        texts = chunks.column("chunk_text").to_pylist()
+        np.save(build / DENSE_FILE, embed_passages(load_embedder(embedding), texts, embedding_cache))
     previous = _read_manifest(out).get("data") if (out / "manifest.json").is_file() else None
     manifest = {
         "data": data,
@@ -167,7 +171,7 @@ class LexicalIndex:
         if self.embedding == "none":
             raise UnusableIndexError(
                 f"index {self.path} has no dense vectors: rebuild it with indexing.embedding set "
-                "(e.g. --set indexing.embedding=multilingual-e5-small)"
+                "(e.g. --set indexing.embedding=use-multilingual-v3)"
             )
         vectors = np.load(self.data / DENSE_FILE)
         if len(vectors) != len(self._chunk_parent):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from crag.backends.base import Answer, Document, Usage
+from crag.backends.embedding import Embedder
 from crag.backends.lexical import LexicalScorer
 from crag.text import normalize, split_sentences
 
@@ -33,8 +34,12 @@ class ExtractiveGenerator:
         min_sentence_score: float,
         document_weight: float = 0.0,
         answer_from_best_document: bool = False,
+        cosine: tuple[float, Embedder] | None = None,
     ):
+        """`cosine`: (weight, model) to blend the cosine of the question and each sentence into its score."""
         self.scorer = scorer
+        self.cosine_weight: float = cosine[0] if cosine else 0.0
+        self.embedder: Embedder | None = cosine[1] if cosine else None
         self.answer_from_best_document = answer_from_best_document
         self.document_weight = document_weight
         self.max_sentences = max_sentences
@@ -46,20 +51,18 @@ class ExtractiveGenerator:
         terms = self.scorer.terms(question)
         candidates: list[tuple[float, int, int, str]] = []  # (score, doc position, sentence position, sentence)
         below: list[tuple[float, int, int, str]] = []  # the same for sentences under min_sentence_score
+        lexical_weight = 1 - self.document_weight - self.cosine_weight
         for d, doc in enumerate(context):
-            title = _plain(doc.get("title") or "")
-            for s, sentence in enumerate(split_sentences(doc["text"])):
-                if _HEADING.match(sentence) or _plain(sentence) == title:
-                    continue  # a heading or the title line repeats the question's words but answers nothing
-                sentence = _BULLET.sub("", sentence)
+            for s, sentence in self._sentences(doc):
                 score, _ = self.scorer.score(terms, sentence)
                 # A sentence is as good as its own coverage and its document's: a partial match
                 # inside the most relevant document beats a stray match elsewhere.
-                combined = (1 - self.document_weight) * score + self.document_weight * doc.get("relevance", score)
+                combined = lexical_weight * score + self.document_weight * doc.get("relevance", score)
                 (candidates if score >= self.min_sentence_score else below).append((combined, d, s, sentence))
+        candidates = self._closer_in_meaning(question, candidates)
         if not candidates and self.answer_from_best_document and below:
             top = max(range(len(context)), key=lambda d: (context[d].get("relevance", 0.0), -d))
-            candidates = [c for c in below if c[1] == top]
+            candidates = self._closer_in_meaning(question, [c for c in below if c[1] == top])
         if not candidates:
             return Answer(text=None)
         # Best first; ties go to the earlier document (higher rank) and the earlier sentence.
@@ -67,3 +70,28 @@ class ExtractiveGenerator:
         chosen = sorted(best, key=lambda c: (c[1], c[2]))  # read in document order
         cited = sorted({c[1] for c in chosen})
         return Answer(text=" ".join(c[3] for c in chosen), cited=cited)
+
+    @staticmethod
+    def _sentences(doc: Document) -> list[tuple[int, str]]:
+        """(position, sentence) of the document's answer candidates: a heading or the title line repeats
+        the question's words but answers nothing."""
+        title = _plain(doc.get("title") or "")
+        return [
+            (s, _BULLET.sub("", sentence))
+            for s, sentence in enumerate(split_sentences(doc["text"]))
+            if not (_HEADING.match(sentence) or _plain(sentence) == title)
+        ]
+
+    RERANKED = 10  # the best candidates by coverage and relevance whose cosine is added
+
+    def _closer_in_meaning(
+        self, question: str, scored: list[tuple[float, int, int, str]]
+    ) -> list[tuple[float, int, int, str]]:
+        """The best RERANKED of `scored` with the cosine of question and sentence added (weighted), the
+        rest dropped: embedding every sentence of a context cost several times the whole chain. The
+        sentences are embedded in one call and kept (the same documents answer many questions)."""
+        if self.embedder is None or not scored:
+            return scored
+        best = sorted(scored, key=lambda c: (-c[0], c[1], c[2]))[: self.RERANKED]
+        cosines = self.embedder.kept_passages([c[3] for c in best]) @ self.embedder.query(question)
+        return [(c[0] + self.cosine_weight * float(cos), *c[1:]) for c, cos in zip(best, cosines)]

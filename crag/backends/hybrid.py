@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from crag.backends.base import Document
 from crag.backends.bm25 import load_index
 from crag.backends.embedding import load_embedder
@@ -23,7 +21,7 @@ class HybridRetriever:
         if self.index.embedding == "none":
             raise UnusableIndexError(
                 f"retriever.backend hybrid needs dense vectors, and index {index_path} has none: "
-                "rebuild it with --set indexing.embedding=multilingual-e5-small"
+                "rebuild it with --set indexing.embedding=use-multilingual-v3"
             )
         self.embedder = load_embedder(self.index.embedding)
         self.candidates, self.rrf_k = cfg.candidates, cfg.rrf_k
@@ -33,10 +31,6 @@ class HybridRetriever:
         for usage in usages or []:
             if usage is not None:
                 usage.search_calls += 1
-        vectors = (
-            np.stack([self.embedder.query(q) for q in queries])
-            if queries
-            else np.zeros((0, self.embedder.dim), np.float32)
-        )
+        vectors = self.embedder.queries(queries)  # the partition's new questions in one call
         ranked = self.index.hybrid_top_chunks(queries, vectors, k, max(k, self.candidates), self.rrf_k)
         return self.index.search(queries, k, source="internal", ranked=ranked)

@@ -78,7 +78,31 @@ class LangChainRetriever:
             self._endpoint = Endpoint(f"langchain:{cfg.factory}", cfg.policy, concurrent_tasks, hard_timeout=True)
             self.concurrency = self._endpoint.concurrency
 
-    def _found(self, query: str, k: int) -> list[tuple[LCDocument, float | None]]:
+    def _query_vectors(self, queries: list[str]) -> list[list[float]] | None:
+        """The partition's questions embedded before searching, in one call when the store's embeddings
+        offer `embed_queries` (crag.backends.langchain_embeddings.PackagedEmbeddings does), for a store
+        searched by vector (FAISS: `similarity_search_with_score_by_vector`) under `scores: raw`. None:
+        each question goes to the store as text (any other store, relevance scores, a remote store)."""
+        store = self.store
+        if (
+            self._endpoint is not None
+            or self.cfg.scores != "raw"
+            or not isinstance(store, VectorStore)
+            or not hasattr(store, "similarity_search_with_score_by_vector")
+            or store.embeddings is None
+            or not queries
+        ):
+            return None
+        embeddings = store.embeddings
+        batch = getattr(embeddings, "embed_queries", None)
+        # LangChain's Embeddings has no batch call for queries: embed_documents may embed a query
+        # differently (an "instruction" or "query: " prefix), so without embed_queries each is embedded alone.
+        return batch(queries) if callable(batch) else [embeddings.embed_query(q) for q in queries]
+
+    def _found(self, query: str, k: int, vector: list[float] | None = None) -> list[tuple[LCDocument, float | None]]:
+        if vector is not None:
+            found = self.store.similarity_search_with_score_by_vector(vector, k=k)  # type: ignore[union-attr]
+            return [(doc, _score(score)) for doc, score in found]
         if isinstance(self.store, VectorStore):
             if self.cfg.scores == "relevance":
                 found = self.store.similarity_search_with_relevance_scores(query, k=k)
@@ -88,8 +112,12 @@ class LangChainRetriever:
         key = self.cfg.metadata.score
         return [(doc, _score(doc.metadata.get(key)) if key else None) for doc in self.store.invoke(query)[:k]]
 
-    def _query(self, query: str, k: int, usage: Usage | None) -> list[Document]:
-        found = self._endpoint.call(lambda: self._found(query, k), usage) if self._endpoint else self._found(query, k)
+    def _query(self, query: str, k: int, usage: Usage | None, vector: list[float] | None = None) -> list[Document]:
+        found = (
+            self._endpoint.call(lambda: self._found(query, k), usage)
+            if self._endpoint
+            else self._found(query, k, vector)
+        )
         if usage is not None:
             usage.search_calls += 1
         keys = self.cfg.metadata
@@ -120,7 +148,9 @@ class LangChainRetriever:
         return docs
 
     def search(self, queries: list[str], k: int, usages=None) -> list[list[Document]]:
-        return [self._query(q, k, u) for q, u in zip(queries, usages or [None] * len(queries))]
+        embedded = self._query_vectors(queries)
+        vectors: list[list[float] | None] = list(embedded) if embedded is not None else [None] * len(queries)
+        return [self._query(q, k, u, v) for q, u, v in zip(queries, usages or [None] * len(queries), vectors)]
 
 
 def _text(value) -> str | None:

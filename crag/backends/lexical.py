@@ -166,11 +166,13 @@ class LexicalGrader:
         self.signal_weights = signal_weights or {"terms": 1.0, "phrases": 0.0, "title": 0.0}
         self.name = "lexical"
 
-    def grade(self, question: str, documents: list[Document], usage: Usage) -> list[Grade]:
+    def relevances(self, question: str, documents: list[Document]) -> list[tuple[float, Evidence, str]]:
+        """Each document's (relevance, evidence, rationale): the score of the three signals raised to
+        the exponent of the question's language (the semantic grader combines it with a cosine)."""
         asked = self.scorer.question_terms(question)
         lang = language(question)
         exponent = self.exponents.get(lang, 1.0)
-        grades = []
+        found = []
         for doc in documents:
             evidence = self.scorer.evidence(asked, doc.get("title"), doc["text"])
             score = combined_score(evidence, self.signal_weights)
@@ -180,17 +182,24 @@ class LexicalGrader:
                 for name in ("terms", "phrases", "title")
                 if (value := getattr(evidence, name)) is not None
             )
-            grades.append(
-                Grade(
-                    relevance=relevance,
-                    grade="yes"
-                    if is_relevant(relevance, len(evidence.matched), doc, self.threshold, self.web_threshold)
-                    else "no",
-                    rationale=f"{len(evidence.matched)} of {len(asked.terms)} question terms present; {signals}; "
-                    f"score {score:.4f}, language {lang}",
-                )
+            rationale = (
+                f"{len(evidence.matched)} of {len(asked.terms)} question terms present; {signals}; "
+                f"score {score:.4f}, language {lang}"
             )
-        return grades
+            found.append((relevance, evidence, rationale))
+        return found
+
+    def grade(self, question: str, documents: list[Document], usage: Usage) -> list[Grade]:
+        return [
+            Grade(
+                relevance=relevance,
+                grade="yes"
+                if is_relevant(relevance, len(evidence.matched), doc, self.threshold, self.web_threshold)
+                else "no",
+                rationale=rationale,
+            )
+            for doc, (relevance, evidence, rationale) in zip(documents, self.relevances(question, documents))
+        ]
 
 
 class KeywordRewriter:

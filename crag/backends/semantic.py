@@ -1,5 +1,6 @@
-"""The semantic grader: lexical relevance (crag.backends.lexical) and the embedding cosine of the
-question and the document, combined per language into the probability that the document is relevant:
+"""The semantic grader: lexical relevance (the lexical grader's, crag.backends.lexical: its three
+signals, with `exponents` and `signals` of its own) and the embedding cosine of the question and the
+document, combined per language into the probability that the document is relevant:
 
     relevance = sigmoid(bias + lexical * lexical_relevance + semantic * cosine)
 
@@ -10,13 +11,12 @@ text (a Tavily result, a refined strip) is embedded when graded."""
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 
 from crag.backends.base import Document, Grade, Usage
 from crag.backends.embedding import load_embedder
-from crag.backends.lexical import LexicalScorer, is_relevant, language
+from crag.backends.lexical import LexicalGrader, LexicalScorer, is_relevant, language
 from crag.config import SemanticGraderConfig
 
 # The rationale is also the record `crag calibrate` refits the weights from.
@@ -31,10 +31,10 @@ class SemanticGrader:
         """`indexes`: the loaded local indexes by document source ("internal", "web") whose dense
         vectors can be used."""
         self.scorer = scorer
+        self.lexical = LexicalGrader(scorer, cfg.threshold, None, cfg.exponents.model_dump(), cfg.signals.model_dump())
         self.cfg = cfg
         self.embedder = load_embedder(cfg.embedding)
         self.indexes = {source: index for source, index in indexes.items() if index.embedding == cfg.embedding}
-        self._passage = functools.lru_cache(maxsize=10_000)(lambda text: self.embedder.passages([text])[0])
         self.name = "semantic"
 
     def cosine(self, question: str, doc: Document) -> float:
@@ -44,15 +44,13 @@ class SemanticGrader:
             similarity = index.parent_similarity(vector, doc.get("parent_id"), doc["text"])
             if similarity is not None:
                 return similarity
-        return float(self._passage(doc["text"]) @ vector)
+        return float(self.embedder.kept_passages([doc["text"]])[0] @ vector)
 
     def grade(self, question: str, documents: list[Document], usage: Usage) -> list[Grade]:
-        terms = self.scorer.terms(question)
         lang = language(question)
         weights = getattr(self.cfg.languages, lang)
         grades = []
-        for doc in documents:
-            lexical, matched = self.scorer.score(terms, f"{doc.get('title') or ''}\n{doc['text']}")
+        for doc, (lexical, evidence, _) in zip(documents, self.lexical.relevances(question, documents)):
             cosine = self.cosine(question, doc)
             z = weights.bias + weights.lexical * lexical + weights.semantic * cosine
             relevance = round(1 / (1 + math.exp(-z)), 4)  # the stored value is the one compared with the threshold
@@ -60,7 +58,7 @@ class SemanticGrader:
                 Grade(
                     relevance=relevance,
                     grade="yes"
-                    if is_relevant(relevance, len(matched), doc, self.cfg.threshold, self.cfg.web_threshold)
+                    if is_relevant(relevance, len(evidence.matched), doc, self.cfg.threshold, self.cfg.web_threshold)
                     else "no",
                     rationale=f"lexical {lexical:.4f}, cosine {cosine:.4f}, language {lang}",
                 )

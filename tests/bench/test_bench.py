@@ -101,6 +101,58 @@ def test_quality_actions_setup_draws_answerable_questions_from_both_halves(tmp_p
     assert with_unanswerable["questions"] == 8
 
 
+def test_popqa_is_drawn_over_squad_articles_and_scored_as_the_paper_counts(tmp_path, monkeypatch):
+    import json
+
+    import pandas as pd
+
+    from bench import quality
+
+    shared = tmp_path / "shared"
+    (shared / "squad_v2").mkdir(parents=True)
+    (shared / "popqa").mkdir()
+    articles = [("Normans", "The Normans lived in Normandy."), ("Oxygen", "Oxygen is a gas. Priestley found it.")]
+    (shared / "squad_v2" / "corpus.jsonl").write_text(
+        "".join(json.dumps({"doc_id": f"{t}-0", "title": t, "text": x}) + "\n" for t, x in articles), encoding="utf-8"
+    )
+    (shared / "squad_v2" / "questions.jsonl").write_text("", encoding="utf-8")
+    popqa = [  # a subject with an article, a long-tail one whose answer is nowhere, and a popular one
+        ("popqa-1", "Who discovered Oxygen?", ["Priestley"], "Oxygen", 5000),
+        ("popqa-2", "What is Kathy Saltzman's occupation?", ["politician"], "Kathy Saltzman", 40),
+        ("popqa-3", "In what country is Normandy?", ["France"], "Normandy", 900),
+    ]
+    (shared / "popqa" / "questions.jsonl").write_text(
+        "".join(
+            json.dumps({"question_id": i, "question": q, "answers": a, "s_wiki_title": t, "s_pop": pop}) + "\n"
+            for i, q, a, t, pop in popqa
+        ),
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("CRAG_SHARED_DATA", str(shared))
+    prepared = quality.prepare("popqa", tmp_path / "out", per_dataset=1000, seed=0)
+    assert prepared["questions"] == 3 and prepared["kb_docs"] == 1 and prepared["web_docs"] == 1
+    assert prepared["subjects_with_an_article"] == 1 and prepared["answers_in_corpus"] == 1
+    drawn = pd.read_json(prepared["folder"] / "questions.jsonl", lines=True)
+    assert "expected_route" not in drawn and set(drawn["question_id"]) == {"popqa-1", "popqa-2", "popqa-3"}
+
+    answers = pd.DataFrame(
+        {
+            "question_id": ["popqa-1", "popqa-2", "popqa-3"],
+            "answer": ["Joseph Priestley found it.", "I don't know.", "France is a country."],
+            "refused": [False, True, True],  # a refused answer is wrong whatever its text
+        }
+    )
+    popularity = json.loads((prepared["folder"] / "popularity.json").read_text())
+    figures = quality.popqa_figures(answers, drawn, popularity)
+    assert figures == {
+        "accuracy": round(1 / 3, 4),
+        "n": 3,
+        "long_tail_accuracy": 0.0,
+        "long_tail_n": 1,
+        "refused": round(2 / 3, 4),
+    }
+
+
 def test_tree_rss_counts_a_helper_the_jvm_spawned_not_as_a_second_jvm():
     from bench.scale import tree_rss
 

@@ -336,3 +336,65 @@ def test_the_heartbeat_goes_on_until_the_outcome_is_recorded(spark, tmp_path, in
     run_sample(spark, tmp_path, "hb", overrides)
     assert beat_while_evaluating.is_set(), statuses
     assert statuses[-1] == "succeeded"  # no beat after the outcome
+
+
+def test_a_resume_never_changes_a_live_or_finished_run(spark, tmp_path, index_overrides, monkeypatch):
+    """`--resume` of a run that another process is writing (claimed, answering, finalising) or that has
+    succeeded is refused, and leaves the run's record and rows as they were, whichever moment it comes
+    at (it once took a run over as it finished, and recorded the succeeded run as failed)."""
+    from crag import ledger as crag_ledger
+    from crag.errors import CragError as Refused
+
+    phases = ["claimed", "answering", "finalising"]
+    reached = {phase: threading.Event() for phase in phases}
+    go_on = {phase: threading.Event() for phase in phases}
+
+    def pause(phase: str) -> None:
+        reached[phase].set()
+        assert go_on[phase].wait(300), phase
+
+    claim, commit, conclude = crag_ledger.Ledger.claim, crag_batches._commit, crag_job.conclude
+
+    def claimed(self, *args, **kwargs):
+        held = claim(self, *args, **kwargs)
+        if threading.current_thread() is not threading.main_thread():  # the original run's hold thread
+            pause("claimed")
+        return held
+
+    def committing(*args, **kwargs):
+        pause("answering")
+        return commit(*args, **kwargs)
+
+    def concluding(*args, **kwargs):
+        pause("finalising")
+        return conclude(*args, **kwargs)
+
+    monkeypatch.setattr(crag_ledger.Ledger, "claim", claimed)
+    monkeypatch.setattr(crag_batches, "_commit", committing)
+    monkeypatch.setattr(crag_job, "conclude", concluding)
+    outcome: list = []
+    original = threading.Thread(target=lambda: outcome.append(run_sample(spark, tmp_path, "live", index_overrides)))
+    original.start()
+
+    def unchanged_by_a_resume(refusal: str) -> None:
+        before = (table(tmp_path, "runs", "live"), table(tmp_path, "results", "live"), table(tmp_path, "answers"))
+        with pytest.raises(Refused, match=refusal):
+            resume_sample(spark, tmp_path, "live", index_overrides)
+        after = (table(tmp_path, "runs", "live"), table(tmp_path, "results", "live"), table(tmp_path, "answers"))
+        for was, now in zip(before, after):
+            assert now.equals(was)
+
+    try:
+        for phase in phases:
+            assert reached[phase].wait(300), phase
+            unchanged_by_a_resume("is being written by another crag process")
+            assert table(tmp_path, "runs", "live").loc[0, "status"] == "running"
+            go_on[phase].set()
+    finally:
+        for event in go_on.values():
+            event.set()
+        original.join(300)
+    assert outcome and outcome[0].status == "succeeded"
+    unchanged_by_a_resume("has already succeeded: nothing to resume")
+    assert table(tmp_path, "runs", "live").loc[0, "status"] == "succeeded"
+    assert len(table(tmp_path, "answers", "live")) == 49

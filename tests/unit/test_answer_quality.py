@@ -11,6 +11,7 @@ from crag.backends.extractive import ExtractiveGenerator
 from crag.backends.lexical import RATIONALE, LexicalGrader, LexicalScorer, combined_score
 from crag.calibration import calibrate, report
 from crag.config import load_config
+from crag.errors import ConfigError
 from crag.text import TermWeights, tokenize
 from tests.support import LOCAL_CONF
 
@@ -48,10 +49,11 @@ def test_one_shared_word_is_not_enough_for_the_lower_cut():
     assert grade.grade == "no"
 
 
-def test_the_shipped_config_sets_the_web_cut_and_the_semantic_variant_its_own():
+def test_the_shipped_config_sets_the_web_cut_and_the_variants_their_own():
     assert load_config(LOCAL_CONF).grader.web_threshold == 0.25
-    semantic = load_config(LOCAL_CONF, [], "semantic").grader
-    assert semantic.web_threshold is not None and semantic.web_threshold < semantic.threshold
+    for variant in ("semantic_use", "semantic"):
+        grader = load_config(LOCAL_CONF, [], variant).grader
+        assert grader.web_threshold is not None and grader.web_threshold < grader.threshold
 
 
 def test_a_name_counts_as_a_phrase_only_where_it_is_written_whole():
@@ -130,6 +132,49 @@ def test_the_short_sentence_after_the_match_can_be_the_answer():
     assert "テンポ" not in strict.text
     answer = ExtractiveGenerator(scorer, 2, 0.0, 0.7).generate(question, context, Usage())
     assert "これをテンポという。" in answer.text and answer.cited == [0]
+
+
+class _Meaning:
+    """A stand-in sentence encoder: a text's vector is the unit vector of the first concept it names."""
+
+    CONCEPTS = (("volcano", "erupt"), ("trail", "path"))
+
+    def _vector(self, text: str) -> np.ndarray:
+        hits = [i for i, words in enumerate(self.CONCEPTS) if any(w in text.lower() for w in words)]
+        vector = np.zeros(len(self.CONCEPTS), dtype=np.float32)
+        vector[hits[:1]] = 1.0
+        return vector
+
+    def query(self, text: str) -> np.ndarray:
+        return self._vector(text)
+
+    def kept_passages(self, texts: list[str]) -> np.ndarray:
+        return np.stack([self._vector(t) for t in texts])
+
+
+def test_the_cosine_of_question_and_sentence_can_choose_the_sentence():
+    """A sentence that shares no word with the question but means what it asks wins once the cosine
+    weighs in; without a model, coverage and the document's relevance decide as before."""
+    scorer = _scorer()
+    question = "When did the mountain last erupt?"
+    context = [
+        {
+            "source": "internal",
+            "relevance": 0.9,
+            "text": "The mountain trail was last repaired in 2001. Fuji's volcano woke in 1707.",
+        }
+    ]
+    lexical = ExtractiveGenerator(scorer, 1, 0.0, 0.5).generate(question, context, Usage())
+    assert lexical.text == "The mountain trail was last repaired in 2001."
+    meaning = ExtractiveGenerator(scorer, 1, 0.0, 0.5, cosine=(0.4, _Meaning())).generate(question, context, Usage())
+    assert meaning.text == "Fuji's volcano woke in 1707." and meaning.cited == [0]
+
+
+def test_the_answerers_weights_add_up_to_at_most_one_and_a_cosine_needs_its_model():
+    with pytest.raises(ConfigError, match="document_weight \\+ generator.cosine_weight must be at most 1"):
+        load_config(LOCAL_CONF, ["generator.document_weight=0.9", "generator.cosine_weight=0.2"], "semantic_use")
+    with pytest.raises(ConfigError, match="cosine_weight needs generator.embedding"):
+        load_config(LOCAL_CONF, ["generator.embedding=null"], "semantic_use")
 
 
 def test_the_exponent_of_the_question_language_maps_the_score_to_relevance():

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from crag.config import CragConfig, load_config, redacted
@@ -181,6 +183,23 @@ def test_the_semantic_grader_gets_the_weights_fitted_for_its_model(variant, mode
     ).grader.languages
     assert switched.en.model_dump() == {"lexical": 1, "semantic": 2, "bias": -3}
     assert switched.ja.model_dump() == FITTED_WEIGHTS[model]["ja"]
+
+
+def test_a_variant_that_switches_a_backend_leaves_the_replaced_backends_keys_behind(tmp_path):
+    """A config whose grader is semantic, with `embedding`; a variant that switches to the lexical
+    grader, which has no such key, loads. A key the variant itself gives is still checked."""
+    cfg = load_config(LOCAL_CONF, [], "semantic_use")
+    assert cfg.grader.backend == "semantic" and cfg.indexing.embedding == "use-multilingual-v3"
+    assert load_config(LOCAL_CONF, ["grader.backend=lexical"], "semantic").grader.backend == "lexical"
+    conf = tmp_path / "local.yaml"
+    semantic = "  backend: semantic\n  embedding: use-multilingual-v3\n"
+    text = re.sub(r"(?m)^  backend: lexical .*\n", semantic, LOCAL_CONF.read_text(encoding="utf-8"), count=1)
+    conf.write_text(text, encoding="utf-8")
+    assert load_config(conf).grader.backend == "semantic"
+    (tmp_path / "variants").mkdir()
+    (tmp_path / "variants" / "mine.yaml").write_text("grader:\n  backend: lexical\n  embedding: none\n")
+    with pytest.raises(ConfigError, match="unknown config key 'grader.embedding'"):
+        load_config(conf, [], "mine")
 
 
 def test_a_set_that_switches_a_backend_leaves_the_replaced_backends_keys_behind():

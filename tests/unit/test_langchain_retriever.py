@@ -110,6 +110,29 @@ def test_vector_store_scores_raw_or_relevance(stores):
     assert all(0 <= r <= 1 + 1e-6 for r in relevance)
 
 
+@needs("faiss")
+def test_a_partitions_questions_are_embedded_in_one_call_when_the_embeddings_offer_it(stores):
+    questions = [
+        "How often should the HEPA-13 main filter be replaced?",
+        "decibels in sleep mode",
+        "保証期間は何年ですか",
+    ]
+    one_by_one = build_backends(load_config(None, stores["faiss"])).retriever.search(questions, 4)
+    batched = build_backends(
+        load_config(None, [*stores["faiss"], "retriever.factory=langchain_stores:faiss_store_batched"])
+    ).retriever
+    langchain_stores.BatchedHashedBagOfWords.calls.clear()
+    assert batched.search(questions, 4) == one_by_one  # the same documents and distances
+    assert langchain_stores.BatchedHashedBagOfWords.calls == [questions]
+    # LangChain's relevance scores are the store's own per-question call: no batch there
+    relevance = load_config(
+        None, [*stores["faiss"], "retriever.factory=langchain_stores:faiss_store_batched", "retriever.scores=relevance"]
+    )
+    langchain_stores.BatchedHashedBagOfWords.calls.clear()
+    build_backends(relevance).retriever.search(questions, 4)
+    assert langchain_stores.BatchedHashedBagOfWords.calls == []
+
+
 @needs("bm25")
 def test_documents_without_metadata_get_stable_ids(tmp_path):
     docs = tmp_path / "bare.jsonl"
