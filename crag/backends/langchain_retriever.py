@@ -125,11 +125,12 @@ class LangChainRetriever:
         seen: set[str] = set()
         for doc, score in found:
             meta = doc.metadata or {}
-            field = lambda key: meta.get(key) if key else None  # noqa: E731
             doc_id = (
-                field(keys.doc_id) or doc.id or "sha256:" + hashlib.sha256(doc.page_content.encode()).hexdigest()[:16]
+                _field(meta, keys.doc_id)
+                or doc.id
+                or "sha256:" + hashlib.sha256(doc.page_content.encode()).hexdigest()[:16]
             )
-            parent_id = str(field(keys.parent_id) or doc_id)
+            parent_id = str(_field(meta, keys.parent_id) or doc_id)
             if parent_id in seen:
                 continue
             seen.add(parent_id)
@@ -138,9 +139,9 @@ class LangChainRetriever:
                     "source": "internal",
                     "doc_id": str(doc_id),
                     "parent_id": parent_id,
-                    "title": _text(field(keys.title)),
-                    "url": _text(field(keys.url)),
-                    "text": field(keys.parent_text) or doc.page_content,
+                    "title": _text(_field(meta, keys.title)),
+                    "url": _text(_field(meta, keys.url)),
+                    "text": _field(meta, keys.parent_text) or doc.page_content,
                     "retrieval_score": score,
                     "rank": len(seen),
                 }
@@ -151,6 +152,11 @@ class LangChainRetriever:
         embedded = self._query_vectors(queries)
         vectors: list[list[float] | None] = list(embedded) if embedded is not None else [None] * len(queries)
         return [self._query(q, k, u, v) for q, u, v in zip(queries, usages or [None] * len(queries), vectors)]
+
+
+def _field(metadata: dict, key: str | None):
+    """A document's metadata field, by the name the config gives it (None: the config names none)."""
+    return metadata.get(key) if key else None
 
 
 def _text(value) -> str | None:

@@ -154,8 +154,13 @@ def test_the_langchain_factory_example_retrieves_from_the_sample(monkeypatch, co
     pytest.importorskip("rank_bm25")
     from crag.backends.langchain_retriever import LangChainRetriever
 
-    [(where, code)] = [(w, t) for w, t in blocks("python") if t.startswith("# my_project/stores.py")]
-    [config] = [t for _, t in blocks("yaml") if "my_project.stores:" in t]
+    # docs/backends.md's factory (BM25 over the sample's web pages); docs/backends-retrieval.md's (dense,
+    # with crag's packaged encoder) is run by tests/slow/test_langchain_docs_example.py
+    page = "docs/backends.md:"
+    [(where, code)] = [
+        (w, t) for w, t in blocks("python") if t.startswith("# my_project/stores.py") and w.startswith(page)
+    ]
+    [config] = [t for w, t in blocks("yaml") if "my_project.stores:" in t and w.startswith(page)]
     package, module = types.ModuleType("my_project"), types.ModuleType("my_project.stores")
     exec(compile(code, where, "exec"), module.__dict__)
     monkeypatch.setitem(sys.modules, "my_project", package)
