@@ -160,8 +160,11 @@ def _held(plan: RunPlan, hold: Future, live: LiveProgress) -> None:
     it), the first batch's answering stops at once, its tasks interrupted (its calls are for nothing)."""
     if hold.exception() is None:
         live.start(plan.accepted, 0)
-    else:
+        return
+    try:
         plan.warehouse.spark.interruptTag(_batch_tag(plan, 0))
+    except Exception:  # the session is gone too: the batch fails with it, and the hold's error is the one told
+        log.debug("could not interrupt the first batch", exc_info=True)
 
 
 def _batch_tag(plan: RunPlan, number: int) -> str:

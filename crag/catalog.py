@@ -20,9 +20,10 @@ def ensure_schema(spark, catalog: str, schema: str, create: bool) -> None:
     if catalog not in known and spark.conf.get(f"spark.sql.catalog.{catalog}", None) is None:
         # Spark would take `catalog` for a schema of its default catalog, and say it has no such schema
         raise InputError(
-            f"warehouse {catalog}.{schema}: the Spark session has no catalog {catalog} (it has "
-            f"{', '.join(sorted(known)) or 'none'}): is the name right? A catalog of your own is configured "
-            f"with spark.conf.spark.sql.catalog.{catalog}=<its class>"
+            f"warehouse {catalog}.{schema} was read as catalog.schema (no folder of that name exists), and this "
+            f"Spark session has no catalog {catalog!r} (it has {', '.join(sorted(known)) or 'none'}): for a local "
+            f"folder, give ./{catalog}.{schema}; a catalog of your own is configured with "
+            f"spark.conf.spark.sql.catalog.{catalog}=<its class>"
         )
     try:
         exists = spark.catalog.databaseExists(name)

@@ -257,7 +257,7 @@ def test_a_broken_pipe_that_is_not_stdout_is_an_error(monkeypatch, capsys):
     def broken(args):
         raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr(cli, "_run_command", broken)
+    monkeypatch.setattr(cli, "_sql", broken)
     assert main(["sql", "--warehouse", ".", "SELECT 1"]) == 2
     assert capsys.readouterr().err == "crag: error: BrokenPipeError: [Errno 32] Broken pipe\n"
 

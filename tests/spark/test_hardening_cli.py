@@ -119,7 +119,7 @@ def test_a_file_system_error_is_one_scrubbed_line(monkeypatch, capsys):
     def fail(args):
         raise PermissionError(13, "Permission denied", "http://u:pa55word-x@host/warehouse/runs")
 
-    monkeypatch.setattr(cli, "_run_command", fail)
+    monkeypatch.setattr(cli, "_eval", fail)
     assert main(["eval", "--warehouse", "w", "--run", "r"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("crag: error: PermissionError: [Errno 13] Permission denied") and "pa55word" not in err
@@ -136,7 +136,7 @@ def test_a_bug_keeps_its_traceback_without_secrets(debug, monkeypatch, capsys):
     def fail(args):
         raise ZeroDivisionError("a bug near sc://host:15002/;token=dapi-URL-1234 with dapi-RESOLVED-9876")
 
-    monkeypatch.setattr(cli, "_run_command", fail)
+    monkeypatch.setattr(cli, "_eval", fail)
     assert main(["eval", "--warehouse", "w", "--run", "r"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("Traceback (most recent call last):") and "in fail" in err
@@ -150,7 +150,7 @@ def test_an_interrupt_behind_a_cancelled_spark_job_is_an_interrupt(monkeypatch, 
         except KeyboardInterrupt:
             raise RuntimeError("An error occurred while calling o102.getResult")  # as Spark's collect does
 
-    monkeypatch.setattr(cli, "_run_command", fail)
+    monkeypatch.setattr(cli, "_run", fail)
     assert main(crag_run_args("w", "--run-id", "r7", questions="q.jsonl", conf="c.yaml")) == 130
     err = capsys.readouterr().err
     assert err == (
@@ -195,7 +195,7 @@ def _wait_for(err, text: str, proc, limit_s: float = 180) -> None:
 def test_a_signal_during_crag_run_ends_with_the_resume_line(tmp_path, sample_indexes, signum, code, how):
     proc, err = _start_run(tmp_path, sample_indexes, ["--run-id", "sig"])
     try:
-        _wait_for(err, "batch 2/", proc)
+        _wait_for(err, "batch 2 committed", proc)
         proc.send_signal(signum)
         assert proc.wait(timeout=120) == code
     finally:
@@ -225,7 +225,7 @@ def test_the_resume_line_shows_no_credential(monkeypatch, capsys):
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_run_command", interrupted)
+    monkeypatch.setattr(cli, "_run", interrupted)
     assert (
         main(
             crag_run_args(

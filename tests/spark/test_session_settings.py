@@ -66,5 +66,8 @@ def test_a_missing_schema_is_said_or_created_when_the_config_asks(spark):
 def test_a_catalog_the_session_does_not_have_is_named_not_taken_for_a_schema(spark):
     """Spark would read `nocat`.`x` as a two-part schema of its own catalog."""
     for create in (False, True):
-        with pytest.raises(InputError, match="the Spark session has no catalog nocat_45 \\(it has spark_catalog"):
+        with pytest.raises(
+            InputError,
+            match="Spark session has no catalog 'nocat_45' \\(it has spark_catalog\\): for a local folder, give ./nocat_45.x",
+        ):
             ensure_schema(spark, "nocat_45", "x", create=create)
