@@ -69,4 +69,4 @@ def test_a_dotted_folder_name_that_does_not_exist_yet_is_one_line(
     assert main(crag_run_args("results.v2", overrides=index_overrides)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "warehouse results.v2 was read as catalog.schema" in err, err
-    assert "no catalog 'results': for a local folder, give ./results.v2" in err
+    assert "no catalog 'results' (it has spark_catalog): for a local folder, give ./results.v2" in err
