@@ -385,22 +385,23 @@ class Warehouse:
         return True
 
     def _create(self, table: str) -> None:
-        """A new, empty Delta table with the table's own columns (`empty`: crag.schema's types and
-        nullability), by an empty CTAS. Not `catalog.createTable` with a schema, although that commits
-        without a Spark job in half the time: through Spark Connect it records string columns as
-        `string collate UTF8_BINARY`, which delta-rs (`crag sql`) cannot read. In a catalog, the views
-        over a stored table are created with it."""
+        """A new, empty Delta table with the table's own columns (crag.schema's types and nullability).
+        In a local folder, its first commit is written by delta-rs (milliseconds, where a CTAS is a
+        Spark job) and the catalog then registers the table; its rows are Spark's to write. In a catalog,
+        an empty CTAS (not `catalog.createTable` with a schema: through Spark Connect that records
+        string columns as `string collate UTF8_BINARY`, which delta-rs cannot read), and the views over
+        the stored table are created with it."""
         path = self.path(table)
-        writer = self.empty(table).writeTo(self.name(table)).using("delta")
         if path is not None:
-            writer = writer.tableProperty("location", str(path))
-        writer.create()
-        if path is not None:
-            _REGISTERED.setdefault(self.spark, set()).add(self.name(table))
-        else:
-            for name, view in schema.VIEWS.items():
-                if table in (view.stored, "runs"):
-                    self.spark.sql(f"CREATE VIEW IF NOT EXISTS {self.name(name)} AS {view.sql(self.name)}")
+            from deltalake import write_deltalake  # noqa: PLC0415  # only a local warehouse creates with it
+
+            write_deltalake(str(path), pa.Table.from_pylist([], schema=self.columns(table)), mode="error")
+            self._attach(table)
+            return
+        self.empty(table).writeTo(self.name(table)).using("delta").create()
+        for name, view in schema.VIEWS.items():
+            if table in (view.stored, "runs"):
+                self.spark.sql(f"CREATE VIEW IF NOT EXISTS {self.name(name)} AS {view.sql(self.name)}")
 
     def prepare(self, tables: tuple[str, ...]) -> None:
         """Before a run's first write: each of its stored `tables` checked, in parallel, to hold crag's
