@@ -112,7 +112,7 @@ def prepare(
         wh = Warehouse(spark or get_spark(cfg.spark), warehouse, cfg.tables)
         checked = validate(wh.spark, read_questions(wh.spark, questions), cfg.input.max_question_chars, questions)
         backends_built.result()
-    preload(cfg.mlflow)  # after the backends, some of which import MLflow themselves
+    preload(cfg.mlflow, warehouse)  # after the backends, some of which import MLflow themselves
     # Nothing is written before here: a bad config, index or input leaves the warehouse as it was. The
     # tables are checked beside the first batch's answering, before the claim.
     ledger = Ledger(wh, cfg, run_id, variant or "base")
