@@ -694,12 +694,9 @@ class TrackingConfig(Section):
 
 
 class TablesConfig(Section):
-    """Where a local warehouse folder's tables are registered in the session's catalog (a warehouse
-    given as catalog.schema, as on Databricks, names its own): in `local_catalog`, in the folder's own
-    schema `<local_schema_prefix>_<folder name>_<hash of its path>`."""
+    """The warehouse's tables: a catalog.schema warehouse's schema, and the run ids' lease. (A local
+    folder's tables are named by their paths: crag.warehouse.)"""
 
-    local_catalog: str = "spark_catalog"
-    local_schema_prefix: str = "crag"
     # a catalog.schema warehouse whose schema does not exist: created by crag (else: an error that says so)
     create_schema: bool = False
     # a run id held by a process that stopped sending heartbeats this long ago may be taken over

@@ -88,7 +88,7 @@ class RunResult:
     seconds: float
     counts: RunCounts
     metrics: pd.DataFrame | None = None  # when the questions carry gold columns
-    tables: str = ""  # the catalog schema the tables are registered in
+    tables: str = ""  # the catalog schema that holds the tables ("" for a local folder)
     status: str = "succeeded"  # as recorded in `runs`: failed when every accepted question is an error
     first_error: str | None = None  # then, one of the errors
     kept_earlier_rows: bool = False  # then, a re-run of the id left the earlier rows in place

@@ -222,7 +222,7 @@ def conclude(plan: RunPlan, counts: RunCounts, metrics) -> RunResult:
         seconds,
         counts,
         metrics,
-        f"{wh.catalog}.{wh.schema}",
+        wh.namespace,
         status,
         first_error,
         keep_earlier,

@@ -7,16 +7,14 @@ query (`answers`, `grades`, `decisions`, `rejects`, `gold`, `metrics`) are views
 `shown_generation` (crag.schema.View). Recording a run's outcome in `runs` is what shows its rows: a
 re-run's rows replace the earlier ones in that one commit, and a run that fails shows none of its own.
 
-Every table is written by Spark's own Delta writer, through the catalog, on classic Spark and on
-Spark Connect alike:
+Every table is written by Spark's own Delta writer, on classic Spark and on Spark Connect alike:
 - a Unity Catalog (or any catalog) schema, given as `catalog.schema`: tables are
   `catalog.schema.<name>`, managed by the catalog, and the views are catalog views;
-- a local folder: stored tables are registered as `<tables.local_catalog>.<schema>.<name>` with their
-  data at `<folder>/<name>`, the same code path as three-part Unity Catalog names. The schema is the
-  folder's own (`crag_<folder name>_<hash of its path>`, see `folder_schema`): a session, or a Spark
-  Connect server serving several clients, shares one catalog, and a name that two folders took turns
-  to register could send one folder's rows into the other's files. The folder layout is plain Delta:
-  `crag sql` reads it without a JVM and defines the views itself (crag.sql).
+- a local folder: each stored table is the Delta table at `<folder>/<name>`, named by its path
+  (delta.`<folder>/<name>`), which Delta's catalog resolves without registering anything: a name that
+  is the folder's own by construction, and no catalog request per table and command (registering five
+  tables took seconds of a run's start). The folder layout is plain Delta: `crag sql` reads it without
+  a JVM and defines the views itself (crag.sql).
 
 Values never enter SQL text: rows are written and removed with Column conditions (DataFrameWriterV2
 `overwrite(condition)`), merges take their values from a source frame (`Merge`), and identifiers are
@@ -25,12 +23,10 @@ validated and quoted.
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 import time
 import uuid
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +39,6 @@ from crag.catalog import ensure_schema
 from crag.config import TablesConfig
 from crag.errors import CragError, InputError
 
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _CATALOG_SCHEMA = re.compile(r"`?[A-Za-z_][A-Za-z0-9_-]*`?\.`?[A-Za-z_][A-Za-z0-9_-]*`?")
 
 
@@ -70,13 +65,6 @@ def left_store_folder(location: str) -> bool:
         and [p.name for p in folder.iterdir()] == ["mlflow"]
         and (folder / "mlflow" / "mlflow.db").is_file()
     )
-
-
-def folder_schema(folder: Path, prefix: str) -> str:
-    """The catalog schema a local warehouse folder's tables are registered in: readable (the folder's
-    name) and the folder's alone (a hash of its absolute path)."""
-    readable = re.sub(r"[^a-z0-9_]", "_", folder.name.lower())[:40]
-    return f"{prefix}_{readable}_{hashlib.sha256(str(folder).encode()).hexdigest()[:8]}"
 
 
 def is_conflict(exc: Exception) -> bool:
@@ -203,10 +191,6 @@ class Merge:
 
 # ------------------------------------------------------------------ the warehouse
 
-# Per Spark session: the local table names crag has registered (the session's catalog is the truth;
-# this spares asking it on every use). A name is one folder's alone (folder_schema).
-_REGISTERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
 
 class Warehouse:
     """crag's tables in one catalog schema, read and written through one Spark session."""
@@ -225,21 +209,22 @@ class Warehouse:
             if path.exists() and not path.is_dir():
                 raise InputError(f"warehouse {location} is a file, not a folder")
             self.folder = path.resolve()
-            self.catalog, self.schema = tables.local_catalog, folder_schema(self.folder, tables.local_schema_prefix)
-            for name in (self.catalog, self.schema):
-                if not _IDENTIFIER.fullmatch(name):
-                    raise InputError(
-                        f"tables.local_catalog / local_schema_prefix must be plain identifiers, got {name!r}"
-                    )
-            self.spark.sql(f"CREATE SCHEMA IF NOT EXISTS {quote(self.catalog)}.{quote(self.schema)}")
+            self.catalog = self.schema = ""  # none: the tables are named by their paths
 
     def __repr__(self) -> str:
-        return f"Warehouse({self.location!r} as {self.catalog}.{self.schema})"
+        return f"Warehouse({self.location!r})"
 
     # ------------------------------------------------------------------ names
 
+    @property
+    def namespace(self) -> str:
+        """The catalog schema that holds the tables ("" for a local folder: its tables are its paths)."""
+        return "" if self.folder is not None else f"{self.catalog}.{self.schema}"
+
     def name(self, table: str) -> str:
-        """The table's quoted three-part name."""
+        """The table's quoted name: catalog.schema.table, or a local folder's delta.`path`."""
+        if self.folder is not None:
+            return f"delta.{quote(str(self.folder / table))}"
         return ".".join(quote(part) for part in (self.catalog, self.schema, table))
 
     def path(self, table: str) -> Path | None:
@@ -250,33 +235,13 @@ class Warehouse:
     def columns(table: str) -> pa.Schema:
         return schema.TABLES[table]
 
-    def _attach(self, table: str) -> None:
-        """A local catalog lives only as long as its session: register the table's name for the
-        folder's files, which exist. One request: a name the session knows already (an earlier command
-        in the warm server's shared session, another thread) is the same folder's, since the schema is
-        the folder's own. The names registered are remembered per session."""
-        name, path = self.name(table), self.path(table)
-        assert path is not None  # only a local folder's tables are attached
-        registered = _REGISTERED.setdefault(self.spark, set())
-        if name in registered:
-            return
-        try:
-            self.spark.catalog.createTable(name, path=str(path), source="delta")
-        except Exception as exc:  # registered already
-            if not is_conflict(exc):
-                raise
-        registered.add(name)
-
     # ------------------------------------------------------------------ reading
 
     def exists(self, table: str) -> bool:
         """Whether the table (a stored table, or a view's stored table) is there to read."""
         table = schema.VIEWS[table].stored if table in schema.VIEWS else table
-        if self.folder is not None:  # the folder says, and the catalog learns the name when it is there
-            there = has_delta_log(self.folder / table)
-            if there:
-                self._attach(table)
-            return there
+        if self.folder is not None:  # the folder says
+            return has_delta_log(self.folder / table)
         try:
             return self.spark.catalog.tableExists(self.name(table))
         except Exception as exc:
@@ -396,7 +361,7 @@ class Warehouse:
     def _create(self, table: str) -> None:
         """A new, empty Delta table with the table's own columns (crag.schema's types and nullability).
         In a local folder, its first commit is written by delta-rs (milliseconds, where a CTAS is a
-        Spark job) and the catalog then registers the table; its rows are Spark's to write. In a catalog,
+        Spark job); its rows are Spark's to write. In a catalog,
         an empty CTAS (not `catalog.createTable` with a schema: through Spark Connect that records
         string columns as `string collate UTF8_BINARY`, which delta-rs cannot read), and the views over
         the stored table are created with it."""
@@ -405,7 +370,6 @@ class Warehouse:
             from deltalake import write_deltalake  # noqa: PLC0415  # only a local warehouse creates with it
 
             write_deltalake(str(path), pa.Table.from_pylist([], schema=self.columns(table)), mode="error")
-            self._attach(table)
             self._created.add(table)
             return
         self.empty(table).writeTo(self.name(table)).using("delta").create()

@@ -208,10 +208,10 @@ def test_a_finished_run_shows_only_its_generation_and_the_catalog_names_its_tabl
     assert shown == runs.loc[0, "generation"]
     for stored in ("inputs", "results", "metric_values"):
         assert set(table(warehouse, stored, "sample-1")["generation"]) == {shown}, stored
-    from crag.warehouse import Warehouse, folder_schema
+    from crag.warehouse import Warehouse
 
     wh = Warehouse(spark, str(warehouse))
-    assert wh.name("results") == f"`spark_catalog`.`{folder_schema(warehouse.resolve(), 'crag')}`.`results`"
+    assert wh.name("results") == f"delta.`{warehouse.resolve() / 'results'}`"  # its path: nothing registered
     assert wh.load_run("answers", "sample-1").count() == 49  # Spark reads what delta-rs reads
     # Each stored table was created empty from crag.schema before its first rows: it has the declared
     # columns, types and nullability, not whatever the first writer's frame happened to have; a view
