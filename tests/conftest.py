@@ -21,6 +21,23 @@ collect_ignore = [] if os.environ.get("CRAG_LLM_PYTHON") else ["llm"]
 sys.path.insert(0, str(Path(__file__).parent))
 
 
+@pytest.fixture(autouse=True)
+def no_jvm_outside_the_spark_tier(request):
+    """tests/unit and tests/slow run without a JVM: a test there that starts one (a command that opens a
+    Spark session before it fails, say) fails, and the JVM is shut down so that the next test starts clean."""
+    yield
+    tier = request.node.path.relative_to(Path(__file__).parent).parts[0]
+    context = sys.modules.get("pyspark.core.context")
+    if tier not in ("unit", "slow") or context is None or context.SparkContext._gateway is None:
+        return
+    active = context.SparkContext._active_spark_context
+    if active is not None:
+        active.stop()
+    context.SparkContext._gateway.shutdown()
+    context.SparkContext._gateway = context.SparkContext._jvm = None
+    pytest.fail(f"tests/{tier} runs without a JVM, but this test started one: it belongs in tests/spark")
+
+
 @pytest.fixture(scope="session")
 def spark():
     os.environ["PYSPARK_PYTHON"] = sys.executable

@@ -1,6 +1,7 @@
 """`crag run` from the command line on Spark: the summary it prints (the session's sample run), `crag sql`
-over the warehouse it wrote, one line for input Spark cannot read, and Ctrl-C / SIGTERM during a run,
-which say how to resume. (The command line without Spark: tests/unit/test_cli.py.)"""
+over the warehouse it wrote, one line for questions that are missing or that Spark cannot read (`crag run`
+opens its session before it reads them), and Ctrl-C / SIGTERM during a run, which say how to resume.
+(The command line without Spark: tests/unit/test_cli.py.)"""
 
 from __future__ import annotations
 
@@ -46,6 +47,12 @@ def test_sql_over_the_warehouse(capsys, sample_run, tmp_path):
     assert main(["sql", "--warehouse", str(warehouse), "SELECT nope FROM answers"]) == 2
     assert capsys.readouterr().err.startswith("crag: error: SQL failed:")
     assert main(["sql", "--warehouse", str(tmp_path / "empty"), "SELECT 1"]) == 2
+
+
+def test_run_with_missing_questions_is_one_line(capsys, tmp_path, index_overrides):
+    code = main(crag_run_args(tmp_path, questions=tmp_path / "none.jsonl", overrides=index_overrides))
+    assert code == 2
+    assert capsys.readouterr().err == f"crag: error: questions not found: {tmp_path / 'none.jsonl'}\n"
 
 
 def _bad_parquet(tmp_path, content: bytes):

@@ -85,6 +85,27 @@ def test_comparison_rows_match_the_run_tables(variant_pair, capsys, index_overri
     assert len(table(wh, "comparisons")) == 49
 
 
+def test_compare_report_given_a_folder_is_one_line_before_any_work(spark, tmp_path, capsys):
+    """Before the runs are read (`crag compare` opens its Spark session first)."""
+    code = main(
+        [
+            "compare",
+            "--warehouse",
+            str(tmp_path / "nowhere"),
+            "--base",
+            "a",
+            "--candidate",
+            "b",
+            "--report",
+            str(tmp_path),
+            "--no-mlflow",
+        ]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"crag: error: --report {tmp_path} is a folder") and err.count("\n") == 1
+
+
 def test_a_report_path_that_cannot_be_written_is_one_line_and_said_before_the_runs_are_read(
     variant_pair, capsys, tmp_path, monkeypatch
 ):
