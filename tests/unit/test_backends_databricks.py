@@ -83,13 +83,6 @@ def test_500_is_retried_and_counted(emulator):
     assert usage.retries == 2 and len(emulator.of("serving")) == 3
 
 
-def test_timeout_is_retried(emulator):
-    emulator.behaviour["serving"].scripted = ["hang"]
-    usage = Usage()
-    assert [g.grade for g in grader().grade(QUESTION, DOCS, usage)] == ["yes", "no"]
-    assert usage.retries == 1
-
-
 def test_persistent_failure_raises_after_max_attempts(emulator):
     emulator.behaviour["serving"].scripted = ["500"] * 3
     with pytest.raises(requests.HTTPError, match="500 Server Error") as failed:

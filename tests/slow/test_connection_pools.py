@@ -1,10 +1,13 @@
-"""Databricks model serving through the real mlflow deployments client, in a process of its own as a
-Spark worker is: requests in flight beyond mlflow's ten pooled connections keep theirs."""
+"""Requests in flight beyond a client's ten pooled connections keep theirs: Databricks model serving
+through the real mlflow deployments client (in a process of its own, as a Spark worker is), and Tavily
+through tavily-python. Each sends waves of requests to an emulator that answers slowly."""
 
 import os
 import subprocess
 import sys
 
+from crag.backends.tavily_search import TavilySearch
+from crag.config import load_config
 from tests.support import REPO
 
 DBX = REPO / "conf" / "databricks.yaml"
@@ -52,3 +55,19 @@ def test_serving_requests_in_flight_beyond_ten_keep_their_connections(emulator):
     assert len(emulator.of("serving")) == 96
     assert emulator.peak_in_flight["serving"] > 10  # the requests did overlap beyond mlflow's default
     assert emulator.connections <= 24, f"{emulator.connections} connections for 24 requests in flight"
+
+
+def test_tavily_requests_in_flight_beyond_ten_keep_their_connections(emulator):
+    """requests keeps 10 idle connections to a host: after a wave of 24 searches it closes 14, and the
+    next wave opens 14 anew (each a TLS handshake with Tavily's API). A pipeline's stages send such
+    waves: every question of a stage at once, then the next stage's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    emulator.behaviour["tavily"].latency_s = 0.1
+    search = TavilySearch(load_config(DBX, ["web_search.policy.max_concurrency=24"]).web_search)
+    with ThreadPoolExecutor(24) as pool:
+        for wave in range(4):
+            list(pool.map(lambda i: search.search(f"HEPA filter {wave} {i}", 3), range(24)))
+    assert len(emulator.of("tavily")) == 96
+    assert emulator.peak_in_flight["tavily"] > 10  # the searches did overlap beyond requests' default
+    assert emulator.connections <= 24, f"{emulator.connections} connections for 24 searches in flight"
