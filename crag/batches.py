@@ -17,9 +17,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import pandas as pd
+
 from crag.counts import aggregates, id_fingerprint
+from crag.evaluation import metric_sums, metrics_of, store_metrics
 from crag.ledger import Heartbeat
-from crag.progress import LiveProgress, ProgressReporter
+from crag.progress import LiveProgress, ProgressReporter, phase
 from crag.spark import batch_tasks, new_cache_rows, run_stages, with_stored_results
 
 if TYPE_CHECKING:
@@ -139,9 +142,10 @@ def answer(plan: RunPlan, progress: bool | None, heartbeat: Heartbeat) -> dict[s
                 _add(totals, committing.result())
             heartbeat.check()
             plan.ledger.check_held()
-            committing = pool.submit(_commit, plan, number, computed, live)
             batches.done(min(bounds[1], plan.input_rows) - bounds[0], time.perf_counter() - started)
-            bounds, number = batches.next(plan.input_rows), number + 1
+            following = batches.next(plan.input_rows)
+            committing = pool.submit(_commit, plan, number, bounds, computed, live, following is None)
+            bounds, number = following, number + 1
         held.result()
         if committing is not None:
             _add(totals, committing.result())
@@ -193,9 +197,9 @@ def _compute(plan: RunPlan, number: int, bounds: tuple[int, int], tasks: int, li
         spark.removeTag(tag)
 
 
-def _commit(plan: RunPlan, number: int, computed, live: LiveProgress) -> dict:
-    """A computed batch committed to `results` (its counts observed as Spark writes it), and its new
-    stage-cache rows to `stage_cache`."""
+def _commit(plan: RunPlan, number: int, bounds: tuple[int, int], computed, live: LiveProgress, last: bool) -> dict:
+    """A computed batch committed to `results` (its counts observed as Spark writes it), beside its new
+    stage-cache rows and its metrics' sums (the last batch's commit stores the run's metrics)."""
     from pyspark.sql import functions as F  # noqa: PLC0415
 
     ledger, wh = plan.ledger, plan.warehouse
@@ -207,12 +211,33 @@ def _commit(plan: RunPlan, number: int, computed, live: LiveProgress) -> dict:
         "*",
         F.current_timestamp().alias("created_at"),
     )
-    with ThreadPoolExecutor(1, "crag-cache") as pool:
-        cached = pool.submit(_store_cache_rows, plan, computed) if plan.cfg.cache.enabled else finished()
+    with ThreadPoolExecutor(2, "crag-beside-commit") as pool:
+        beside = [pool.submit(_store_cache_rows, plan, computed)] if plan.cfg.cache.enabled else []
+        if plan.gold_rows and not plan.resume:  # a resume scores every attempt's results at its end
+            beside.append(pool.submit(_score, plan, number, bounds, computed, last))
         observed = wh.append_observed("results", rows, aggregates())
-        cached.result()
+        for done in beside:
+            done.result()
     live.committed(number, int(observed["accepted"] or 0))
     return observed  # the computed rows go with the last reference to them (Spark cleans their blocks up)
+
+
+def _score(plan: RunPlan, number: int, bounds: tuple[int, int], computed, last: bool) -> None:
+    """The batch's metric sums, against its questions' gold columns; with the last batch, the run's
+    metrics made of every batch's sums, and stored."""
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    lo, hi = bounds
+    source = plan.checked if number == 0 else plan.stored("inputs")
+    gold = source.where(
+        F.col("reason").isNull() & F.col("has_gold") & (F.col("input_row") >= lo) & (F.col("input_row") < hi)
+    )
+    plan.metric_sums.append(metric_sums(computed, gold))
+    if last:
+        with phase("metrics"):
+            plan.metrics = metrics_of(pd.concat(plan.metric_sums))
+            ledger = plan.ledger
+            store_metrics(plan.warehouse, plan.metrics, ledger.run_id, ledger.generation, ledger.variant, replace=False)
 
 
 def _add(totals: dict[str, int], observed: dict) -> None:

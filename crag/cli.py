@@ -96,7 +96,10 @@ def _index_parser(sub) -> None:
 
 
 def _run_parser(sub) -> None:
-    p = sub.add_parser("run", help="answer a table of questions; write answers, grades, decisions, runs, rejects")
+    p = sub.add_parser(
+        "run",
+        help="answer a table of questions; write the run's rows (inputs, results, metrics) and its outcome in runs",
+    )
     p.set_defaults(func=_run)
     _conf_args(p)
     p.add_argument(

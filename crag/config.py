@@ -242,7 +242,7 @@ class LexicalExponents(Section):
     characters, else English): one cut then serves both languages. Defaults: `crag calibrate` on the
     development sample of bench/quality.py (--setup actions --seed 1) found the best cut between
     knowledge-base and web questions at 0.458 for English and 0.415 for Japanese, and these exponents
-    move both onto 0.5 (README "Quality")."""
+    move both onto 0.5 (docs/quality.md)."""
 
     en: float = Field(0.887, gt=0, le=10)
     ja: float = Field(0.787, gt=0, le=10)
@@ -253,7 +253,7 @@ class LexicalSignals(Section):
     Defaults: the weights that told knowledge-base from web questions apart best on the development
     sample of bench/quality.py, where the three scored 0.926 / 0.977 / 0.937 (SQuAD 2.0 / JSQuAD /
     JaQuAD, each language's best cut) against 0.875 / 0.950 / 0.913 for `terms` alone; within
-    0.75-1.25 (phrases) and 0.3-0.7 (title) they scored alike (README "Quality")."""
+    0.75-1.25 (phrases) and 0.3-0.7 (title) they scored alike (docs/quality.md)."""
 
     terms: float = Field(1.0, ge=0)
     phrases: float = Field(1.0, ge=0)

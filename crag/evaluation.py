@@ -358,50 +358,44 @@ def run_record(warehouse, run_id: str, allow_unfinished: bool, doing: str):
 _ANSWER_COLUMNS = ("question_id", "question", "answer", "action", "route", "refused", "web_query", "n_web", "sources")
 
 
-def evaluate_run(
-    warehouse,
-    run_id: str,
-    variant: str | None = None,
-    tables: dict | None = None,
-    generation: str | None = None,
-    replace: bool = True,
-) -> pd.DataFrame:
-    """`crag eval`: the run's metrics from the rows it shows (or from `tables`, the DataFrames of the
-    answers, grades and gold of its `generation`, which crag run is about to show; its `results`, whose
-    rows nest their grades, may stand for answers and grades), computed in Spark, and stored for that
-    generation. Each partition of questions (with their grades and gold) is
-    evaluated by `evaluate`; every metric is a mean, so the partitions' values weighted by their n
-    combine into exactly the run's. `replace`: replace the generation's earlier metrics (False: a new
-    generation's, appended)."""
+def evaluate_run(warehouse, run_id: str) -> pd.DataFrame:
+    """`crag eval`: the run's metrics from the rows it shows, computed in Spark (metric_sums), and
+    stored for the generation it shows, in place of that generation's earlier ones."""
+    tables = {name: warehouse.load_run(name, run_id) for name in ("answers", "grades", "gold")}
+    first = tables["answers"].select("variant").limit(1).collect()
+    if not first:
+        raise InputError(f"run {run_id!r} has no answers in {warehouse.location}")
+    if not tables["gold"].limit(1).count():
+        raise InputError(
+            f"run {run_id!r} has no gold columns (answers, is_impossible, expected_route, gold_doc_ids) to evaluate against"
+        )
+    generation = warehouse.load_run("runs", run_id).select("shown_generation").first()[0]
+    metrics = metrics_of(metric_sums(tables["answers"], tables["gold"], tables["grades"]))
+    store_metrics(warehouse, metrics, run_id, generation, first[0]["variant"], replace=True)
+    return metrics
+
+
+def metric_sums(answers, gold, grades=None) -> pd.DataFrame:
+    """Each metric's total and n (metric, slice, total, n) over the questions of `answers` (Spark
+    DataFrames of answer rows and of their gold rows; `grades` the answers' grade rows, unless the
+    answers are result rows, which nest their grades): computed in Spark, each partition of questions
+    (with their grades and gold) evaluated by `evaluate`. Every metric is a mean, so the sums of parts
+    (batches of a run) add up to the whole's: `metrics_of` makes them the metrics."""
     from pyspark.sql import functions as F  # noqa: PLC0415  # crag ask loads this module (semantic grader, console) without Spark
 
-    if tables is None:
-        tables = {name: warehouse.load_run(name, run_id) for name in ("answers", "grades", "gold")}
-        first = tables["answers"].select("variant").limit(1).collect()
-        if not first:
-            raise InputError(f"run {run_id!r} has no answers in {warehouse.location}")
-        if not tables["gold"].limit(1).count():
-            raise InputError(
-                f"run {run_id!r} has no gold columns (answers, is_impossible, expected_route, gold_doc_ids) to evaluate against"
-            )
-        variant = variant or first[0]["variant"]
-        generation = warehouse.load_run("runs", run_id).select("shown_generation").first()[0]
-    gold = tables["gold"].drop("run_id", "variant")
-    if "grades" in tables["answers"].columns:  # results: each question's grades nested in its row already
+    if grades is None:  # results: each question's grades nested in its row already
         graded = F.transform(
             "grades",
             lambda g: F.struct(g["source"].alias("source"), g["doc_id"].alias("doc_id"), g["grade"].alias("grade")),
         )
-        answered = tables["answers"].select(*_ANSWER_COLUMNS, graded.alias("graded"))
+        answered = answers.select(*_ANSWER_COLUMNS, graded.alias("graded"))
     else:
-        grades = (
-            tables["grades"]
-            .groupBy("question_id")
-            .agg(F.collect_list(F.struct("source", "doc_id", "grade")).alias("graded"))
+        nested = grades.groupBy("question_id").agg(
+            F.collect_list(F.struct("source", "doc_id", "grade")).alias("graded")
         )
-        answered = tables["answers"].select(*_ANSWER_COLUMNS).join(grades, "question_id", "left")
+        answered = answers.select(*_ANSWER_COLUMNS).join(nested, "question_id", "left")
     # left: questions without a gold row count in the metrics that need none (see question_scores)
-    joined = answered.join(gold, "question_id", "left")
+    joined = answered.join(gold.select("question_id", *GOLD_COLUMNS), "question_id", "left")
 
     def per_partition(frames):
         for frame in frames:
@@ -414,13 +408,27 @@ def evaluate_run(
             m = evaluate(frame[list(_ANSWER_COLUMNS)], doc_frame, frame[["question_id", *GOLD_COLUMNS]])
             yield pd.DataFrame({"metric": m["metric"], "slice": m["slice"], "total": m["value"] * m["n"], "n": m["n"]})
 
-    totals = (
+    sums = (
         joined.mapInPandas(per_partition, "metric string, slice string, total double, n long")
         .groupBy("metric", "slice")
-        .agg((F.sum("total") / F.sum("n")).alias("value"), F.sum("n").alias("n"))
+        .agg(F.sum("total").alias("total"), F.sum("n").alias("n"))
+        .toPandas()  # metrics x slices: a few hundred rows at most
     )
-    metrics = totals.toPandas()  # metrics x slices: a few hundred rows at most
-    metrics.attrs.clear()  # Spark Connect leaves its plan metrics there, which Arrow cannot carry
+    sums.attrs.clear()  # Spark Connect leaves its plan metrics there, which Arrow cannot carry
+    return sums
+
+
+def metrics_of(sums: pd.DataFrame) -> pd.DataFrame:
+    """The metrics (metric, slice, value, n) from metric_sums' rows, of one part or of several."""
+    added = sums.groupby(["metric", "slice"], as_index=False)[["total", "n"]].sum()
+    return added.assign(value=added["total"] / added["n"])[["metric", "slice", "value", "n"]]
+
+
+def store_metrics(warehouse, metrics: pd.DataFrame, run_id: str, generation: str, variant: str, replace: bool):
+    """The metrics stored for a run's generation: in place of the generation's earlier ones (`replace`),
+    or appended (a generation new to the table)."""
+    from pyspark.sql import functions as F  # noqa: PLC0415  # as metric_sums'
+
     rows = warehouse.frame(
         "metric_values",
         pa.Table.from_pandas(
@@ -434,4 +442,3 @@ def evaluate_run(
         warehouse.replace("metric_values", rows, same)
     else:
         warehouse.append("metric_values", rows)
-    return metrics[["metric", "slice", "value", "n"]]

@@ -25,12 +25,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from crag.backends import build_backends, resolve_credentials
 from crag.batches import answer, finished
 from crag.config import CragConfig, load_config, redacted, resolve_paths
 from crag.counts import RunCounts, RunResult
 from crag.errors import CragError, InputError, describe
-from crag.evaluation import evaluate_run
+from crag.evaluation import metric_sums, metrics_of, store_metrics
 from crag.ids import run_id_or_new
 from crag.ledger import Ledger
 from crag.progress import phase
@@ -61,6 +63,8 @@ class RunPlan:
     accepted: int = 0
     gold_rows: int = 0
     question_ids: int = 0  # the accepted question ids' fingerprint (counts.id_fingerprint summed)
+    metric_sums: list = field(default_factory=list)  # each committed batch's (crag.evaluation.metric_sums)
+    metrics: pd.DataFrame | None = None  # the run's, once stored (with the last batch's commit)
     t0: float = field(default_factory=time.perf_counter)
 
     @property
@@ -108,7 +112,7 @@ def prepare(
         wh = Warehouse(spark or get_spark(cfg.spark), warehouse, cfg.tables)
         checked = validate(wh.spark, read_questions(wh.spark, questions), cfg.input.max_question_chars, questions)
         backends_built.result()
-    preload(cfg.mlflow)  # after the backends, some of which import MLflow themselves
+    preload(cfg.mlflow, warehouse)  # after the backends, some of which import MLflow themselves
     # Nothing is written before here: a bad config, index or input leaves the warehouse as it was. The
     # tables are checked beside the first batch's answering, before the claim.
     ledger = Ledger(wh, cfg, run_id, variant or "base")
@@ -167,13 +171,18 @@ def check_invariant(counts: RunCounts, question_ids: int, plan: RunPlan) -> None
 
 
 def evaluate(plan: RunPlan, counts: RunCounts):
-    """The generation's metrics, stored (when its questions carry gold, and it is to be shown)."""
+    """The generation's metrics, when its questions carry gold and it is to be shown: stored with its
+    last batch's commit already, or, for a resumed run, made now over every attempt's results."""
     ledger, wh = plan.ledger, plan.warehouse
     if not plan.gold_rows or _keeps_earlier(plan, counts):
         return None
+    if plan.metrics is not None:
+        return plan.metrics
     with phase("metrics"):
-        rows = {"answers": plan.stored("results"), "gold": wh.load_generation("gold", ledger.run_id, ledger.generation)}
-        return evaluate_run(wh, ledger.run_id, ledger.variant, rows, ledger.generation, replace=plan.resume)
+        gold = wh.load_generation("gold", ledger.run_id, ledger.generation)
+        metrics = metrics_of(metric_sums(plan.stored("results"), gold))
+        store_metrics(wh, metrics, ledger.run_id, ledger.generation, ledger.variant, replace=True)
+        return metrics
 
 
 def _all_errors(counts: RunCounts) -> bool:

@@ -35,7 +35,7 @@ from crag.config import LOCAL_MASTER, CragConfig, SparkConfig, shown_key
 from crag.connect import bound_waits, connect_session
 from crag.errors import ConfigError, describe
 from crag.progress import report_answered
-from crag.spark_server import usable
+from crag.spark_server import shared_session, usable
 from crag.stages import frame_rows, run_pipeline
 
 log = logging.getLogger("crag")
@@ -109,7 +109,7 @@ def get_spark(cfg: SparkConfig):
     server = usable() if remote is None and local_master(cfg.master) is not None else None
     if server is not None:  # crag spark start: a warm local Spark instead of a new one
         log.info("using the Spark server at %s (crag spark start; crag spark stop ends it)", server.url)
-        remote = server.url
+        return _with_runtime_settings(shared_session(server, cfg.connect_timeout_s), cfg.conf)
     if remote and remote.startswith("sc://"):  # a running server: only session settings can be passed
         return _with_runtime_settings(connect_session(remote, cfg.connect_timeout_s), cfg.conf)
     builder = SparkSession.builder.appName("crag")

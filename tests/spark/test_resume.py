@@ -85,15 +85,15 @@ def test_resume_after_a_failure_mid_run(spark, tmp_path, index_overrides, monkey
 
 
 def test_resume_after_a_failure_while_finalising(spark, tmp_path, index_overrides, monkeypatch):
-    """A run that fails after its every batch is committed (its metrics half written) is resumed: it
-    answers nothing again, stores its metrics once, and shows each of its rows once."""
-    from crag.evaluation import evaluate_run
+    """A run that fails after its every batch is committed (its metrics stored, its outcome not) is
+    resumed: it answers nothing again, stores its metrics once, and shows each of its rows once."""
+    from crag.evaluation import store_metrics
 
-    def evaluated_then_lost(*args, **kwargs):
-        evaluate_run(*args, **kwargs)
+    def stored_then_lost(*args, **kwargs):
+        store_metrics(*args, **kwargs)
         raise RuntimeError("driver lost")
 
-    monkeypatch.setattr(crag_job, "evaluate_run", evaluated_then_lost)
+    monkeypatch.setattr(crag_batches, "store_metrics", stored_then_lost)
     with pytest.raises(RuntimeError, match="driver lost"):
         run_sample(spark, tmp_path, "r5", index_overrides)
     monkeypatch.undo()
@@ -318,7 +318,7 @@ def test_the_heartbeat_goes_on_until_the_outcome_is_recorded(spark, tmp_path, in
     """A large run's metrics take minutes after its last batch: the run must not look stale to another
     process then (which could take it over in the middle), so the heartbeat goes on until its outcome
     is recorded."""
-    from crag.evaluation import evaluate_run
+    from crag.evaluation import store_metrics
 
     record = Ledger.record
     statuses: list[str] = []
@@ -331,7 +331,7 @@ def test_the_heartbeat_goes_on_until_the_outcome_is_recorded(spark, tmp_path, in
             beat_while_evaluating.set()
 
     def slow(*args, **kwargs):
-        metrics = evaluate_run(*args, **kwargs)
+        metrics = store_metrics(*args, **kwargs)
         # a long evaluation: it lasts until a beat has been recorded, however long a beat's commit takes on
         # this machine (one took 2.7 s on CI's); without a heartbeat here it gives up after a minute
         evaluating.set()
@@ -340,7 +340,7 @@ def test_the_heartbeat_goes_on_until_the_outcome_is_recorded(spark, tmp_path, in
         return metrics
 
     monkeypatch.setattr(Ledger, "record", recorded)
-    monkeypatch.setattr(crag_job, "evaluate_run", slow)
+    monkeypatch.setattr(crag_batches, "store_metrics", slow)
     overrides = [*index_overrides, "tables.stale_run_after_s=0.6"]  # a beat every 0.2 s
     run_sample(spark, tmp_path, "hb", overrides)
     assert beat_while_evaluating.is_set(), statuses
