@@ -21,18 +21,25 @@ collect_ignore = [] if os.environ.get("CRAG_LLM_PYTHON") else ["llm"]
 sys.path.insert(0, str(Path(__file__).parent))
 
 
+def _jvm_gateway():
+    """The JVM gateway pyspark has started in this process, if any."""
+    context = sys.modules.get("pyspark.core.context")
+    return None if context is None else context.SparkContext._gateway
+
+
 @pytest.fixture(autouse=True)
 def no_jvm_outside_the_spark_tier(request):
     """tests/unit and tests/slow run without a JVM: a test there that starts one (a command that opens a
-    Spark session before it fails, say) fails, and the JVM is shut down so that the next test starts clean."""
+    Spark session before it fails, say) fails, and the JVM is shut down so that the next test starts clean.
+    (In a session that has run Spark tests first, the JVM they started is theirs: it is left alone.)"""
+    before = _jvm_gateway()
     yield
     tier = request.node.path.relative_to(Path(__file__).parent).parts[0]
-    context = sys.modules.get("pyspark.core.context")
-    if tier not in ("unit", "slow") or context is None or context.SparkContext._gateway is None:
+    if tier not in ("unit", "slow") or before is not None or _jvm_gateway() is None:
         return
-    active = context.SparkContext._active_spark_context
-    if active is not None:
-        active.stop()
+    context = sys.modules["pyspark.core.context"]
+    if context.SparkContext._active_spark_context is not None:
+        context.SparkContext._active_spark_context.stop()
     context.SparkContext._gateway.shutdown()
     context.SparkContext._gateway = context.SparkContext._jvm = None
     pytest.fail(f"tests/{tier} runs without a JVM, but this test started one: it belongs in tests/spark")
