@@ -1,8 +1,11 @@
-"""Shared fixtures: one SparkSession and one pair of sample indexes per test run."""
+"""Shared fixtures of every tier: one SparkSession and one pair of sample indexes per test run, the
+emulators, and the LangChain stores."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -16,6 +19,30 @@ collect_ignore = [] if os.environ.get("CRAG_LLM_PYTHON") else ["llm"]
 # Configs name tests/langchain_stores.py as a top-level module ("langchain_stores:faiss_store"), as a
 # user's own factory module would be named; Spark workers get it with addPyFile.
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+def _jvm_gateway():
+    """The JVM gateway pyspark has started in this process, if any."""
+    context = sys.modules.get("pyspark.core.context")
+    return None if context is None else context.SparkContext._gateway
+
+
+@pytest.fixture(autouse=True)
+def no_jvm_outside_the_spark_tier(request):
+    """tests/unit and tests/slow run without a JVM: a test there that starts one (a command that opens a
+    Spark session before it fails, say) fails, and the JVM is shut down so that the next test starts clean.
+    (In a session that has run Spark tests first, the JVM they started is theirs: it is left alone.)"""
+    before = _jvm_gateway()
+    yield
+    tier = request.node.path.relative_to(Path(__file__).parent).parts[0]
+    if tier not in ("unit", "slow") or before is not None or _jvm_gateway() is None:
+        return
+    context = sys.modules["pyspark.core.context"]
+    if context.SparkContext._active_spark_context is not None:
+        context.SparkContext._active_spark_context.stop()
+    context.SparkContext._gateway.shutdown()
+    context.SparkContext._gateway = context.SparkContext._jvm = None
+    pytest.fail(f"tests/{tier} runs without a JVM, but this test started one: it belongs in tests/spark")
 
 
 @pytest.fixture(scope="session")
@@ -94,6 +121,51 @@ def emulator(emulator_server, monkeypatch):
     }.items():
         monkeypatch.setenv(name, value)
     return emulator_server
+
+
+@pytest.fixture(scope="session")
+def stores(tmp_path_factory) -> dict[str, list[str]]:
+    """--set overrides that configure each LangChain store whose library is installed (tests/langchain_stores.py)."""
+    import langchain_stores
+
+    root = tmp_path_factory.mktemp("langchain")
+    common = ["retriever.backend=langchain", "retriever.k=4", "web_search.backend=none", "mlflow.enabled=false"]
+    found = {}
+    if importlib.util.find_spec("faiss"):
+        faiss = langchain_stores.write_faiss(root / "faiss")
+        found["faiss"] = [*common, "retriever.factory=langchain_stores:faiss_store", f"retriever.kwargs.path={faiss}"]
+    if importlib.util.find_spec("langchain_chroma"):
+        chroma = langchain_stores.write_chroma(root / "chroma")
+        found["chroma"] = [
+            *common,
+            "retriever.factory=langchain_stores:chroma_store",
+            f"retriever.kwargs.path={chroma}",
+        ]
+    if importlib.util.find_spec("rank_bm25"):
+        docs = langchain_stores.write_documents(root / "docs.jsonl")
+        found["bm25"] = [
+            *common,
+            "retriever.factory=langchain_stores:bm25_retriever",
+            f"retriever.kwargs.documents={docs}",
+            "retriever.kwargs.k=4",
+        ]
+    return found
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A loopback port nothing listens on (connection refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def fresh_registry(monkeypatch):
+    """An empty registry of the secret values crag has resolved (which its scrubber masks)."""
+    from crag import secrets
+
+    monkeypatch.setattr(secrets, "_known", set())
 
 
 @pytest.fixture

@@ -1,14 +1,13 @@
 """Bad input, case by case: each ends in a reject row with a reason, or in a one-line error (exit 2)
-before any work. Nothing is lost and nothing prints a traceback."""
+before any work. Nothing is lost and nothing prints a traceback. (A bad config or argument, refused
+before Spark starts: tests/unit/test_bad_input.py.)"""
 
 import json
 
 import pytest
 
 from crag.cli import main
-from tests.support import LOCAL_CONF, REPO, crag_run_args, run_rows
-
-OPENAI_CONF = REPO / "conf" / "openai.yaml"
+from tests.support import assert_run_refused, crag_run_args, run_rows, write_bytes
 
 # question_id -> (row, expected reason)
 REJECTED = {
@@ -72,78 +71,23 @@ def test_duplicate_and_missing_ids(rejected_run):
     assert len(answers) + len(rejects) == len(rows)  # nothing lost
 
 
-def _write(tmp_path, name, content: bytes):
-    path = tmp_path / name
-    path.write_bytes(content)
-    return str(path)
-
-
-ERRORS = {
-    "empty table": (lambda t: ["--questions", _write(t, "q.jsonl", b"\n")], "q.jsonl hold no rows"),
+INPUT_ERRORS = {
+    "empty table": (lambda t: ["--questions", write_bytes(t, "q.jsonl", b"\n")], "q.jsonl hold no rows"),
     "empty CSV table": (
-        lambda t: ["--questions", _write(t, "q.csv", b"question_id,question\n")],
+        lambda t: ["--questions", write_bytes(t, "q.csv", b"question_id,question\n")],
         "q.csv hold no rows",
     ),
     "no line with a question": (
-        lambda t: ["--questions", _write(t, "q.jsonl", b'{"question_id": "1", "text": "?"}\n["a"]\n')],
+        lambda t: ["--questions", write_bytes(t, "q.jsonl", b'{"question_id": "1", "text": "?"}\n["a"]\n')],
         "questions lack column(s) question: no line of ",
     ),
     "no line with either key": (
-        lambda t: ["--questions", _write(t, "q.jsonl", b'{"id": "1", "text": "?"}\n')],
+        lambda t: ["--questions", write_bytes(t, "q.jsonl", b'{"id": "1", "text": "?"}\n')],
         "questions lack column(s) question_id, question: no line of ",
     ),
     "path does not exist": (lambda t: ["--questions", str(t / "nope.jsonl")], "questions not found"),
-    "unsupported file": (lambda t: ["--questions", _write(t, "q.xlsx", b"x")], "unsupported questions file"),
+    "unsupported file": (lambda t: ["--questions", write_bytes(t, "q.xlsx", b"x")], "unsupported questions file"),
     "folder not a Delta table": (lambda t: ["--questions", str(t)], "is a folder but not a Delta table"),
-    "malformed config": (lambda t: ["--conf", _write(t, "c.yaml", b"retriever: [oops\n")], "is not valid YAML"),
-    "config not a mapping": (lambda t: ["--conf", _write(t, "c.yaml", b"- a\n- b\n")], "must be a mapping of sections"),
-    "config file missing": (lambda t: ["--conf", str(t / "none.yaml")], "config file not found"),
-    "unknown config key": (
-        lambda t: ["--set", "retriever.top_k=3"],
-        "unknown config key 'retriever.top_k' (allowed here: backend, index, k)",
-    ),
-    "unknown section": (lambda t: ["--set", "retreiver.k=3"], "unknown config key 'retreiver'"),
-    "mistyped value": (
-        lambda t: ["--set", "retriever.k=ten"],
-        "config key 'retriever.k': Input should be a valid integer",
-    ),
-    "unknown backend": (
-        lambda t: ["--set", "grader.backend=gpt4"],
-        "config key 'grader.backend': got 'gpt4', expected one of 'lexical', 'semantic', 'databricks', 'openai'",
-    ),
-    "unknown policy": (lambda t: ["--set", "routing.policy=sometimes"], "config key 'routing.policy': got 'sometimes'"),
-    "thresholds out of order": (
-        lambda t: ["--set", "routing.lower=0.9", "--set", "routing.upper=0.1"],
-        "must not exceed",
-    ),
-    "bad --set": (
-        lambda t: ["--set", "retriever.k"],
-        "an override (--set, or one of --overrides) must be key=value",
-    ),
-    "unknown variant": (lambda t: ["--variant", "nope"], "unknown variant 'nope'"),
-    "unset env var": (
-        lambda t: ["--conf", _write(t, "c.yaml", b"input:\n  max_question_chars: ${CRAG_NO_SUCH_VAR}\n")],
-        "refers to ${CRAG_NO_SUCH_VAR}, which is not set",
-    ),
-    "missing index": (lambda t: ["--set", f"retriever.index={t / 'none'}"], "no crag index at"),
-    "incompatible index": (lambda t: ["--set", f"retriever.index={_old_index(t)}"], "rebuild it with crag index"),
-    "missing credential": (
-        lambda t: [
-            "--set",
-            "grader.backend=openai",
-            "--set",
-            "grader.endpoint=m",
-            "--set",
-            "grader.api_key_env=CRAG_NO_KEY",
-        ],
-        "missing credential for grader (openai model 'm'): set the environment variable CRAG_NO_KEY",
-    ),
-    "invalid run id": (lambda t: ["--run-id", "bad id!"], "invalid run id 'bad id!'"),
-    "resume of an unknown run": (lambda t: ["--resume", "ghost"], "no run 'ghost' to resume"),
-    "missing prompt": (
-        lambda t: ["--conf", str(OPENAI_CONF), "--set", "generator.prompt=nope.yaml"],
-        "prompt template not found",
-    ),
 }
 
 
@@ -165,7 +109,11 @@ UNREADABLE = {
 def test_a_file_of_unreadable_rows_is_reject_rows_and_one_line(case, tmp_path, index_overrides, capsys):
     name, content, reason = UNREADABLE[case]
     argv = crag_run_args(
-        tmp_path / "wh", "--run-id", "unreadable", questions=_write(tmp_path, name, content), overrides=index_overrides
+        tmp_path / "wh",
+        "--run-id",
+        "unreadable",
+        questions=write_bytes(tmp_path, name, content),
+        overrides=index_overrides,
     )
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -179,34 +127,7 @@ def test_a_file_of_unreadable_rows_is_reject_rows_and_one_line(case, tmp_path, i
     assert runs.loc[0, "status"] == "failed" and dict(runs.loc[0, "counts"])["rejected"] == 1  # its counts kept
 
 
-def _old_index(tmp_path):
-    index = tmp_path / "old"
-    index.mkdir()
-    (index / "manifest.json").write_text('{"format": "crag-bm25", "version": 1}')
-    return index
-
-
-@pytest.mark.parametrize("case", sorted(ERRORS))
-def test_one_line_error(case, tmp_path, index_overrides, capsys, monkeypatch):
-    monkeypatch.delenv("CRAG_NO_KEY", raising=False)
-    build, message = ERRORS[case]
-    extra = build(tmp_path)
-    chosen = {}  # a case's own --conf or --questions in place of the default
-    for flag in ("--conf", "--questions"):
-        if flag in extra:
-            i = extra.index(flag)
-            chosen[flag.removeprefix("--")] = extra[i + 1]
-            extra = extra[:i] + extra[i + 2 :]
-    argv = crag_run_args(tmp_path / "wh", *extra, overrides=index_overrides, **chosen)
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("crag: error: ") and err.count("\n") == 1, err
-    assert message in err, err
-    assert not (tmp_path / "wh" / "results").exists() and not (tmp_path / "wh" / "inputs").exists()
-
-
-def test_index_errors_are_one_line(tmp_path, capsys):
-    assert (
-        main(["index", "--conf", str(LOCAL_CONF), "--docs", str(tmp_path / "none"), "--out", str(tmp_path / "i")]) == 2
-    )
-    assert capsys.readouterr().err == f"crag: error: documents not found: {tmp_path / 'none'}\n"
+@pytest.mark.parametrize("case", sorted(INPUT_ERRORS))
+def test_one_line_error(case, tmp_path, index_overrides, capsys):
+    build, message = INPUT_ERRORS[case]
+    assert_run_refused(build(tmp_path), message, tmp_path / "wh", index_overrides, capsys)

@@ -1,64 +1,52 @@
+"""`crag run` from the command line on Spark: the summary it prints (the session's sample run), `crag sql`
+over the warehouse it wrote, one line for questions that are missing or that Spark cannot read (`crag run`
+opens its session before it reads them), and Ctrl-C / SIGTERM during a run, which say how to resume.
+(The command line without Spark: tests/unit/test_cli.py.)"""
+
+from __future__ import annotations
+
 import os
-import shutil
+import re
+import shlex
+import signal
 import subprocess
 import sys
-from pathlib import Path
+import time
 
 import pytest
 
+from crag import cli
 from crag.cli import main
-from tests.support import LOCAL_CONF, SAMPLE, crag_run_args, set_args
+from tests.support import REPO, SAMPLE_RUN, committed_questions, crag_run_args, run_rows
 
 
-def test_ask_prints_every_stage(capsys, index_overrides):
-    assert main(["ask", "--conf", str(LOCAL_CONF), *set_args(index_overrides), "How high is Mount Fuji?"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith(
-        "[backends] retriever bm25, grader lexical, rewriter keywords, web_search offline_corpus, generator extractive\n"
+def test_run_prints_the_summary(sample_run):
+    out = sample_run.out
+    assert f"run {SAMPLE_RUN} (variant base)" in out and "questions   51: 49 accepted, 2 rejected" in out
+    assert "refusals" in out and "wall time" in out
+
+
+def test_sql_over_the_warehouse(capsys, sample_run, tmp_path):
+    warehouse = sample_run.warehouse
+    sql = (
+        "SELECT a.route, count(DISTINCT a.question_id) AS questions, count(g.doc_id) AS graded "
+        "FROM answers a LEFT JOIN grades g ON a.run_id = g.run_id AND a.question_id = g.question_id "
+        f"WHERE a.run_id = '{SAMPLE_RUN}' GROUP BY a.route ORDER BY a.route"
     )
-    for marker in (
-        "[retrieve]",
-        "[grade]",
-        "[decide] incorrect",
-        "[rewrite] web query: high Mount Fuji",
-        "[web_search] 3 results",
-        "[generate] route web",
-    ):
-        assert marker in out, out
-    assert "3,776 metres" in out and "https://example.org/wiki/Mount_Fuji" in out
-
-
-def test_ask_says_when_the_answer_comes_from_the_last_resort(capsys, index_overrides):
-    """The sample's one question answered from a document graded irrelevant (routing.last_resort)."""
-    assert main(["ask", "--conf", str(LOCAL_CONF), *set_args(index_overrides), "How much does the AQ-7 weigh?"]) == 0
-    out = capsys.readouterr().out
-    assert "[last_resort] " in out and "no relevant context survived" in out, out
-    assert out.index("[last_resort]") < out.index("[context] 1 documents") < out.index("[generate] route internal")
-
-
-def test_ask_rejects_a_blank_question_in_one_line(capsys, index_overrides):
-    assert main(["ask", "--conf", str(LOCAL_CONF), *set_args(index_overrides), "   "]) == 2
-    assert capsys.readouterr().err == "crag: error: question is only whitespace\n"
-
-
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (
-            ["--set", "retriever.kk=1"],
-            "crag: error: unknown config key 'retriever.kk' (allowed here: backend, index, k)\n",
-        ),
-        (
-            ["--set", "web_search.backend=bing"],
-            "crag: error: config key 'web_search.backend': got 'bing', expected one of 'offline_corpus', 'tavily', 'none'\n",
-        ),
-        (["--variant", "nope"], "crag: error: unknown variant 'nope'"),
-    ],
-)
-def test_config_errors_are_one_line(capsys, args, message):
-    assert main(["ask", "--conf", str(LOCAL_CONF), *args, "q?"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(message) and err.count("\n") == 1
+    assert main(["sql", "--warehouse", str(warehouse), "--format", "csv", sql]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split(",") == ["route", "questions", "graded"]
+    assert sum(int(line.split(",")[1]) for line in lines[1:]) == 49
+    assert main(["sql", "--warehouse", str(warehouse), sql]) == 0  # the terminal table: a header, a rule, rows
+    table = capsys.readouterr().out.splitlines()
+    assert (
+        table[0].split() == ["route", "questions", "graded"]
+        and set(table[1]) <= {"-", " "}
+        and len(table) == len(lines) + 1
+    )
+    assert main(["sql", "--warehouse", str(warehouse), "SELECT nope FROM answers"]) == 2
+    assert capsys.readouterr().err.startswith("crag: error: SQL failed:")
+    assert main(["sql", "--warehouse", str(tmp_path / "empty"), "SELECT 1"]) == 2
 
 
 def test_run_with_missing_questions_is_one_line(capsys, tmp_path, index_overrides):
@@ -67,146 +55,83 @@ def test_run_with_missing_questions_is_one_line(capsys, tmp_path, index_override
     assert capsys.readouterr().err == f"crag: error: questions not found: {tmp_path / 'none.jsonl'}\n"
 
 
-def test_run_prints_the_summary(capsys, spark, tmp_path, index_overrides):
-    code = main(crag_run_args(tmp_path, "--run-id", "cli", overrides=index_overrides))
-    assert code == 0
-    out = capsys.readouterr().out
-    assert "run cli (variant base)" in out and "questions   51: 49 accepted, 2 rejected" in out
-    assert "refusals" in out and "wall time" in out
+def _bad_parquet(tmp_path, content: bytes):
+    path = tmp_path / "questions.parquet"
+    path.write_bytes(content)
+    return path
 
 
-def test_console_script_builds_an_index(tmp_path):
-    crag = shutil.which("crag", path=str(Path(sys.executable).parent))
-    assert crag, "the crag console script is installed with the package"
-    done = subprocess.run(
-        [crag, "index", "--conf", str(LOCAL_CONF), "--docs", str(SAMPLE / "web.jsonl"), "--out", str(tmp_path / "web")],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert "indexed 13 documents" in done.stdout
-    assert (tmp_path / "web" / "manifest.json").exists()
+@pytest.mark.parametrize("content", [b"", b"PAR1 not really parquet"])
+def test_unreadable_parquet_input_is_one_line(tmp_path, capsys, index_overrides, content):
+    questions = _bad_parquet(tmp_path, content)
+    code = main(crag_run_args(tmp_path / "wh", questions=questions, overrides=index_overrides))
+    assert code == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"crag: error: [^\n]*(not a Parquet file|cannot read questions)[^\n]*\n", err), err
 
 
-def test_sql_over_the_warehouse(capsys, spark, tmp_path, index_overrides):
-    assert main(crag_run_args(tmp_path, "--run-id", "sql", overrides=index_overrides)) == 0
-    capsys.readouterr()
-    sql = (
-        "SELECT a.route, count(DISTINCT a.question_id) AS questions, count(g.doc_id) AS graded "
-        "FROM answers a LEFT JOIN grades g ON a.run_id = g.run_id AND a.question_id = g.question_id "
-        "WHERE a.run_id = 'sql' GROUP BY a.route ORDER BY a.route"
-    )
-    assert main(["sql", "--warehouse", str(tmp_path), "--format", "csv", sql]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split(",") == ["route", "questions", "graded"]
-    assert sum(int(line.split(",")[1]) for line in lines[1:]) == 49
-    assert main(["sql", "--warehouse", str(tmp_path), sql]) == 0  # the terminal table: a header, a rule, rows
-    table = capsys.readouterr().out.splitlines()
-    assert (
-        table[0].split() == ["route", "questions", "graded"]
-        and set(table[1]) <= {"-", " "}
-        and len(table) == len(lines) + 1
-    )
-    assert main(["sql", "--warehouse", str(tmp_path), "SELECT nope FROM answers"]) == 2
-    assert capsys.readouterr().err.startswith("crag: error: SQL failed:")
-    assert main(["sql", "--warehouse", str(tmp_path / "empty"), "SELECT 1"]) == 2
+def test_a_delta_folder_with_an_empty_log_is_one_line(tmp_path, capsys, index_overrides):
+    (tmp_path / "questions" / "_delta_log").mkdir(parents=True)
+    code = main(crag_run_args(tmp_path / "wh", questions=tmp_path / "questions", overrides=index_overrides))
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("crag: error: ") and err.count("\n") == 1, err
 
 
+def _start_run(tmp_path, sample_indexes, extra: list[str]):
+    sets = [
+        f"retriever.index={sample_indexes['kb']}",
+        f"web_search.index={sample_indexes['web']}",
+        "mlflow.enabled=false",
+        "spark.batch_questions=3",
+        "spark.batch_seconds=null",
+        "routing.policy=thresholds",
+    ]
+    args = [sys.executable, "-m", "crag.cli", *crag_run_args(tmp_path / "wh", "--no-cache", *extra, overrides=sets)]
+    err = open(tmp_path / "stderr.txt", "w+", encoding="utf-8")
+    return subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=err, cwd=REPO, env={**os.environ, "CRAG_DEBUG": ""}
+    ), err
+
+
+def _wait_for(err, text: str, proc, limit_s: float = 180) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        err.seek(0)
+        if text in err.read():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} never appeared")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
-    "command", [["eval", "--run", "r"], ["calibrate", "--run", "r"], ["compare", "--base", "a", "--candidate", "b"]]
+    "signum, code, how", [(signal.SIGTERM, 143, "terminated (SIGTERM)"), (signal.SIGINT, 130, "interrupted")]
 )
-def test_table_commands_apply_set_without_a_config_file(capsys, tmp_path, command):
-    """--set chooses their session (spark.remote) with or without --conf: it is read, not dropped."""
-    assert main([command[0], "--warehouse", str(tmp_path), *command[1:], "--set", "spark.no_such_key=1"]) == 2
-    assert "spark.no_such_key" in capsys.readouterr().err
+def test_a_signal_during_crag_run_ends_with_the_resume_line(tmp_path, sample_indexes, signum, code, how):
+    proc, err = _start_run(tmp_path, sample_indexes, ["--run-id", "sig"])
+    try:
+        _wait_for(err, "batch 2 committed", proc)
+        proc.send_signal(signum)
+        assert proc.wait(timeout=120) == code
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err.seek(0)
+    text = err.read()
+    assert "Traceback" not in text and "Exception" not in text, text
+    last = text.strip().splitlines()[-1]
+    assert last.startswith(f"crag: {how}: run sig did not finish; continue it with: crag run --resume sig ")
+    # The line is the interrupted command as a resume: the same config, overrides, questions and
+    # warehouse (that such a command finishes the run is tested in test_resume and test_connect).
+    resume = shlex.split(last.split("continue it with: ", 1)[1])
+    assert resume[:2] == ["crag", "run"]
+    started, resumed = (cli.parser().parse_args(words) for words in (proc.args[3:], resume[1:]))
+    assert (started.run_id, started.resume, resumed.run_id, resumed.resume) == ("sig", None, None, "sig")
+    assert cli._overrides(started) == cli._overrides(resumed)
+    same = [k for k in vars(started) if k not in ("run_id", "resume", "overrides", "override_list")]
+    assert [getattr(started, k) for k in same] == [getattr(resumed, k) for k in same]
+    # and what it resumes is there: the run recorded as failed, its committed batches kept
 
-
-def test_ask_prints_a_retrieved_document_without_a_score(capsys, index_overrides, monkeypatch):
-    """A LangChain retriever may return documents with no score."""
-    import crag.backends.bm25
-
-    real = crag.backends.bm25.BM25Retriever.search
-
-    def unscored(self, *args, **kwargs):
-        return [[{**d, "retrieval_score": None} for d in docs] for docs in real(self, *args, **kwargs)]
-
-    monkeypatch.setattr(crag.backends.bm25.BM25Retriever, "search", unscored)
-    question = "How often should the AQ-7 filter be replaced?"
-    assert main(["ask", "--conf", str(LOCAL_CONF), *set_args(index_overrides), question]) == 0
-    retrieved = capsys.readouterr().out.split("[grade]")[0]
-    assert "[retrieve]" in retrieved and " 1. " in retrieved and " score " not in retrieved
-
-
-def test_a_spark_connect_server_that_does_not_answer_is_one_line(capsys, tmp_path):
-    """The Connect client would retry its connection for about ten minutes, printing nothing."""
-    import socket
-
-    with socket.socket() as closed:  # a port nobody listens on
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
-    url = f"sc://127.0.0.1:{port}/;token=dapi-SECRET"
-    args = ["--set", f"spark.remote={url}", "--set", "spark.connect_timeout_s=2"]
-    assert main(["eval", "--warehouse", str(tmp_path), "--run", "r", *args]) == 2
-    said = capsys.readouterr().err
-    assert said.startswith(f"crag: error: no Spark Connect server answers at sc://127.0.0.1:{port} within 2 s"), said
-    # and the process may still start a classic session (pyspark takes this variable for Connect's mode)
-    assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ
-    # the URL's credentials are not in the error itself (the CLI's scrubber aside: the Python API raises it)
-    from crag.connect import connect_session
-    from crag.errors import ConfigError
-
-    with pytest.raises(ConfigError) as refused:
-        connect_session(f"sc://me:dapi-PASS@127.0.0.1:{port}/;token=dapi-SECRET", 1)
-    assert "dapi-" not in str(refused.value) and f"sc://127.0.0.1:{port} within" in str(refused.value)
-
-
-def test_ask_shows_control_characters_as_escapes(capsys, index_overrides, monkeypatch):
-    """Titles, URLs and answers come from documents and web pages: an escape sequence in them must not
-    reach the terminal (clear the screen, set its title, ring its bell) nor a line break forge a line."""
-    import crag.backends.bm25
-    import crag.backends.extractive
-    from crag.backends.base import Answer
-
-    search, generate = (
-        crag.backends.bm25.OfflineCorpusSearch.search,
-        crag.backends.extractive.ExtractiveGenerator.generate,
-    )
-
-    def hostile_pages(self, *args, **kwargs):
-        pages = search(self, *args, **kwargs)
-        return [
-            {**d, "title": f"{d['title']}\x1b]0;owned\x07", "url": f"{d['url']}\x1b[2J\n[generate] route internal"}
-            for d in pages
-        ]
-
-    def hostile_answer(self, *args, **kwargs):
-        answer = generate(self, *args, **kwargs)
-        return Answer(f"{answer.text}\u202e\r[generate] route internal", answer.cited)
-
-    monkeypatch.setattr(crag.backends.bm25.OfflineCorpusSearch, "search", hostile_pages)
-    monkeypatch.setattr(crag.backends.extractive.ExtractiveGenerator, "generate", hostile_answer)
-    assert main(["ask", "--conf", str(LOCAL_CONF), *set_args(index_overrides), "How high is Mount Fuji?"]) == 0
-    out = capsys.readouterr().out
-    assert not {"\x1b", "\x07", "\r", "\u202e"} & set(out), out
-    assert "Mount Fuji\\x1b]0;owned\\x07" in out and "/Mount_Fuji\\x1b[2J\\n[generate] route internal" in out
-    assert "2013.\\u202e [generate] route internal" in out  # wrapped: whitespace is a space
-    assert [line for line in out.splitlines() if line.startswith("[generate]")] == ["[generate] route web"]
-
-
-def test_ask_fails_with_its_question_in_one_line(capsys, index_overrides, monkeypatch):
-    """A question that fails ends `crag ask` with exit code 2 and its error, which shows on screen at the
-    stage that raised it only."""
-    import crag.backends.lexical
-
-    def down(self, *args, **kwargs):
-        raise RuntimeError("grader down\x1b[2J")
-
-    monkeypatch.setattr(crag.backends.lexical.LexicalGrader, "grade", down)
-    question = "How often should the AQ-7 filter be replaced?"
-    assert main(["ask", "--conf", str(LOCAL_CONF), *set_args(index_overrides), question]) == 2
-    printed = capsys.readouterr()
-    assert printed.err == "crag: error: grade: RuntimeError: grader down\\x1b[2J\n"
-    stages = [line.split("]")[0] + "]" for line in printed.out.splitlines() if line.startswith("[")]
-    assert stages == ["[backends]", "[retrieve]", "[grade]", "[generate]"], printed.out
-    assert "[grade] error: grade: RuntimeError: grader down\\x1b[2J\n" in printed.out
-    assert printed.out.count("grader down") == 1 and "[generate] route error\n" in printed.out
+    assert run_rows(tmp_path / "wh", "runs").loc[0, "status"] == "failed"
+    assert 0 < len(committed_questions(tmp_path / "wh", "sig")) < 49

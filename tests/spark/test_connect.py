@@ -18,14 +18,13 @@ from deltalake import DeltaTable
 from tests.support import (
     LOCAL_CONF,
     REPO,
-    SAMPLE,
+    SAMPLE_RUN,
     committed_questions,
+    copy_warehouse,
     crag_run_args,
     run_rows,
     uniform_questions,
 )
-
-QUESTIONS = SAMPLE / "questions.jsonl"
 
 
 def crag(*args, url: str, check: bool = True, **popen) -> subprocess.CompletedProcess:
@@ -37,7 +36,7 @@ def crag(*args, url: str, check: bool = True, **popen) -> subprocess.CompletedPr
 
 
 def _run_args(index_overrides, warehouse, run_id, *extra):
-    return crag_run_args(warehouse, "--run-id", run_id, questions=QUESTIONS, overrides=[*index_overrides, *extra])
+    return crag_run_args(warehouse, "--run-id", run_id, overrides=[*index_overrides, *extra])
 
 
 def table(warehouse, name) -> pd.DataFrame:
@@ -55,14 +54,11 @@ def test_the_client_holds_no_jvm(connect_url):
     assert done.stdout.split() == ["True", "5", "True"], done.stderr[-2000:]
 
 
-def test_run_eval_and_compare_on_connect_match_classic_spark(connect_url, spark, index_overrides, tmp_path):
-    """The sample run on classic Spark, then on Connect into the same warehouse (answered afresh, not
-    from the classic run's stored results): the same answers; then `eval`, `compare` (the classic run
-    as the base) and `calibrate` on Connect."""
-    from crag.job import run
-
-    warehouse = tmp_path / "wh"
-    run(str(LOCAL_CONF), str(QUESTIONS), str(warehouse), run_id="classic", overrides=index_overrides, spark=spark)
+def test_run_eval_and_compare_on_connect_match_classic_spark(connect_url, sample_run, index_overrides, tmp_path):
+    """The sample run on classic Spark (the session's), then on Connect into (a copy of) its warehouse
+    (answered afresh, not from the classic run's stored results): the same answers; then `eval`,
+    `compare` (the classic run as the base) and `calibrate` on Connect."""
+    warehouse, classic = copy_warehouse(sample_run.warehouse, tmp_path / "wh"), SAMPLE_RUN
     # the stage cache off: the classic run's stored results would otherwise answer the Connect run
     done = crag(*_run_args(index_overrides, warehouse, "connect", "cache.enabled=false"), url=connect_url)
     assert "51: 49 accepted, 2 rejected" in done.stdout
@@ -71,7 +67,7 @@ def test_run_eval_and_compare_on_connect_match_classic_spark(connect_url, spark,
         df = table(warehouse, name)
         return df[df["run_id"] == run_id].drop(columns="run_id")
 
-    ours, theirs = rows("answers", "connect"), rows("answers", "classic")
+    ours, theirs = rows("answers", "connect"), rows("answers", classic)
     columns = ["question_id", "answer", "action", "route", "n_retrieved", "n_relevant", "n_web"]
     key = "question_id"
     assert (
@@ -84,8 +80,8 @@ def test_run_eval_and_compare_on_connect_match_classic_spark(connect_url, spark,
             .equals(theirs[columns].sort_values(key).reset_index(drop=True))
         )
     )
-    assert len(rows("grades", "connect")) == len(rows("grades", "classic"))
-    assert sorted(rows("rejects", "connect")["reason"]) == sorted(rows("rejects", "classic")["reason"])
+    assert len(rows("grades", "connect")) == len(rows("grades", classic))
+    assert sorted(rows("rejects", "connect")["reason"]) == sorted(rows("rejects", classic)["reason"])
     assert rows("runs", "connect")["status"].tolist() == ["succeeded"]
 
     evaluated = crag("eval", "--warehouse", str(warehouse), "--run", "connect", "--format", "csv", url=connect_url)
@@ -97,7 +93,7 @@ def test_run_eval_and_compare_on_connect_match_classic_spark(connect_url, spark,
         "--warehouse",
         str(warehouse),
         "--base",
-        "classic",
+        classic,
         "--candidate",
         "connect",
         "--report",
@@ -179,17 +175,19 @@ def test_one_writer_per_run_id_on_connect(connect_url, index_overrides, tmp_path
     assert not answers.duplicated(["run_id", "question_id"]).any()
 
 
-def test_a_question_id_built_to_inject_sql_touches_no_other_run(connect_url, spark, index_overrides, tmp_path):
+def test_a_question_id_built_to_inject_sql_touches_no_other_run(
+    connect_url, spark, sample_run, index_overrides, tmp_path
+):
     """Ids full of quotes, backslashes and SQL keywords are values in column expressions, never SQL text:
-    re-running one run leaves every other run's rows as they were (classic and Connect)."""
+    re-running one run leaves every other run's rows (the sample's, the bystander) as they were (classic
+    and Connect)."""
     hostile = ["\\'') OR 1=1 --", "x' OR '1'='1", "a`; DROP TABLE answers; --", "\\\\' OR run_id <> '", 'q") OR (1=1']
     path = tmp_path / "hostile.jsonl"
     path.write_text("\n".join(json.dumps({"question_id": q, "question": "How high is Mount Fuji?"}) for q in hostile))
-    warehouse = tmp_path / "wh"
+    warehouse, bystander = copy_warehouse(sample_run.warehouse, tmp_path / "wh"), SAMPLE_RUN
     from crag.job import run
 
     base = [*index_overrides]
-    run(str(LOCAL_CONF), str(QUESTIONS), str(warehouse), run_id="bystander", overrides=base, spark=spark)
     before = table(warehouse, "answers")
     for attempt in range(2):  # the second time replaces the hostile run's own rows
         run(str(LOCAL_CONF), str(path), str(warehouse), run_id="hostile", overrides=base, spark=spark)
@@ -198,8 +196,8 @@ def test_a_question_id_built_to_inject_sql_touches_no_other_run(connect_url, spa
         url=connect_url,
     )
     after = table(warehouse, "answers")
-    bystander = after[after["run_id"] == "bystander"].sort_values("question_id").reset_index(drop=True)
-    assert bystander.equals(before[before["run_id"] == "bystander"].sort_values("question_id").reset_index(drop=True))
+    kept = after[after["run_id"] == bystander].sort_values("question_id").reset_index(drop=True)
+    assert kept.equals(before[before["run_id"] == bystander].sort_values("question_id").reset_index(drop=True))
     assert sorted(after[after["run_id"] == "hostile"]["question_id"]) == sorted(hostile)
 
 

@@ -3,58 +3,58 @@
 import json
 
 from crag.cli import main
-from tests.support import crag_run_args, run_rows
+from tests.support import SAMPLE_RUN, copy_warehouse, crag_run_args, run_rows
 
 
-def test_eval_and_calibrate_commands_on_the_sample(spark, tmp_path, index_overrides, capsys):
-    assert main(crag_run_args(tmp_path, "--run-id", "gold", overrides=index_overrides)) == 0
-    assert "quality against the gold columns" in capsys.readouterr().out
-    assert main(["eval", "--warehouse", str(tmp_path), "--run", "gold"]) == 0
+def test_eval_and_calibrate_commands_on_the_sample(spark, sample_run, tmp_path, capsys):
+    assert "quality against the gold columns" in sample_run.out
+    gold = SAMPLE_RUN
+    warehouse = copy_warehouse(sample_run.warehouse, tmp_path / "wh")
+    assert main(["eval", "--warehouse", str(warehouse), "--run", gold]) == 0
     out = capsys.readouterr().out
     assert "routing_accuracy" in out and "language=ja" in out
     from deltalake import DeltaTable
 
-    metrics = run_rows(tmp_path, "metrics")
-    assert set(metrics["run_id"]) == {"gold"} and not metrics.duplicated(["metric", "slice"]).any()
+    metrics = run_rows(warehouse, "metrics")
+    assert set(metrics["run_id"]) == {gold} and not metrics.duplicated(["metric", "slice"]).any()
     routing = metrics[(metrics["metric"] == "routing_accuracy") & (metrics["slice"] == "all")]
     assert routing["n"].iloc[0] == 49 and routing["value"].iloc[0] >= 0.9
-    assert main(["calibrate", "--warehouse", str(tmp_path), "--run", "gold"]) == 0
+    assert main(["calibrate", "--warehouse", str(warehouse), "--run", gold]) == 0
     out = capsys.readouterr().out
     assert "proposed lower" in out and "--set routing.policy=thresholds" in out and "grader yes/no threshold" in out
     # computed in Spark (the driver receives sums by value), it is what the pure function gives over
     # the run's whole frames
     from crag.calibration import calibrate, report
 
-    config = json.loads(DeltaTable(str(tmp_path / "runs")).to_pandas()["config"].iloc[0])
-    frames = {name: run_rows(tmp_path, name) for name in ("grades", "gold")}
+    config = json.loads(DeltaTable(str(warehouse / "runs")).to_pandas()["config"].iloc[0])
+    frames = {name: run_rows(warehouse, name) for name in ("grades", "gold")}
     routing, grader = config["routing"], config["grader"]
     local = calibrate(
         frames["grades"], frames["gold"], routing["lower"], routing["upper"], grader["threshold"], routing["policy"]
     )
     assert out.strip() == report(local) and "lexical grader exponents" in out
-    assert main(["calibrate", "--warehouse", str(tmp_path), "--run", "nosuch"]) == 2
-    assert capsys.readouterr().err == f"crag: error: no run 'nosuch' in {tmp_path}\n"
-    assert main(["calibrate", "--warehouse", str(tmp_path / "nowh"), "--run", "gold"]) == 2
+    assert main(["calibrate", "--warehouse", str(warehouse), "--run", "nosuch"]) == 2
+    assert capsys.readouterr().err == f"crag: error: no run 'nosuch' in {warehouse}\n"
+    assert main(["calibrate", "--warehouse", str(tmp_path / "nowh"), "--run", gold]) == 2
     assert capsys.readouterr().err == f"crag: error: no warehouse at {tmp_path / 'nowh'}: the folder does not exist\n"
 
     # a run that has not succeeded (a failed re-run keeps the earlier attempt's rows): refused unless asked
-    DeltaTable(str(tmp_path / "runs")).update({"status": "'failed'"}, predicate="run_id = 'gold'")
+    DeltaTable(str(warehouse / "runs")).update({"status": "'failed'"}, predicate=f"run_id = '{gold}'")
     # eval, and calibrate too: the failed run's row may hold a later attempt's config beside earlier grades
     for command, doing, shown in (
         ("eval", "evaluate", "routing_accuracy"),
         ("calibrate", "calibrate", "proposed lower"),
     ):
-        assert main([command, "--warehouse", str(tmp_path), "--run", "gold"]) == 2
+        assert main([command, "--warehouse", str(warehouse), "--run", gold]) == 2
         assert capsys.readouterr().err == (
-            f"crag: error: run 'gold' has not succeeded (status failed): {doing} it when it has, "
+            f"crag: error: run '{gold}' has not succeeded (status failed): {doing} it when it has, "
             f"or pass --allow-unfinished to {doing} the rows it has\n"
         )
-        assert main([command, "--warehouse", str(tmp_path), "--run", "gold", "--allow-unfinished"]) == 0
+        assert main([command, "--warehouse", str(warehouse), "--run", gold, "--allow-unfinished"]) == 0
         assert shown in capsys.readouterr().out
     report = str(tmp_path / "r.html")
     assert (
-        main(["compare", "--warehouse", str(tmp_path), "--base", "gold", "--candidate", "gold", "--report", report])
-        == 2
+        main(["compare", "--warehouse", str(warehouse), "--base", gold, "--candidate", gold, "--report", report]) == 2
     )
     assert "has not succeeded (status failed): compare it when" in capsys.readouterr().err
 

@@ -1,4 +1,5 @@
-"""The whole job on Spark over the bundled sample, checked through the Delta tables it writes."""
+"""The whole job on Spark over the bundled sample, checked through the Delta tables it writes (the
+session's shared sample run, tests/spark/conftest.py, where a test only reads them)."""
 
 import json
 import logging
@@ -20,25 +21,16 @@ from crag.errors import CragError, UnusableIndexError
 from crag.job import run
 from crag.ledger import Ledger
 from crag.warehouse import Warehouse
-from tests.support import LOCAL_CONF, SAMPLE, run_rows
+from tests.support import LOCAL_CONF, SAMPLE, SAMPLE_RUN, copy_warehouse, run_rows
 
 QUESTIONS = SAMPLE / "questions.jsonl"
 table = run_rows
 
 
-@pytest.fixture(scope="module")
-def sample_run(spark, index_overrides, tmp_path_factory):
-    warehouse = tmp_path_factory.mktemp("warehouse")
-    result = run(
-        str(LOCAL_CONF), str(QUESTIONS), str(warehouse), run_id="sample-1", overrides=index_overrides, spark=spark
-    )
-    return result, warehouse
-
-
 def test_every_question_exactly_once(sample_run):
-    result, warehouse = sample_run
+    warehouse = sample_run.warehouse
     inputs = pd.read_json(QUESTIONS, lines=True, dtype={"question_id": str})
-    answers, rejects = table(warehouse, "answers", "sample-1"), table(warehouse, "rejects", "sample-1")
+    answers, rejects = table(warehouse, "answers", SAMPLE_RUN), table(warehouse, "rejects", SAMPLE_RUN)
     assert len(answers) + len(rejects) == len(inputs)
     assert answers["question_id"].is_unique
     assert set(answers["question_id"]) == set(inputs["question_id"].drop_duplicates()) - {"q-bad-blank"}
@@ -49,8 +41,8 @@ def test_every_question_exactly_once(sample_run):
 
 
 def test_routes_match_what_the_sample_was_written_for(sample_run):
-    _, warehouse = sample_run
-    answers = table(warehouse, "answers", "sample-1")
+    warehouse = sample_run.warehouse
+    answers = table(warehouse, "answers", SAMPLE_RUN)
     expected = (
         pd.read_json(QUESTIONS, lines=True).drop_duplicates("question_id").set_index("question_id")["expected_route"]
     )
@@ -63,8 +55,8 @@ def test_routes_match_what_the_sample_was_written_for(sample_run):
 
 
 def test_grades_exist_for_every_retrieved_and_searched_document(sample_run):
-    _, warehouse = sample_run
-    answers, grades = table(warehouse, "answers", "sample-1"), table(warehouse, "grades", "sample-1")
+    warehouse = sample_run.warehouse
+    answers, grades = table(warehouse, "answers", SAMPLE_RUN), table(warehouse, "grades", SAMPLE_RUN)
     per_question = (
         grades.groupby(["question_id", "source"])
         .size()
@@ -85,8 +77,8 @@ def test_grades_exist_for_every_retrieved_and_searched_document(sample_run):
 
 
 def test_decisions_explain_each_question(sample_run):
-    _, warehouse = sample_run
-    decisions = table(warehouse, "decisions", "sample-1")
+    warehouse = sample_run.warehouse
+    decisions = table(warehouse, "decisions", SAMPLE_RUN)
     route = decisions[decisions["step"] == "route"].set_index("question_id")
     assert route.loc["q-web-04", "decision"] == "incorrect"
     assert route.loc["q-web-04", "reason"] == "nothing retrieved; policy any_irrelevant: web search"
@@ -96,9 +88,9 @@ def test_decisions_explain_each_question(sample_run):
 
 
 def test_answers_columns_and_sources(sample_run):
-    _, warehouse = sample_run
+    warehouse = sample_run.warehouse
     assert list(table(warehouse, "answers").columns) == schema.ANSWERS.names
-    answers = table(warehouse, "answers", "sample-1").set_index("question_id")
+    answers = table(warehouse, "answers", SAMPLE_RUN).set_index("question_id")
     fuji = answers.loc["q-web-04"]
     assert "3,776" in fuji["answer"] and fuji["web_query"] == "high Mount Fuji"
     assert [s["url"] for s in fuji["sources"]] == ["https://example.org/wiki/Mount_Fuji"]
@@ -107,19 +99,19 @@ def test_answers_columns_and_sources(sample_run):
 
 
 def test_runs_table_records_config_and_counts(sample_run):
-    result, warehouse = sample_run
-    runs = table(warehouse, "runs", "sample-1")
+    warehouse = sample_run.warehouse
+    runs = table(warehouse, "runs", SAMPLE_RUN)
     assert len(runs) == 1 and runs.loc[0, "status"] == "succeeded"
     counts = dict(runs.loc[0, "counts"])
     assert counts["input_rows"] == 51 and counts["accepted"] == 49 and counts["rejected"] == 2
-    assert counts["route_web"] == (table(warehouse, "answers", "sample-1")["route"] == "web").sum()
+    assert counts["route_web"] == (table(warehouse, "answers", SAMPLE_RUN)["route"] == "web").sum()
     assert json.loads(runs.loc[0, "config"])["routing"]["policy"] == "any_irrelevant"
     assert runs.loc[0, "finished_at"] >= runs.loc[0, "started_at"]
 
 
 def test_tables_are_readable_by_any_delta_reader(sample_run):
     """The stored tables are plain Delta tables; the views are a SELECT over them (crag.schema.VIEWS)."""
-    _, warehouse = sample_run
+    warehouse = sample_run.warehouse
     written = [name for name in schema.STORED if (warehouse / name / "_delta_log").is_dir()]
     assert {"runs", "inputs", "results", "metric_values", "stage_cache"} <= set(written)
     for name in written:
@@ -128,15 +120,15 @@ def test_tables_are_readable_by_any_delta_reader(sample_run):
     assert not any((warehouse / name).exists() for name in schema.VIEWS)  # shown, not stored
 
 
-def test_rerunning_a_run_id_replaces_its_rows(spark, index_overrides, tmp_path):
+def test_rerunning_a_run_id_replaces_its_rows(spark, sample_run, index_overrides, tmp_path):
     # (that a rerun leaves other runs' rows as they were: test_connect's hostile question ids)
-    for _ in range(2):
-        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="again", overrides=index_overrides, spark=spark)
-    answers = table(tmp_path, "answers")
-    assert answers.groupby("run_id").size().to_dict() == {"again": 49}
+    warehouse = copy_warehouse(sample_run.warehouse, tmp_path / "wh")
+    run(str(LOCAL_CONF), str(QUESTIONS), str(warehouse), run_id=SAMPLE_RUN, overrides=index_overrides, spark=spark)
+    answers = table(warehouse, "answers")
+    assert answers.groupby("run_id").size().to_dict() == {SAMPLE_RUN: 49}
     assert not answers.duplicated(["run_id", "question_id"]).any()
-    assert len(table(tmp_path, "runs")) == 1
-    grades = table(tmp_path, "grades")
+    assert len(table(warehouse, "runs")) == 1
+    grades = table(warehouse, "grades")
     assert not grades.duplicated(["run_id", "question_id", "source", "rank"]).any()
 
 
@@ -202,17 +194,17 @@ def test_bad_run_id(spark, index_overrides, tmp_path):
 
 
 def test_a_finished_run_shows_only_its_generation_and_the_catalog_names_its_tables(sample_run, spark):
-    _, warehouse = sample_run
-    runs = table(warehouse, "runs", "sample-1")
+    warehouse = sample_run.warehouse
+    runs = table(warehouse, "runs", SAMPLE_RUN)
     shown = runs.loc[0, "shown_generation"]
     assert shown == runs.loc[0, "generation"]
     for stored in ("inputs", "results", "metric_values"):
-        assert set(table(warehouse, stored, "sample-1")["generation"]) == {shown}, stored
+        assert set(table(warehouse, stored, SAMPLE_RUN)["generation"]) == {shown}, stored
     from crag.warehouse import Warehouse
 
     wh = Warehouse(spark, str(warehouse))
     assert wh.name("results") == f"delta.`{warehouse.resolve() / 'results'}`"  # its path: nothing registered
-    assert wh.load_run("answers", "sample-1").count() == 49  # Spark reads what delta-rs reads
+    assert wh.load_run("answers", SAMPLE_RUN).count() == 49  # Spark reads what delta-rs reads
     # Each stored table was created empty from crag.schema before its first rows: it has the declared
     # columns, types and nullability, not whatever the first writer's frame happened to have; a view
     # has the declared columns too.
@@ -220,10 +212,10 @@ def test_a_finished_run_shows_only_its_generation_and_the_catalog_names_its_tabl
         assert wh.load(name).schema == wh.empty(name).schema, name
 
 
-def test_a_rerun_keeps_the_old_rows_until_it_has_committed(spark, index_overrides, tmp_path, monkeypatch):
+def test_a_rerun_keeps_the_old_rows_until_it_has_committed(spark, sample_run, index_overrides, tmp_path, monkeypatch):
     """Re-running a run id that then fails leaves the first run's rows as they were."""
-    run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="kept", overrides=index_overrides, spark=spark)
-    before = table(tmp_path, "answers", "kept")
+    warehouse = copy_warehouse(sample_run.warehouse, tmp_path / "wh")
+    before = table(warehouse, "answers", SAMPLE_RUN)
     import crag.batches
 
     def broken(*args, **kwargs):
@@ -234,18 +226,18 @@ def test_a_rerun_keeps_the_old_rows_until_it_has_committed(spark, index_override
         run(
             str(LOCAL_CONF),
             str(QUESTIONS),
-            str(tmp_path),
-            run_id="kept",
+            str(warehouse),
+            run_id=SAMPLE_RUN,
             overrides=[*index_overrides, "retriever.k=3"],
             spark=spark,
         )
-    after = table(tmp_path, "answers", "kept")
+    after = table(warehouse, "answers", SAMPLE_RUN)
     assert (
         after.sort_values("question_id")
         .reset_index(drop=True)
         .equals(before.sort_values("question_id").reset_index(drop=True))
     )
-    assert table(tmp_path, "runs", "kept").loc[0, "status"] == "failed"
+    assert table(warehouse, "runs", SAMPLE_RUN).loc[0, "status"] == "failed"
 
 
 def test_a_claim_says_whether_the_run_id_was_new_and_refuses_a_live_holder(spark, tmp_path):
@@ -378,25 +370,27 @@ def test_a_run_that_cannot_reach_mlflow_keeps_its_tables_and_its_status(
     assert "run untracked is written, but it was not logged to MLflow (ConnectionError: tracking server" in caplog.text
 
 
-def test_a_rerun_without_gold_leaves_no_metrics_or_comparisons_of_the_earlier_answers(spark, index_overrides, tmp_path):
+def test_a_rerun_without_gold_leaves_no_metrics_or_comparisons_of_the_earlier_answers(
+    spark, variant_pair, index_overrides, tmp_path
+):
     """The sample carries gold columns; answered again without them, the run's old metrics would sit
     beside answers they were not computed from (and `crag compare` would report their deltas). Its
     comparisons with other runs compared answers it no longer has."""
-    run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="gold", overrides=index_overrides, spark=spark)
-    run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="kept", overrides=index_overrides, spark=spark)
-    assert set(table(tmp_path, "metrics")["run_id"]) == {"gold", "kept"}
-    for base, candidate in (("gold", "kept"), ("kept", "gold"), ("kept", "kept")):
-        compare(Warehouse(spark, str(tmp_path)), base, candidate, tmp_path / "report.html", attach_report=False)
-    pairs = {tuple(p) for p in table(tmp_path, "comparisons")[["base_run", "candidate_run"]].to_numpy()}
-    assert pairs == {("gold", "kept"), ("kept", "gold"), ("kept", "kept")}
+    warehouse = copy_warehouse(variant_pair.warehouse, tmp_path / "wh")
+    gold, kept = variant_pair.base, variant_pair.candidate  # both answered the sample, gold columns and all
+    assert set(table(warehouse, "metrics")["run_id"]) == {gold, kept}
+    for base, candidate in ((gold, kept), (kept, gold), (kept, kept)):
+        compare(Warehouse(spark, str(warehouse)), base, candidate, tmp_path / "report.html", attach_report=False)
+    pairs = {tuple(p) for p in table(warehouse, "comparisons")[["base_run", "candidate_run"]].to_numpy()}
+    assert pairs == {(gold, kept), (kept, gold), (kept, kept)}
     plain = tmp_path / "plain.jsonl"
     rows = [json.loads(line) for line in QUESTIONS.read_text().splitlines() if line.strip()]
     plain.write_text("\n".join(json.dumps({k: r[k] for k in ("question_id", "question") if k in r}) for r in rows))
-    run(str(LOCAL_CONF), str(plain), str(tmp_path), run_id="gold", overrides=index_overrides, spark=spark)
-    assert set(table(tmp_path, "metrics")["run_id"]) == {"kept"}
-    assert "gold" not in set(table(tmp_path, "gold")["run_id"])
-    pairs = {tuple(p) for p in table(tmp_path, "comparisons")[["base_run", "candidate_run"]].to_numpy()}
-    assert pairs == {("kept", "kept")}
+    run(str(LOCAL_CONF), str(plain), str(warehouse), run_id=gold, overrides=index_overrides, spark=spark)
+    assert set(table(warehouse, "metrics")["run_id"]) == {kept}
+    assert gold not in set(table(warehouse, "gold")["run_id"])
+    pairs = {tuple(p) for p in table(warehouse, "comparisons")[["base_run", "candidate_run"]].to_numpy()}
+    assert pairs == {(kept, kept)}
 
 
 def test_a_failed_run_is_recorded_from_a_thread_of_its_own_when_the_main_threads_call_fails(

@@ -2,12 +2,11 @@
 
 import json
 
-from tests.support import REPO, run_rows
-from tests.unit.test_langchain_retriever import needs, stores  # noqa: F401  (fixture)
+from tests.support import REPO, needs, run_rows
 
 
 @needs("faiss")
-def test_a_spark_job_builds_the_store_in_its_workers(spark, stores, tmp_path):  # noqa: F811  (the fixture)
+def test_a_spark_job_builds_the_store_in_its_workers(spark, stores, tmp_path):
 
     from crag.job import run
 

@@ -20,7 +20,16 @@ from crag.config import CragConfig
 from crag.errors import CragError
 from crag.job import run
 from crag.ledger import Ledger, RunTakenOver
-from tests.support import LOCAL_CONF, REPO, SAMPLE, committed_questions, crag_run_args, run_rows
+from tests.support import (
+    LOCAL_CONF,
+    REPO,
+    SAMPLE,
+    SAMPLE_RUN,
+    committed_questions,
+    copy_warehouse,
+    crag_run_args,
+    run_rows,
+)
 
 QUESTIONS = SAMPLE / "questions.jsonl"
 table = run_rows
@@ -105,15 +114,15 @@ def test_resume_after_a_failure_while_finalising(spark, tmp_path, index_override
 
 
 def test_a_failure_while_the_input_is_checked_leaves_the_run_failed_not_running(
-    spark, tmp_path, index_overrides, monkeypatch
+    spark, sample_run, tmp_path, index_overrides, monkeypatch
 ):
     """The run id is claimed before its input is read and checked (as Spark writes it): a failure
-    there records `failed`, also over an earlier succeeded run of the same id (whose rows stay shown),
-    and `--resume` checks and writes the input then (it was never committed: no 'other questions' to
-    refuse)."""
+    there records `failed`, also over an earlier succeeded run of the same id (the session's sample
+    run, whose rows stay shown), and `--resume` checks and writes the input then (it was never
+    committed: no 'other questions' to refuse)."""
     from crag.warehouse import Warehouse
 
-    run_sample(spark, tmp_path, "r6", index_overrides)
+    warehouse = copy_warehouse(sample_run.warehouse, tmp_path / "wh")
     real = Warehouse.append_observed
 
     def append_observed(self, table, df, aggregates):
@@ -123,14 +132,14 @@ def test_a_failure_while_the_input_is_checked_leaves_the_run_failed_not_running(
 
     monkeypatch.setattr(Warehouse, "append_observed", append_observed)
     with pytest.raises(RuntimeError, match="worker lost"):
-        run_sample(spark, tmp_path, "r6", index_overrides)
-    runs = table(tmp_path, "runs")
+        run_sample(spark, warehouse, SAMPLE_RUN, index_overrides)
+    runs = table(warehouse, "runs")
     assert list(runs["status"]) == ["failed"] and runs.loc[0, "finished_at"] is not None
-    assert len(table(tmp_path, "answers")) == 49  # the earlier run's answers are kept
+    assert len(table(warehouse, "answers")) == 49  # the earlier run's answers are kept
     monkeypatch.undo()
-    result = resume_sample(spark, tmp_path, "r6", index_overrides)
+    result = resume_sample(spark, warehouse, SAMPLE_RUN, index_overrides)
     assert (result.counts.input_rows, result.counts.accepted, result.counts.rejected) == (51, 49, 2)
-    assert list(table(tmp_path, "runs")["status"]) == ["succeeded"] and len(table(tmp_path, "answers")) == 49
+    assert list(table(warehouse, "runs")["status"]) == ["succeeded"] and len(table(warehouse, "answers")) == 49
 
 
 def test_a_batch_committed_after_its_process_stopped_is_kept_once(
@@ -156,18 +165,18 @@ def test_a_batch_committed_after_its_process_stopped_is_kept_once(
     assert not table(tmp_path, "grades").duplicated(["question_id", "source", "rank"]).any()
 
 
-def test_resume_refuses_a_different_config(spark, tmp_path, index_overrides):
-    run_sample(spark, tmp_path, "r2", index_overrides)
+def test_resume_refuses_a_different_config(spark, sample_run, tmp_path, index_overrides):
+    warehouse = copy_warehouse(sample_run.warehouse, tmp_path / "wh")  # a refused resume must write nothing
     with pytest.raises(
         CragError, match=r"was started with config .*, differing in retriever\.k: resume with the same --conf"
     ):
-        resume_sample(spark, tmp_path, "r2", [*index_overrides, "retriever.k=3"])
+        resume_sample(spark, warehouse, SAMPLE_RUN, [*index_overrides, "retriever.k=3"])
     with pytest.raises(CragError, match="no run 'nope' to resume"):
-        resume_sample(spark, tmp_path, "nope", index_overrides)
-    before = table(tmp_path, "runs", "r2")
+        resume_sample(spark, warehouse, "nope", index_overrides)
+    before = table(warehouse, "runs", SAMPLE_RUN)
     with pytest.raises(CragError, match="has already succeeded: nothing to resume$"):
-        resume_sample(spark, tmp_path, "r2", index_overrides)
-    after = table(tmp_path, "runs", "r2")
+        resume_sample(spark, warehouse, SAMPLE_RUN, index_overrides)
+    after = table(warehouse, "runs", SAMPLE_RUN)
     assert after.equals(before) and after.loc[0, "status"] == "succeeded"  # a refused resume writes nothing
 
 

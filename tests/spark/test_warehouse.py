@@ -1,4 +1,5 @@
-"""The Warehouse's local folders: one session, several folders, each table's rows in its own folder."""
+"""The Warehouse's local folders: one session, several folders, each table's rows in its own folder; and
+two runs writing one warehouse at once."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from crag import schema
+from crag.job import run
 from crag.warehouse import Warehouse
+from tests.support import LOCAL_CONF, SAMPLE_QUESTIONS, run_rows
 
 
 def _rows(spark, wh: Warehouse, key: str):
@@ -70,3 +73,39 @@ def test_a_dotted_folder_name_that_does_not_exist_yet_is_one_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "warehouse results.v2 was read as catalog.schema" in err, err
     assert "no catalog 'results' (it has spark_catalog): for a local folder, give ./results.v2" in err
+
+
+def test_two_runs_write_the_same_warehouse_at_once(spark, tmp_path, index_overrides):
+    errors, results = [], {}
+
+    def one(run_id, extra):
+        try:
+            results[run_id] = run(
+                str(LOCAL_CONF),
+                str(SAMPLE_QUESTIONS),
+                str(tmp_path),
+                run_id=run_id,
+                overrides=[*index_overrides, "spark.batch_questions=7", "spark.batch_seconds=null", *extra],
+                spark=spark,
+            )
+        except Exception as exc:  # the assertion below shows it
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [
+        threading.Thread(target=one, args=("left", [])),
+        threading.Thread(target=one, args=("right", ["routing.policy=thresholds"])),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    answers = run_rows(tmp_path, "answers")
+    assert answers.groupby("run_id").size().to_dict() == {"left": 49, "right": 49}
+    assert not answers.duplicated(["run_id", "question_id"]).any()
+    runs = run_rows(tmp_path, "runs").set_index("run_id")
+    assert set(runs["status"]) == {"succeeded"}
+    grades = run_rows(tmp_path, "grades")
+    for run_id in results:
+        mine = answers[answers["run_id"] == run_id]
+        assert len(grades[grades["run_id"] == run_id]) == mine["n_retrieved"].sum() + mine["n_web"].sum()

@@ -83,13 +83,6 @@ def test_500_is_retried_and_counted(emulator):
     assert usage.retries == 2 and len(emulator.of("serving")) == 3
 
 
-def test_timeout_is_retried(emulator):
-    emulator.behaviour["serving"].scripted = ["hang"]
-    usage = Usage()
-    assert [g.grade for g in grader().grade(QUESTION, DOCS, usage)] == ["yes", "no"]
-    assert usage.retries == 1
-
-
 def test_persistent_failure_raises_after_max_attempts(emulator):
     emulator.behaviour["serving"].scripted = ["500"] * 3
     with pytest.raises(requests.HTTPError, match="500 Server Error") as failed:
@@ -254,54 +247,6 @@ def test_the_databricks_sdk_reads_the_emulators_host_metadata(emulator, caplog):
         config = Config(host=emulator.url, token=TOKEN)
     assert config.workspace_id == WORKSPACE_ID
     assert not [r for r in caplog.records if r.name.startswith("databricks.sdk")]
-
-
-# A process that sends its serving endpoints' budgets in waves, as a pipeline's stages do: 12
-# batch-grading and 12 chat requests at once through mlflow's one session, four waves one after another.
-_KEEP_24_IN_FLIGHT = """
-from concurrent.futures import ThreadPoolExecutor
-from crag.backends import _chat_model, shared_policies
-from crag.backends.base import Usage
-from crag.config import load_config
-
-cfg = load_config(
-    {conf!r}, ["grader.policy.max_concurrency=12", "rewriter.policy.max_concurrency=12", "generator.policy.max_concurrency=12"]
-)
-policies, shared = shared_policies(cfg), {{}}
-grader, chat = (_chat_model(role, None, 1, shared, policies) for role in (cfg.grader, cfg.generator))
-
-def ask(i):
-    if i % 2:
-        grader.batch("Grade the document.", ["Sapporo hosted the 1972 Winter Olympics."], Usage(), max_tokens=5, temperature=0.0)
-    else:
-        chat.chat([{{"role": "user", "content": f"question {{i}}"}}], Usage(), max_tokens=5, temperature=0.0)
-
-with ThreadPoolExecutor(24) as pool:
-    for wave in range(4):
-        list(pool.map(ask, range(24 * wave, 24 * (wave + 1))))
-"""
-
-
-def test_serving_requests_in_flight_beyond_ten_keep_their_connections(emulator):
-    """mlflow keeps 10 idle connections to the workspace unless told more: after a wave of the serving
-    budgets' 24 requests it closes 14, and the next wave opens 14 anew (each a TLS handshake on a
-    workspace). Run in a new process (mlflow makes its session once per process), as a Spark worker is."""
-    import os
-    import subprocess
-    import sys
-
-    emulator.behaviour["serving"].latency_s = 0.1
-    done = subprocess.run(
-        [sys.executable, "-c", _KEEP_24_IN_FLIGHT.format(conf=str(DBX))],
-        env={k: v for k, v in os.environ.items() if k != "MLFLOW_HTTP_POOL_MAXSIZE"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert len(emulator.of("serving")) == 96
-    assert emulator.peak_in_flight["serving"] > 10  # the requests did overlap beyond mlflow's default
-    assert emulator.connections <= 24, f"{emulator.connections} connections for 24 requests in flight"
 
 
 def test_mlflow_asks_for_its_request_context_once_per_task(emulator, monkeypatch):

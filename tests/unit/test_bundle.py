@@ -1,60 +1,39 @@
-"""The Databricks bundle: it validates offline, development deploys are per user and production ones
-single and permissioned, the endpoint defaults live only in conf/databricks.yaml, and every job's task
-runs locally (embedded default) with exactly the parameter list the bundle passes."""
+"""The Databricks bundle: development deploys are per user and production ones single and permissioned,
+the endpoint defaults live only in conf/databricks.yaml, and the jobs and their parameter lists are
+valid. (Validated against the official schema, and each job's script run as its task: tests/slow and
+tests/spark/test_bundle_jobs.py.)"""
 
 import re
-import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.support import REPO, crag_run_args
+from tests.support import (
+    BUNDLE,
+    BUNDLE_FILES,
+    BUNDLE_JOBS,
+    BUNDLE_RESOURCES,
+    REPO,
+    crag_run_args,
+    job_script,
+)
 
-SCHEMA = REPO.parent / "shared" / "schemas" / "databricks-bundle.schema.json"
-BUNDLE_FILES = [REPO / "databricks.yml", *sorted((REPO / "resources").glob("*.yml"))]
-BUNDLE = yaml.safe_load((REPO / "databricks.yml").read_text())
-RESOURCES = {
-    kind: items for f in BUNDLE_FILES[1:] for kind, items in yaml.safe_load(f.read_text())["resources"].items()
-}
-JOBS = RESOURCES["jobs"]
 REFERENCE = re.compile(r"\$\{([\w.]+)\}")
 
 
-@pytest.mark.skipif(not SCHEMA.exists(), reason=f"bundle schema not found at {SCHEMA}")
-def test_bundle_validates_against_the_official_schema():
-    checker = shutil.which("check-jsonschema", path=str(Path(sys.executable).parent))
-    done = subprocess.run(
-        [checker, "--schemafile", str(SCHEMA), *map(str, BUNDLE_FILES)], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-
-
-@pytest.mark.parametrize("name", sorted(JOBS))
+@pytest.mark.parametrize("name", sorted(BUNDLE_JOBS))
 def test_each_job_is_a_valid_job_definition(name):
     from databricks.bundles.jobs import Job
 
-    job = Job.from_dict(JOBS[name])  # raises on unknown fields
+    job = Job.from_dict(BUNDLE_JOBS[name])  # raises on unknown fields
     assert job.tasks and job.tasks[0].spark_python_task.python_file == f"../jobs/{name}.py"
     assert job_script(name).is_file()
 
 
-@pytest.mark.parametrize("name", sorted(n for n in JOBS if "config" in {p["name"] for p in JOBS[n]["parameters"]}))
-def test_a_failing_job_script_fails_its_task(name):
-    """A Python script task's result is the script's exit code: crag's one-line error must end the
-    process with a non-zero code, not a clean return. (A config that is not there fails before Spark
-    starts; compare_variants, which takes no config, fails on an unknown run in tests/spark.)"""
-    values = {p["name"]: "x" for p in JOBS[name]["parameters"]} | {"config": "no-such-config.yaml"}
-    script, params = local_task(name, values, {"warehouse": "w"})
-    done = subprocess.run([sys.executable, str(script), *params], capture_output=True, text=True, cwd=REPO)
-    assert done.returncode == 2 and done.stderr.startswith("crag: error: ") and "no-such-config.yaml" in done.stderr
-
-
 def test_the_job_scripts_are_uploaded_with_the_bundle():
     """The bundle syncs every file git does not ignore, less its `sync.exclude`: jobs/ must be among them."""
-    scripts = [str(job_script(name)) for name in JOBS]
+    scripts = [str(job_script(name)) for name in BUNDLE_JOBS]
     ignored = subprocess.run(["git", "check-ignore", *scripts], cwd=REPO, capture_output=True, text=True)
     assert ignored.returncode == 1, f"git ignores {ignored.stdout}"  # 1: none of them is ignored
     assert not any("jobs" in pattern for pattern in BUNDLE.get("sync", {}).get("exclude", []))
@@ -67,7 +46,7 @@ def test_every_variable_and_resource_used_is_declared():
     referenced = {
         tuple(m.split(".")[1:3]) for f in BUNDLE_FILES for m in re.findall(r"\$\{(resources\.[\w.]+)\}", f.read_text())
     }
-    assert referenced and all(name in RESOURCES.get(kind, {}) for kind, name in referenced)
+    assert referenced and all(name in BUNDLE_RESOURCES.get(kind, {}) for kind, name in referenced)
 
 
 def _short_name(user: str) -> str:
@@ -117,13 +96,13 @@ def _resolve(target: str, user: str, **var):
         return value
 
     resolved_resources = {"schemas": {}, "volumes": {}}
-    for name, schema in RESOURCES["schemas"].items():
+    for name, schema in BUNDLE_RESOURCES["schemas"].items():
         schema = resolve(schema)
         if spec.get("mode") == "development":
             schema["name"] = f"dev_{_short_name(user)}_{schema['name']}"
         resolved_resources["schemas"][name] = schema
-    resolved_resources["volumes"] = {name: resolve(v) for name, v in RESOURCES["volumes"].items()}
-    return resolve(variables), resolved_resources, resolve(JOBS), resolve(spec)
+    resolved_resources["volumes"] = {name: resolve(v) for name, v in BUNDLE_RESOURCES["volumes"].items()}
+    return resolve(variables), resolved_resources, resolve(BUNDLE_JOBS), resolve(spec)
 
 
 def _volume_paths(jobs) -> list[str]:
@@ -221,8 +200,8 @@ def test_the_schedule_is_paused_in_development():
     step): a job that sets one keeps it in every target."""
     bundle = yaml.safe_load((REPO / "databricks.yml").read_text())
     assert bundle["targets"]["dev"]["mode"] == "development" and bundle["targets"]["prod"]["mode"] == "production"
-    assert JOBS["crag_batch"]["schedule"]["quartz_cron_expression"] == "${var.schedule_cron}"
-    for name, job in JOBS.items():
+    assert BUNDLE_JOBS["crag_batch"]["schedule"]["quartz_cron_expression"] == "${var.schedule_cron}"
+    for name, job in BUNDLE_JOBS.items():
         for trigger in ("schedule", "trigger", "continuous"):
             assert "pause_status" not in job.get(trigger, {}), (name, trigger)
     for target in bundle["targets"].values():  # nor does a target set it for development
@@ -235,19 +214,3 @@ def test_workspace_paths_are_the_bundles_own_variables():
     text = "\n".join(p.read_text() for p in [REPO / "databricks.yml", *(REPO / "resources").glob("*.yml")])
     assert "${workspace.file_path}" in text
     assert not re.search(r"/Workspace/?\$\{workspace\.(root|file|artifact|state|resource)_path\}", text)
-
-
-def job_script(job: str) -> Path:
-    """The script the job's task runs (its python_file is relative to resources/, where it is declared)."""
-    return (REPO / "resources" / JOBS[job]["tasks"][0]["spark_python_task"]["python_file"]).resolve()
-
-
-def local_task(job: str, values: dict[str, str], variables: dict[str, str]) -> tuple[Path, list[str]]:
-    """The task's script and its parameter list, with the bundle's substitutions made for a laptop."""
-    out = []
-    for p in JOBS[job]["tasks"][0]["spark_python_task"]["parameters"]:
-        p = p.replace("${workspace.file_path}", str(REPO))
-        p = re.sub(r"\$\{var\.(\w+)\}", lambda m: variables[m.group(1)], p)
-        p = re.sub(r"\{\{job\.parameters\.(\w+)\}\}", lambda m: values[m.group(1)], p)
-        out.append(p.replace("{{job.run_id}}", "local1"))
-    return job_script(job), out

@@ -10,9 +10,7 @@ from crag.errors import describe
 SECRET = "tok-Vq93-abcdefghijklmnop"
 
 
-@pytest.fixture(autouse=True)
-def fresh_registry(monkeypatch):
-    monkeypatch.setattr(secrets, "_known", set())
+pytestmark = pytest.mark.usefixtures("fresh_registry")
 
 
 def test_the_first_line_with_the_type():

@@ -316,7 +316,7 @@ def test_an_unreadable_pdf_is_one_line_without_pypdfs_warnings(tmp_path, capsys,
 def test_a_damaged_pdf_that_reads_is_indexed_with_one_line_on_its_warnings(tmp_path, capsys):
     import logging
 
-    from tests.unit.test_ingestion import write_pdf
+    from tests.support import write_pdf
 
     pdf = tmp_path / "policy.pdf"
     write_pdf(pdf, ["Water damage is not covered."])

@@ -6,30 +6,7 @@ import pytest
 from crag.config import IndexingConfig, load_config
 from crag.errors import InputError
 from crag.indexing import build_knowledge_base, chunk_documents
-from tests.support import REPO, SAMPLE
-
-
-def write_pdf(path, lines: list[str], title: str = "Hoshi AQ-7 Policy") -> None:
-    """A minimal one-page PDF with Helvetica text, written by hand (no PDF library needed)."""
-    text = " ".join(f"({line}) Tj 0 -16 Td" for line in lines)
-    content = f"BT /F1 12 Tf 72 720 Td {text} ET"
-    objects = [
-        "<< /Type /Catalog /Pages 2 0 R >>",
-        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>",
-        f"<< /Length {len(content)} >>\nstream\n{content}\nendstream",
-        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
-        f"<< /Title ({title}) >>",
-    ]
-    out, offsets = b"%PDF-1.4\n", []
-    for i, obj in enumerate(objects, 1):
-        offsets.append(len(out))
-        out += f"{i} 0 obj\n{obj}\nendobj\n".encode()
-    xref = len(out)
-    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
-    out += "".join(f"{o:010d} 00000 n \n" for o in offsets).encode()
-    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R /Info 6 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
-    path.write_bytes(out)
+from tests.support import REPO, SAMPLE, write_pdf
 
 
 def test_each_file_type(tmp_path):

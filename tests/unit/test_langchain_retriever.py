@@ -3,7 +3,6 @@ Chroma (reference flow 2) and BM25Retriever, each built by a factory named in th
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import langchain_stores
@@ -16,47 +15,12 @@ from crag.backends import build_backends
 from crag.backends.base import Usage
 from crag.config import load_config
 from crag.errors import ConfigError
+from tests.support import LANGCHAIN_LIBRARIES, needs
 
 pytest.importorskip("langchain_community")
 
 
-# Each store's library (installed with the dev dependencies)
-LIBRARIES = {"faiss": "faiss", "chroma": "langchain_chroma", "bm25": "rank_bm25"}
-
-
-@pytest.fixture(scope="module")
-def stores(tmp_path_factory) -> dict[str, list[str]]:
-    """--set overrides that configure each store whose library is installed."""
-    root = tmp_path_factory.mktemp("langchain")
-    common = ["retriever.backend=langchain", "retriever.k=4", "web_search.backend=none", "mlflow.enabled=false"]
-    found = {}
-    if importlib.util.find_spec("faiss"):
-        faiss = langchain_stores.write_faiss(root / "faiss")
-        found["faiss"] = [*common, "retriever.factory=langchain_stores:faiss_store", f"retriever.kwargs.path={faiss}"]
-    if importlib.util.find_spec("langchain_chroma"):
-        chroma = langchain_stores.write_chroma(root / "chroma")
-        found["chroma"] = [
-            *common,
-            "retriever.factory=langchain_stores:chroma_store",
-            f"retriever.kwargs.path={chroma}",
-        ]
-    if importlib.util.find_spec("rank_bm25"):
-        docs = langchain_stores.write_documents(root / "docs.jsonl")
-        found["bm25"] = [
-            *common,
-            "retriever.factory=langchain_stores:bm25_retriever",
-            f"retriever.kwargs.documents={docs}",
-            "retriever.kwargs.k=4",
-        ]
-    return found
-
-
-def needs(*stores: str):
-    missing = [LIBRARIES[s] for s in stores if importlib.util.find_spec(LIBRARIES[s]) is None]
-    return pytest.mark.skipif(bool(missing), reason=f"not installed: {', '.join(missing)}")
-
-
-STORES = [pytest.param(store, marks=needs(store)) for store in LIBRARIES]
+STORES = [pytest.param(store, marks=needs(store)) for store in LANGCHAIN_LIBRARIES]
 
 
 @pytest.mark.parametrize("store", STORES)

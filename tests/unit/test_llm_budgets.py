@@ -1,17 +1,14 @@
 """What a model role may spend: its defaults when --set switches it to a model, the token budget that
-cuts its documents to the server's context window, the in-flight limit and the time calls wait for a
-slot (not counted against their timeout), and how unreadable grades are shown."""
-
-import threading
-import time
+cuts its documents to the server's context window, its calls' latency percentiles, and how unreadable
+grades are shown. (The in-flight limit and the time calls wait for a slot, which need calls that take
+time: tests/slow/test_concurrency_budgets.py.)"""
 
 import pytest
 
 from crag.backends.base import LATENCY_BOUNDS_MS, Usage, latency_percentile_ms
 from crag.backends.llm_roles import LLMGenerator, LLMGrader, LLMSourceCheck, PromptTooLong
 from crag.backends.openai_compat import ContextOverflow, OpenAICompatible
-from crag.backends.remote import Endpoint
-from crag.config import EndpointPolicy, load_config
+from crag.config import load_config
 from crag.errors import ConfigError
 from tests.support import REPO
 
@@ -142,27 +139,7 @@ def test_an_overflow_the_server_refuses_is_the_questions_error(emulator):
     assert len(emulator.of("serving")) == 1 and usage.retries == 0
 
 
-# ------------------------------------------------------------------ in flight, queued, latency
-
-
-def test_time_waiting_for_a_slot_is_not_counted_against_the_timeout():
-    """One slot, two calls at once, each taking 0.3 s against a 0.5 s timeout: the second waits 0.3 s
-    on the client, then is sent and answers in time."""
-    endpoint = Endpoint("slow", EndpointPolicy(max_concurrency=1, timeout_s=0.5, max_attempts=1), hard_timeout=True)
-    usages = [Usage(), Usage()]
-    results: list = [None, None]
-
-    def call(i: int) -> None:
-        results[i] = endpoint.call(lambda: time.sleep(0.3) or i, usages[i])
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert results == [0, 1]
-    assert sum(u.queued_calls for u in usages) == 1 and sum(u.queue_ms for u in usages) >= 200
-    assert [sum(u.call_ms_hist) for u in usages] == [1, 1]
+# ------------------------------------------------------------------ latency
 
 
 def test_latency_percentiles_come_from_the_histogram():

@@ -1,8 +1,6 @@
-"""How chat-model roles build prompts (untrusted text stays inside its delimiters) and how the web
-stage uses the source check and the two-stage fallback."""
-
-import threading
-import time
+"""How chat-model roles build prompts (untrusted text stays inside its delimiters), how the web stage
+uses the source check and the two-stage fallback, and how an endpoint's budget of requests in flight is
+shared among a job's tasks (kept in flight, with calls that take time: tests/slow/test_concurrency_budgets.py)."""
 
 import pandas as pd
 import pytest
@@ -11,8 +9,8 @@ from crag import stages
 from crag.backends import build_backends, smallest_budget
 from crag.backends.base import Usage
 from crag.backends.llm_roles import MAX_TITLE_CHARS, LLMGrader, Prompt, defused, fenced, render_context
-from crag.backends.remote import Endpoint, budget_share, running_task
-from crag.config import EndpointPolicy, load_config
+from crag.backends.remote import budget_share
+from crag.config import load_config
 from tests.support import REPO
 
 OAI = REPO / "conf" / "openai.yaml"
@@ -142,25 +140,6 @@ def test_two_stage_fallback_searches_the_question_first(emulator, sample_indexes
     assert [d["step"] for d in log].count("rewrite") == 2
 
 
-def test_requests_in_flight_respect_the_concurrency_budget(emulator, sample_indexes):
-    emulator.behaviour["serving"].latency_s = 0.05
-    cfg = load_config(
-        OAI,
-        [
-            f"retriever.index={sample_indexes['kb']}",
-            f"web_search.index={sample_indexes['web']}",
-            "grader.policy.max_concurrency=4",
-            "rewriter.policy.max_concurrency=4",
-            "generator.policy.max_concurrency=4",
-        ],
-    )
-    backends = build_backends(cfg, None, concurrent_tasks=2)  # half of the budget for this process
-    assert backends.grader.concurrency == 2
-    df = pd.DataFrame({"question_id": [f"q{i}" for i in range(8)], "question": ["How high is Mount Fuji?"] * 8})
-    stages.run_pipeline(df, backends, cfg)
-    assert emulator.peak_in_flight["serving"] == 2
-
-
 @pytest.mark.parametrize("budget", [1, 4, 7, 32])
 @pytest.mark.parametrize("tasks", [1, 2, 3, 7])
 def test_the_tasks_shares_of_a_budget_add_up_to_it(budget, tasks):
@@ -169,34 +148,6 @@ def test_the_tasks_shares_of_a_budget_add_up_to_it(budget, tasks):
         assert sum(shares) == budget and max(shares) - min(shares) <= 1
     else:  # never run so (smallest_budget caps the tasks); each would still keep one request in flight
         assert shares == [1] * tasks
-
-
-def test_each_task_keeps_its_own_share_in_flight():
-    endpoint = Endpoint("e", EndpointPolicy(max_concurrency=5), concurrent_tasks=3)
-    assert endpoint.concurrency == 2  # threads a stage may use: the largest share
-    peaks = []
-    try:
-        for task in range(3):  # one process running the job's three tasks one after the other
-            running_task(task)
-            in_flight, peak, lock = [0], [0], threading.Lock()
-
-            def request():
-                with lock:
-                    in_flight[0] += 1
-                    peak[0] = max(peak[0], in_flight[0])
-                time.sleep(0.05)
-                with lock:
-                    in_flight[0] -= 1
-
-            threads = [threading.Thread(target=endpoint.call, args=(request,)) for _ in range(6)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            peaks.append(peak[0])
-    finally:
-        running_task(0)
-    assert peaks == [2, 2, 1]  # 5 in all
 
 
 def test_the_smallest_remote_budget_limits_a_jobs_tasks():

@@ -1,13 +1,11 @@
-"""The warm Spark server's state and its end, without a JVM: a server is found by its state file, used
-only when it serves this crag's code, and stopped with every process of its group."""
+"""The warm Spark server's state, without a JVM: a server is found by its state file, and used only when
+it serves this crag's code and answers (its end: tests/slow/test_spark_server.py)."""
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
-import threading
 import time
 
 import pytest
@@ -44,22 +42,6 @@ def test_a_server_of_other_crag_code_is_not_used_and_a_line_says_why(home, caplo
 def test_a_server_that_does_not_answer_is_not_used(home):
     ServerState(os.getpid(), spark_server.free_port(), spark_server.code_fingerprint(), "log").write()
     assert spark_server.usable() is None
-
-
-def test_stop_ends_the_whole_process_group_and_forgets_the_server(home):
-    # a stand-in for the JVM and a Python worker it started: a shell and its child, in a session of their own
-    group = subprocess.Popen(["sh", "-c", "sleep 300 & wait"], start_new_session=True)
-    time.sleep(0.3)
-    children = subprocess.run(["pgrep", "-g", str(group.pid)], capture_output=True, text=True).stdout.split()
-    assert len(children) == 2
-    ServerState(group.pid, 1, spark_server.code_fingerprint(), "log").write()
-    reaper = threading.Thread(target=group.wait)  # as init reaps a server whose `crag spark start` has ended
-    reaper.start()
-    stopped = spark_server.stop()
-    reaper.join(timeout=10)
-    assert stopped is not None and stopped.pid == group.pid and group.returncode == -signal.SIGTERM
-    assert subprocess.run(["pgrep", "-g", str(group.pid)], capture_output=True).returncode == 1  # none left
-    assert not ServerState.path().exists() and spark_server.stop() is None
 
 
 def test_the_code_fingerprint_changes_when_a_source_file_does(tmp_path, monkeypatch):

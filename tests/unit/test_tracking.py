@@ -85,3 +85,17 @@ def test_a_folder_an_earlier_crag_left_for_a_catalog_warehouse_is_told_from_a_wa
     (tmp_path / "main.crag" / "answers").mkdir()  # a warehouse folder: tables beside its store
     assert not left_store_folder(str(tmp_path / "main.crag"))
     assert not left_store_folder(str(tmp_path / "absent.x"))
+
+
+def test_a_tracking_store_out_of_reach_costs_compare_a_warning_line_not_its_results(tmp_path, caplog):
+    """The report is attached after the comparison rows and the HTML file are written: a store that
+    cannot be opened (here a SQLite path under a file) is one warning line naming the run."""
+    from crag.compare import _attach_report
+
+    (tmp_path / "a-file").write_text("")
+    report = tmp_path / "report.html"
+    report.write_text("<html></html>")
+    stored = {"enabled": True, "tracking_uri": f"sqlite:///{tmp_path / 'a-file' / 'mlflow.db'}", "experiment": "crag"}
+    _attach_report(stored, str(tmp_path), "cand-1", report)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "run cand-1's MLflow run" in warnings[0], warnings

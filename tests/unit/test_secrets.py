@@ -4,29 +4,15 @@ secret value are scrubbed, whatever the exception or the config key that carries
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 
 from crag import secrets
 from crag.cli import main
 from crag.config import load_config, redacted
-from tests.support import LOCAL_CONF, REPO, SAMPLE, crag_run_args, run_rows, set_args
+from tests.support import LOCAL_CONF, PASSWORD, REPO, databricks_grader, set_args
 
-PASSWORD = "pw-Zq81-secret"
-
-
-@pytest.fixture
-def closed_port() -> int:
-    """A loopback port nothing listens on (connection refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(autouse=True)
-def fresh_registry(monkeypatch):
-    monkeypatch.setattr(secrets, "_known", set())
+pytestmark = pytest.mark.usefixtures("fresh_registry")
 
 
 # ---------------------------------------------------------------- the scrubber
@@ -283,24 +269,10 @@ def test_a_secret_value_under_any_key_is_not_stored(monkeypatch):
 # ---------------------------------------------------------------- error texts, end to end
 
 
-def _databricks_grader(kb: str, web: str) -> list[str]:
-    return [
-        f"retriever.index={kb}",
-        f"web_search.index={web}",
-        "mlflow.enabled=false",
-        "grader.backend=databricks",
-        "grader.endpoint=grader-x",
-        "grader.prompt=prompts/grade_binary.yaml",
-        "grader.policy.max_attempts=2",
-        "grader.policy.backoff_initial_s=0.01",
-        "grader.policy.timeout_s=5",
-    ]
-
-
 def test_crag_ask_shows_no_credential_of_an_unreachable_host(monkeypatch, capfd, closed_port, sample_indexes):
     monkeypatch.setenv("DATABRICKS_HOST", f"http://user:{PASSWORD}@127.0.0.1:{closed_port}")
     monkeypatch.setenv("DATABRICKS_TOKEN", "dapi-" + PASSWORD[::-1])
-    overrides = _databricks_grader(sample_indexes["kb"], sample_indexes["web"])
+    overrides = databricks_grader(sample_indexes["kb"], sample_indexes["web"])
     args = [
         "ask",
         "--conf",
@@ -314,34 +286,6 @@ def test_crag_ask_shows_no_credential_of_an_unreachable_host(monkeypatch, capfd,
     assert err.startswith("crag: error: grade: ")
     assert f"127.0.0.1:{closed_port}" in out  # ... naming the host ...
     assert PASSWORD not in out + err and PASSWORD[::-1] not in out + err  # ... and no credential
-
-
-def test_crag_run_stores_no_credential_in_errors_reasons_or_config(
-    spark, monkeypatch, capfd, tmp_path, closed_port, sample_indexes
-):
-    monkeypatch.setenv("DATABRICKS_HOST", f"http://user:{PASSWORD}@127.0.0.1:{closed_port}")
-    monkeypatch.setenv("DATABRICKS_TOKEN", "dapi-" + PASSWORD[::-1])
-    questions = tmp_path / "q.jsonl"
-    lines = [line for line in (SAMPLE / "questions.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()][:4]
-    questions.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    warehouse = tmp_path / "wh"
-    overrides = [
-        o.replace("mlflow.enabled=false", "mlflow.enabled=true")
-        for o in _databricks_grader(sample_indexes["kb"], sample_indexes["web"])
-    ]
-    code = main(crag_run_args(warehouse, "--run-id", "leak", questions=questions, overrides=overrides))
-    out, err = capfd.readouterr()
-    # every question's grading failed: the run is recorded as failed, and its line quotes an error
-    assert code == 2 and "crag: error: run leak is recorded as failed" in err and f":{closed_port}" in err
-    answers = run_rows(warehouse, "answers")
-    assert answers["error"].notna().sum() >= 1  # the grader's calls failed, and said so
-    assert answers["error"].str.contains(f"127.0.0.1:{closed_port}").any()
-    decisions = run_rows(warehouse, "decisions")
-    assert decisions["reason"].str.contains("Connection refused").any()
-    for path in [p for p in warehouse.rglob("*") if p.is_file()]:
-        data = path.read_bytes()
-        assert PASSWORD.encode() not in data and PASSWORD[::-1].encode() not in data, path
-    assert PASSWORD not in out + err
 
 
 @pytest.mark.parametrize(
