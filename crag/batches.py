@@ -1,5 +1,5 @@
-"""A run's answering: its start (the run claimed and its input stored, beside the first batch's
-answering) and its committed batches.
+"""A run's answering: its start (the run claimed while its input is stored, both beside the first
+batch's answering) and its committed batches.
 
 Each batch is computed by Spark and kept (localCheckpoint) while the batch before it commits to
 `results`, so a commit costs the run no time but the last one's. The first batch holds
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from crag.counts import aggregates, id_fingerprint
+from crag.errors import describe
 from crag.evaluation import metric_sums, metrics_of, store_metrics
 from crag.ledger import Heartbeat
 from crag.progress import LiveProgress, ProgressReporter, phase
@@ -77,12 +78,38 @@ def store_input(plan: RunPlan) -> None:
 
 
 def hold(plan: RunPlan, heartbeat: Heartbeat) -> None:
-    """A new generation's start: the run claimed (and kept by the heartbeat from then on), then its
-    input stored (a claim that fails stores nothing). Runs beside the first batch's answering."""
+    """A new generation's start, beside the first batch's answering: the run claimed (and kept by the
+    heartbeat from then on) while its input is stored under the generation, two commits at once
+    rather than one after the other. A claim that fails leaves nothing: the input rows written beside
+    it, under a generation no view shows, are removed before the failure is told."""
     plan.tables_ready.result()
-    plan.fresh = plan.ledger.claim()
-    heartbeat.start()
-    store_input(plan)
+    with ThreadPoolExecutor(1, "crag-input") as pool:
+        stored = pool.submit(store_input, plan)
+        try:
+            plan.fresh = plan.ledger.claim()
+        except BaseException:
+            if stored.exception() is None:
+                _forget_generation(plan, "inputs")
+            raise
+        heartbeat.start()
+        stored.result()
+
+
+def _forget_generation(plan: RunPlan, table: str) -> None:
+    """This attempt's rows of `table` removed (best effort: rows under a generation that no run shows
+    are in no view, and a later run of the id forgets them with its earlier generations)."""
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    ledger = plan.ledger
+    mine = (F.col("run_id") == F.lit(ledger.run_id)) & (F.col("generation") == F.lit(ledger.generation))
+    try:
+        plan.warehouse.forget(table, mine)
+    except Exception as exc:
+        log.warning(
+            "run %s: the input rows of an attempt that did not get the run stay stored (%s)",
+            ledger.run_id,
+            describe(exc),
+        )
 
 
 # ------------------------------------------------------------------ answer

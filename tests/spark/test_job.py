@@ -258,6 +258,20 @@ def test_a_claim_says_whether_the_run_id_was_new_and_refuses_a_live_holder(spark
     assert rows["attempt"].tolist() == [second.attempt] and rows["status"].tolist() == ["running"]
 
 
+def test_a_run_that_loses_the_claim_leaves_no_input_rows(spark, tmp_path, index_overrides):
+    """The input is stored beside the claim: a run whose id another live process holds stops with the
+    holder named, and the input rows it wrote under its generation are gone; the holder's row stays."""
+    holder = Ledger(Warehouse(spark, str(tmp_path)), CragConfig(), "held", "base")
+    assert holder.claim() is True
+    before = table(tmp_path, "runs")
+    with pytest.raises(CragError, match="is being written by another crag process"):
+        run(str(LOCAL_CONF), str(QUESTIONS), str(tmp_path), run_id="held", overrides=index_overrides, spark=spark)
+    inputs = DeltaTable(str(tmp_path / "inputs"))
+    assert inputs.to_pandas().empty
+    assert any(a["operation"] == "WRITE" for a in inputs.history())  # they were written, then removed
+    assert table(tmp_path, "runs").equals(before)
+
+
 def test_a_run_taken_over_by_another_process_keeps_that_process_row(spark, tmp_path):
     """A process that looked stale and was taken over writes nothing more into `runs`: not a beat, not
     its failure, not its outcome (each would have put the run back in its name over the new holder's)."""
