@@ -593,6 +593,7 @@ CRAG_SPARK_SETTINGS = {
     "spark.ui.showConsoleProgress": "the progress bar would break crag's lines",
     "spark.sql.shuffle.partitions": "crag sizes its own shuffles",
     "spark.databricks.delta.snapshotPartitions": "crag's small tables",
+    "spark.sql.codegen.factoryMode": "crag's many small queries run interpreted",
     "spark.driver.extraJavaOptions": "crag's JVM log settings",
     "spark.sql.warehouse.dir": "crag's tables live in --warehouse",
 }

@@ -51,6 +51,10 @@ LOCAL_SETTINGS = {
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     # a Delta snapshot of crag's small tables needs no 50-partition state reconstruction
     "spark.databricks.delta.snapshotPartitions": "2",
+    # Expressions interpreted rather than compiled to classes per query: a run's queries are many and
+    # small (Delta's commits among them), and the JVM spent more CPU compiling and JIT-compiling each
+    # query's generated classes than running them (docs/performance.md, the budget)
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
     "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={(Path(__file__).parent / 'log4j2.properties').as_uri()}",
     # crag's local tables are external (their files under --warehouse): Spark's own warehouse only gets
     # an empty folder per schema, which would otherwise pile up in the working directory
