@@ -4,7 +4,9 @@
 #   make test-llm run the real-model tier (tests/llm): every LLM role on a small model that
 #                 llama-cpp-python's server runs on loopback (docs/backends-llm.md)
 # Set-up (`make install`, run by both): uv, then .venv from uv.lock, then the Delta Lake jars for
-# local Spark from Maven Central into .crag/jars.
+# local Spark from Maven Central into .crag/jars. The environment is compiled to bytecode once: where
+# PYTHONDONTWRITEBYTECODE is set (as on CI machines), every process (each command, each Spark worker)
+# would otherwise compile every module it imports from source, seconds of CPU per process.
 PYTHON ?= python3
 UV_VERSION := 0.13.9
 VENV := .venv
@@ -21,8 +23,9 @@ $(UV):
 	@$(TOOLS)/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
 $(STAMP): $(UV) pyproject.toml uv.lock
-	@echo "crag: installing the locked dependencies into $(VENV) (the first time downloads about 1 GB: a minute or two)"
-	@$(UV) sync --quiet --frozen --extra local --group dev
+	@echo "crag: installing the locked dependencies into $(VENV), compiled (the first time downloads about 1 GB: a minute or two)"
+	@$(UV) sync --quiet --frozen --extra local --group dev --compile-bytecode
+	@$(BIN)/python -m compileall -q crag jobs bench tests >/dev/null
 	@touch $(STAMP)
 
 $(JARS)/.fetched: conf/spark/pom.xml
