@@ -16,7 +16,7 @@ import traceback
 import unicodedata
 from collections.abc import Mapping
 
-from crag.errors import CragError, describe
+from crag.errors import CragError, describe, interrupt_in
 from crag.secrets import MASK, is_secret_key, scrub
 
 
@@ -573,18 +573,7 @@ class _NoInterruptTracebacks(logging.Filter):
         if not record.exc_info:
             return True
         from_py4j = record.name.startswith("py4j") or f"{os.sep}py4j{os.sep}" in (record.pathname or "")
-        return not (from_py4j or _interrupt_in(record.exc_info[1]) is not None)
-
-
-def _interrupt_in(exc: BaseException | None) -> KeyboardInterrupt | None:
-    """The Ctrl-C or SIGTERM behind an error, if any: Spark's collect turns an interrupted read into an
-    error of the cancelled job, raised while the interrupt is handled."""
-    seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, KeyboardInterrupt):
-            return exc
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return None
+        return not (from_py4j or interrupt_in(record.exc_info[1]) is not None)
 
 
 def _resume_hint(args) -> str:
@@ -667,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
         return _say_interrupted(args, exc)
     except Exception as exc:
         debug = bool(os.environ.get("CRAG_DEBUG"))
-        interrupt, known = _interrupt_in(exc), isinstance(exc, _known_errors())
+        interrupt, known = interrupt_in(exc), isinstance(exc, _known_errors())
         if debug or (interrupt is None and not known):  # CRAG_DEBUG=1, or a bug: the traceback
             _print_traceback(exc)
         if interrupt is not None:

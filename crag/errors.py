@@ -52,3 +52,14 @@ def spark_error_line(exc: BaseException) -> str:
     ]
     # py4j's Java error: ": org.apache.spark.SparkException: [CLASS] text"
     return re.sub(r"^(: )?[\w.$]+(Exception|Error): ", "", lines[0]) if lines else type(exc).__name__
+
+
+def interrupt_in(exc: BaseException | None) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM behind an error, if any: Spark's collect turns an interrupted read into an
+    error of the cancelled job, raised while the interrupt is handled."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None

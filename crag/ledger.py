@@ -30,7 +30,7 @@ import pyarrow as pa
 from crag import schema
 from crag.backends.remote import call_with_deadline
 from crag.config import ConfigDifference, CragConfig, redacted
-from crag.errors import CragError, describe
+from crag.errors import CragError, describe, interrupt_in
 from crag.secrets import scrub
 from crag.warehouse import Warehouse, is_conflict, target_differs, target_matches
 
@@ -259,25 +259,27 @@ class Ledger:
         run's `failed` status before it propagates: the run never stays `running` with no writer."""
         try:
             yield
-        except BaseException:
-            self.record_failure()
+        except BaseException as exc:
+            self.record_failure(interrupted=interrupt_in(exc) is not None)
             raise
 
-    def record_failure(self) -> None:
+    def record_failure(self, interrupted: bool = False) -> None:
         """The run recorded as failed, the failure that ended it left to be reported. A Ctrl-C or SIGTERM
-        can leave the main thread's connection to the JVM in the middle of a call, so a first attempt that
-        fails is made again on a thread of its own (a connection of its own)."""
+        (`interrupted`) can leave the calling thread's connection to the JVM in the middle of a call, where
+        a new call can wait without end: the failure is then recorded from a thread of its own (a
+        connection of its own) within a deadline. Otherwise a first attempt that fails is made again so."""
 
         def record() -> None:
             self.record("failed", finished=datetime.now(UTC))
 
-        try:
-            record()
-            return
-        except RunTakenOver:
-            return  # the run is another process's now: its row is that process's to write
-        except Exception:
-            log.debug("could not record the failed run from the main thread", exc_info=True)
+        if not interrupted:
+            try:
+                record()
+                return
+            except RunTakenOver:
+                return  # the run is another process's now: its row is that process's to write
+            except Exception:
+                log.debug("could not record the failed run from the calling thread", exc_info=True)
         try:
             call_with_deadline(record, 120, "recording the failed run")
         except RunTakenOver:
