@@ -25,6 +25,7 @@ from crag.evaluation import metric_sums, metrics_of, store_metrics
 from crag.ledger import Heartbeat
 from crag.progress import LiveProgress, ProgressReporter, phase
 from crag.spark import batch_tasks, new_cache_rows, run_stages, with_stored_results
+from crag.warehouse import in_generation
 
 if TYPE_CHECKING:
     from crag.job import RunPlan
@@ -89,21 +90,18 @@ def hold(plan: RunPlan, heartbeat: Heartbeat) -> None:
             plan.fresh = plan.ledger.claim()
         except BaseException:
             if stored.exception() is None:
-                _forget_generation(plan, "inputs")
+                _forget_input(plan)
             raise
         heartbeat.start()
         stored.result()
 
 
-def _forget_generation(plan: RunPlan, table: str) -> None:
-    """This attempt's rows of `table` removed (best effort: rows under a generation that no run shows
-    are in no view, and a later run of the id forgets them with its earlier generations)."""
-    from pyspark.sql import functions as F  # noqa: PLC0415
-
+def _forget_input(plan: RunPlan) -> None:
+    """This attempt's input rows removed (best effort: rows under a generation that no run shows are in
+    no view, and a later run of the id forgets them with its earlier generations)."""
     ledger = plan.ledger
-    mine = (F.col("run_id") == F.lit(ledger.run_id)) & (F.col("generation") == F.lit(ledger.generation))
     try:
-        plan.warehouse.forget(table, mine)
+        plan.warehouse.forget("inputs", in_generation(ledger.run_id, ledger.generation))
     except Exception as exc:
         log.warning(
             "run %s: the input rows of an attempt that did not get the run stay stored (%s)",

@@ -92,6 +92,13 @@ def is_conflict(exc: Exception) -> bool:
     )
 
 
+def in_generation(run_id: str, generation: str):
+    """The condition (a Column) that picks the rows of one generation of a run."""
+    from pyspark.sql import functions as F
+
+    return (F.col("run_id") == F.lit(run_id)) & (F.col("generation") == F.lit(generation))
+
+
 def has_delta_log(path: Path) -> bool:
     """Whether a folder holds a Delta table: a log with a commit (a creation under way has the log's
     folder before its first commit)."""
@@ -273,13 +280,11 @@ class Warehouse:
     def load_generation(self, table: str, run_id: str, generation: str):
         """The rows of one generation of a run, shown or not (a run reads its own rows before its
         outcome shows them): of a stored table, or of a view (without its generation column)."""
-        from pyspark.sql import functions as F
-
         view = schema.VIEWS.get(table)
         if not self.exists(view.stored if view else table):
             return self.empty(table)
         rows = self.spark.sql(view.sql(self.name, shown=False)) if view else self.spark.table(self.name(table))
-        rows = rows.where((F.col("run_id") == F.lit(run_id)) & (F.col("generation") == F.lit(generation)))
+        rows = rows.where(in_generation(run_id, generation))
         return rows.drop("generation") if view else rows
 
     def empty(self, table: str):
