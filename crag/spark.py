@@ -11,9 +11,11 @@ on classic Spark and on Spark Connect (Databricks serverless).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -60,6 +62,18 @@ LOCAL_SETTINGS = {
     # an empty folder per schema, which would otherwise pile up in the working directory
     "spark.sql.warehouse.dir": str(Path(tempfile.gettempdir()) / "crag-spark-warehouse"),
 }
+# The JIT of a local JVM started for one command (classic, or a Connect server of its own): C1 alone.
+# Such a JVM runs dozens of small queries once each, and the C2 compiler spent a third of its CPU
+# compiling Spark's planner code that ran a few times; C1 compiles it at a fraction of the cost, and a
+# run's work is in its Python workers and endpoints. C1 alone defaults to a 48 MB code cache, which
+# Spark and Delta's code outgrows: its sweeper then flushed and recompiled for a minute of CPU in a
+# test session. A JVM that serves many runs (`crag spark start`, a test session) keeps C2: its
+# compiled code pays off over the runs. Figures: docs/performance.md, the budget.
+ONE_COMMAND_JVM = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m"
+# A JVM's class-data archive (JDK's dynamic CDS) spares every local JVM loading and verifying Spark's
+# classes one by one (`make install` writes it: crag.spark_warm.write_class_archive). The JVM checks the
+# archive against itself and its class path, and starts without one it cannot use, saying nothing.
+QUIET_ARCHIVE = "-Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
 # Where a local JVM writes what it prints (its start-up notices, and errors, which also reach crag as
 # exceptions): not on the console between crag's own lines.
 SPARK_LOG = Path(tempfile.gettempdir()) / "crag-spark.log"
@@ -74,6 +88,29 @@ def jars(cfg: SparkConfig) -> list[str]:
             f"from Maven Central), or set spark.jars_dir"
         )
     return jars
+
+
+def class_archive(cfg: SparkConfig) -> Path:
+    """Where the class-data archive of this JDK, pyspark and these jars is (or goes): in the jars' folder,
+    named by what it was made with, so that another JDK or set of jars finds none rather than a stale one."""
+    import pyspark  # noqa: PLC0415
+
+    found = jars(cfg)
+    java = Path(os.environ["JAVA_HOME"]) / "bin" / "java" if os.environ.get("JAVA_HOME") else shutil.which("java")
+    made_with = [str(Path(java).resolve()) if java else "", pyspark.__version__, *(Path(j).name for j in found)]
+    return Path(found[0]).parent / f"classes-{hashlib.sha256(chr(0).join(made_with).encode()).hexdigest()[:16]}.jsa"
+
+
+def java_options(cfg: SparkConfig, serves_many_runs: bool) -> str:
+    """The local JVM's options: crag's log settings, the class-data archive when there is one, and C1
+    alone for a JVM started for one command (ONE_COMMAND_JVM)."""
+    options = [LOCAL_SETTINGS["spark.driver.extraJavaOptions"]]
+    archive = class_archive(cfg)
+    if archive.exists():
+        options += [QUIET_ARCHIVE, f"-XX:SharedArchiveFile={archive}"]
+    if not serves_many_runs:
+        options.append(ONE_COMMAND_JVM)
+    return " ".join(options)
 
 
 def local_master(master: str) -> tuple[str, int] | None:
@@ -96,19 +133,17 @@ def is_connect(spark) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
-def get_spark(cfg: SparkConfig):
+def get_spark(cfg: SparkConfig, serves_many_runs: bool = False):
     """The active session (Databricks, a notebook, a test's shared one), else a new one: Spark Connect
     when `spark.remote` is set (every wait on it bounded: crag.connect), classic local Spark otherwise;
     Delta Lake configured either way, and `spark.conf` passed to it (to a session that runs already,
-    an active one or a Connect server's, as runtime settings)."""
+    an active one or a Connect server's, as runtime settings). A new local JVM is tuned for one
+    command unless it `serves_many_runs` (ONE_COMMAND_JVM)."""
     from pyspark.sql import SparkSession  # noqa: PLC0415  # crag index on a laptop imports this module and writes with delta-rs
 
     active = SparkSession.getActiveSession()
     if active is not None and (cfg.remote is None or is_connect(active)):
         return _with_runtime_settings(active, cfg.conf)
-    # Workers must run this same interpreter (and so see the same packages).
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     remote = cfg.remote
     server = usable() if remote is None and local_master(cfg.master) is not None else None
     if server is not None:  # crag spark start: a warm local Spark instead of a new one
@@ -116,6 +151,18 @@ def get_spark(cfg: SparkConfig):
         return _with_runtime_settings(shared_session(server, cfg.connect_timeout_s), cfg.conf)
     if remote and remote.startswith("sc://"):  # a running server: only session settings can be passed
         return _with_runtime_settings(connect_session(remote, cfg.connect_timeout_s), cfg.conf)
+    return new_session(cfg, java_options(cfg, serves_many_runs))
+
+
+def new_session(cfg: SparkConfig, java: str):
+    """A new local session of `cfg`: classic, or Spark Connect with a server in its own JVM
+    (`spark.remote` local[N]); its JVM started with the `java` options."""
+    from pyspark.sql import SparkSession  # noqa: PLC0415
+
+    # Workers must run this same interpreter (and so see the same packages).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    remote = cfg.remote
     builder = SparkSession.builder.appName("crag")
     master = remote or cfg.master
     local = local_master(master)
@@ -124,7 +171,13 @@ def get_spark(cfg: SparkConfig):
         master, slots = local
         builder = builder.config("spark.default.parallelism", str(slots))
     builder = builder.remote(master) if remote else builder.master(master)
-    for key, value in {**cfg.conf, **LOCAL_SETTINGS, "spark.jars": ",".join(jars(cfg))}.items():
+    settings = {
+        **cfg.conf,
+        **LOCAL_SETTINGS,
+        "spark.jars": ",".join(jars(cfg)),
+        "spark.driver.extraJavaOptions": java,
+    }
+    for key, value in settings.items():
         builder = builder.config(key, value)
     with warnings.catch_warnings(), _stderr_to(SPARK_LOG):
         # A local Connect server is started with these settings; the client then tries to set the static

@@ -98,12 +98,13 @@ def server_command(port: int, cfg: SparkConfig) -> list[str]:
     slots of a local session (crag.spark)."""
     import pyspark  # noqa: PLC0415  # only who starts a server needs pyspark's location
 
-    from crag.spark import LOCAL_SETTINGS, jars, local_master  # noqa: PLC0415  # crag.spark imports this module
+    from crag.spark import LOCAL_SETTINGS, jars, java_options, local_master  # noqa: PLC0415  # crag.spark imports this module
 
     master, slots = local_master(cfg.master) or local_master("local[2]")  # type: ignore[misc]
     settings = {
         **LOCAL_SETTINGS,
         "spark.jars": ",".join(jars(cfg)),
+        "spark.driver.extraJavaOptions": java_options(cfg, serves_many_runs=True),
         "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.connect.grpc.binding.port": str(port),
         "spark.default.parallelism": str(slots),

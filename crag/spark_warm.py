@@ -5,11 +5,20 @@ Delta's code); a cluster that has run a job before has paid that. `crag spark st
 every command after it, and the benchmarks time a run after it and report its seconds apart, as they
 report Spark's start-up. It touches no index and builds no backend, so nothing a run itself loads
 (its indexes, its clients) is warmed for it.
+
+The same operations, run once by `make install` (`python -m crag.spark_warm`), write the class-data
+archive every later local JVM starts from (crag.spark.class_archive).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,8 +27,9 @@ import pyarrow as pa
 
 from crag import schema
 from crag.config import CragConfig, SparkConfig
+from crag.errors import CragError
 from crag.ledger import Ledger
-from crag.spark import parallelism
+from crag.spark import QUIET_ARCHIVE, class_archive, java_options, new_session, parallelism
 from crag.warehouse import Warehouse
 
 
@@ -55,3 +65,68 @@ def _warm_workers(spark) -> None:
         yield from batches
 
     spark.range(slots, numPartitions=slots).mapInArrow(load, "id long").collect()
+
+
+def write_class_archive(cfg: SparkConfig, timeout_s: float = 600) -> Path | None:
+    """The class-data archive of the classes a run's JVM loads (`warm_up`'s operations), or None when
+    there is one already. A process of its own runs them: its JVM writes the archive as it exits, when
+    that process ends. Written under a name of its own and renamed when whole, so that no JVM maps
+    half an archive."""
+    archive = class_archive(cfg)
+    if archive.exists():
+        return None
+    partial = archive.with_name(f"{archive.name}.{os.getpid()}.partial")
+    command = [sys.executable, "-m", "crag.spark_warm", str(partial), cfg.jars_dir or ""]
+    # its own process group: the JVM is in it, and the group is empty once the JVM has written and exited
+    writer = subprocess.Popen(command, start_new_session=True, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout_s
+    try:
+        if writer.wait(timeout_s) != 0:
+            raise CragError(f"writing the local JVM's class-data archive failed (exit code {writer.returncode})")
+        while _group_alive(writer.pid):
+            if time.monotonic() > deadline:
+                raise CragError(f"the local JVM did not write its class-data archive within {timeout_s:g} s")
+            time.sleep(0.2)
+        if not partial.exists():
+            raise CragError("the local JVM wrote no class-data archive")
+        partial.replace(archive)
+    finally:
+        _end_group(writer.pid)
+        partial.unlink(missing_ok=True)
+    return archive
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _end_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _archive_classes(partial: str, jars_dir: str) -> None:
+    """write_class_archive's process: a local JVM that archives the classes it loaded when it exits
+    (its stdin closes when this process ends)."""
+    cfg = SparkConfig(jars_dir=jars_dir or None)
+    options = f"{java_options(cfg, serves_many_runs=False)} {QUIET_ARCHIVE} -XX:ArchiveClassesAtExit={partial}"
+    spark = new_session(cfg, options)  # the classes it cannot archive (signed jars, ...) said to nobody
+    with tempfile.TemporaryDirectory() as scratch:
+        warm_up(spark, Path(scratch) / "warehouse")
+    spark.stop()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3:
+        _archive_classes(*sys.argv[1:])
+    elif not class_archive(SparkConfig()).exists():  # make install: quiet when the archive is there
+        print(
+            "crag: writing the local JVM's class-data archive into .crag/jars (once: about a minute)", file=sys.stderr
+        )
+        started = time.perf_counter()
+        written = write_class_archive(SparkConfig())
+        print(f"crag: wrote {written} in {time.perf_counter() - started:.0f} s", file=sys.stderr)

@@ -52,7 +52,7 @@ def spark():
     from crag.config import SparkConfig
     from crag.spark import get_spark
 
-    session = get_spark(SparkConfig(master="local[2]"))
+    session = get_spark(SparkConfig(master="local[2]"), serves_many_runs=True)  # hundreds of runs: C2 pays off
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

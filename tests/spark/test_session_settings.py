@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from crag.catalog import ensure_schema
+from crag.config import SparkConfig
 from crag.errors import ConfigError, InputError
-from crag.spark import _with_runtime_settings
+from crag.spark import _with_runtime_settings, class_archive
+from crag.spark_server import server_command
 from tests.support import REPO
 
 
@@ -24,12 +27,47 @@ def test_a_new_local_session_gets_spark_conf_static_settings_included():
         " 'spark.conf.spark.driver.maxResultSize=123m', 'spark.conf.spark.sql.ansi.enabled=false']);"
         "s = get_spark(cfg.spark);"
         "print(s.conf.get('spark.sql.catalog.lake'), s.conf.get('spark.driver.maxResultSize'),"
-        " s.conf.get('spark.sql.ansi.enabled'), s.conf.get('spark.sql.session.timeZone'))"
+        " s.conf.get('spark.sql.ansi.enabled'), s.conf.get('spark.sql.session.timeZone'),"
+        " ','.join(sorted(_jvm_flags(s))), _archive_mapped(s))"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert done.stdout.split() == ["org.apache.spark.sql.delta.catalog.DeltaCatalog", "123m", "false", "UTC"], (
-        done.stderr[-2000:]
+    done = subprocess.run(
+        [sys.executable, "-c", f"from tests.spark.test_session_settings import _archive_mapped, _jvm_flags; {probe}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
     )
+    flags = "-XX:ReservedCodeCacheSize=256m,-XX:TieredStopAtLevel=1"  # a JVM for one command: C1 (crag.spark)
+    # `make install` writes the class-data archive; the JVM maps it (one it could not use, it would not)
+    archive = str(class_archive(SparkConfig()).exists())
+    assert done.stdout.split() == [
+        "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "123m",
+        "false",
+        "UTC",
+        flags,
+        archive,
+    ], done.stderr[-2000:]
+
+
+def _jvm_flags(session) -> set[str]:
+    """The JIT flags the session's JVM was started with."""
+    arguments = session.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
+    return {str(a) for a in arguments if "Tiered" in str(a) or "CodeCache" in str(a)}
+
+
+def _archive_mapped(session) -> bool:
+    """Whether the session's JVM has the class-data archive crag.spark names mapped into its memory."""
+    pid = session.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getPid()
+    return str(class_archive(SparkConfig())) in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_a_session_that_serves_many_runs_keeps_the_c2_compiler(spark):
+    """The tests' shared session, as `crag spark start`'s server: no C1-only flags."""
+    assert _jvm_flags(spark) == set()
+    assert _archive_mapped(spark) == class_archive(SparkConfig()).exists()
+
+    assert not [a for a in server_command(15002, SparkConfig()) if "TieredStopAtLevel" in a]
 
 
 def test_a_running_session_takes_runtime_settings_and_refuses_a_static_one_with_one_line(spark):

@@ -1,0 +1,64 @@
+"""A local JVM's options, without a JVM: C1 alone for one command, C2 for a JVM that serves many runs,
+and the class-data archive named by what it was made with (its use by a real JVM:
+tests/spark/test_session_settings.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from crag.config import SparkConfig
+from crag.spark import LOCAL_SETTINGS, ONE_COMMAND_JVM, class_archive, java_options
+from crag.spark_server import server_command
+
+
+@pytest.fixture
+def jars_dir(tmp_path):
+    folder = tmp_path / "jars"
+    folder.mkdir()
+    for name in ("delta-spark_4.2_2.13-4.4.0.jar", "delta-storage-4.4.0.jar"):
+        (folder / name).write_bytes(b"jar")
+    return folder
+
+
+def test_a_jvm_for_one_command_gets_c1_and_one_that_serves_many_runs_does_not(jars_dir):
+    cfg = SparkConfig(jars_dir=str(jars_dir))
+    one = java_options(cfg, serves_many_runs=False)
+    many = java_options(cfg, serves_many_runs=True)
+    assert one.startswith(LOCAL_SETTINGS["spark.driver.extraJavaOptions"]) and one.endswith(ONE_COMMAND_JVM)
+    assert "TieredStopAtLevel" not in many and "ReservedCodeCacheSize" not in many
+    server = server_command(15002, cfg)
+    assert f"spark.driver.extraJavaOptions={many}" in server  # crag spark start's JVM serves many runs
+
+
+def test_the_archive_is_used_only_once_it_exists(jars_dir):
+    cfg = SparkConfig(jars_dir=str(jars_dir))
+    archive = class_archive(cfg)
+    assert archive.parent == jars_dir and archive.suffix == ".jsa"
+    assert "SharedArchiveFile" not in java_options(cfg, serves_many_runs=False)
+    archive.write_bytes(b"archive")
+    for many in (False, True):
+        options = java_options(cfg, serves_many_runs=many)
+        assert f"-XX:SharedArchiveFile={archive}" in options
+        assert "-Xlog:cds=off" in options  # a JVM that cannot use it says nothing on crag's console
+
+
+def test_other_jars_or_another_jdk_find_no_archive_rather_than_a_stale_one(jars_dir, tmp_path, monkeypatch):
+    cfg = SparkConfig(jars_dir=str(jars_dir))
+    before = class_archive(cfg)
+    (jars_dir / "delta-storage-4.4.0.jar").rename(jars_dir / "delta-storage-4.5.0.jar")
+    other_jars = class_archive(cfg)
+    assert other_jars != before
+    java_home = tmp_path / "jdk"
+    (java_home / "bin").mkdir(parents=True)
+    (java_home / "bin" / "java").write_text("")
+    monkeypatch.setenv("JAVA_HOME", str(java_home))
+    assert class_archive(cfg) not in (before, other_jars)
+
+
+def test_an_archive_there_already_is_not_written_again(jars_dir):
+    from crag.spark_warm import write_class_archive
+
+    cfg = SparkConfig(jars_dir=str(jars_dir))
+    class_archive(cfg).write_bytes(b"archive")
+    assert write_class_archive(cfg) is None  # no JVM started
+    assert class_archive(cfg).read_bytes() == b"archive"
