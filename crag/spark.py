@@ -62,14 +62,14 @@ LOCAL_SETTINGS = {
     # an empty folder per schema, which would otherwise pile up in the working directory
     "spark.sql.warehouse.dir": str(Path(tempfile.gettempdir()) / "crag-spark-warehouse"),
 }
-# The JIT of a local JVM started for one command (classic, or a Connect server of its own): C1 alone.
-# Such a JVM runs dozens of small queries once each, and the C2 compiler spent a third of its CPU
-# compiling Spark's planner code that ran a few times; C1 compiles it at a fraction of the cost, and a
-# run's work is in its Python workers and endpoints. C1 alone defaults to a 48 MB code cache, which
-# Spark and Delta's code outgrows: its sweeper then flushed and recompiled for a minute of CPU in a
-# test session. A JVM that serves many runs (`crag spark start`, a test session) keeps C2: its
-# compiled code pays off over the runs. Figures: docs/performance.md, the budget.
-ONE_COMMAND_JVM = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m"
+# The JIT of every local JVM crag starts (a command's, a Connect server of its own, `crag spark start`):
+# C1 alone. A run is dozens of small queries, each run a few times, and the C2 compiler spent a third
+# of the JVM's CPU compiling Spark's planner code for them; C1 compiles it at a fraction of the cost,
+# and a run's work is in its Python workers and endpoints. C1 alone defaults to a 48 MB code cache,
+# which Spark and Delta's code outgrows: its sweeper then flushed and recompiled for a minute of CPU in
+# a test session. Only a session that runs hundreds of runs (the tests' shared one) gains from C2
+# (`tiered_jit`). Figures: docs/performance.md, the budget.
+C1_ONLY = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m"
 # A JVM's class-data archive (JDK's dynamic CDS) spares every local JVM loading and verifying Spark's
 # classes one by one (`make install` writes it: crag.spark_warm.write_class_archive). The JVM checks the
 # archive against itself and its class path, and starts without one it cannot use, saying nothing.
@@ -101,15 +101,15 @@ def class_archive(cfg: SparkConfig) -> Path:
     return Path(found[0]).parent / f"classes-{hashlib.sha256(chr(0).join(made_with).encode()).hexdigest()[:16]}.jsa"
 
 
-def java_options(cfg: SparkConfig, serves_many_runs: bool) -> str:
+def java_options(cfg: SparkConfig, tiered_jit: bool = False) -> str:
     """The local JVM's options: crag's log settings, the class-data archive when there is one, and C1
-    alone for a JVM started for one command (ONE_COMMAND_JVM)."""
+    alone (C1_ONLY) unless the JVM keeps the `tiered_jit`."""
     options = [LOCAL_SETTINGS["spark.driver.extraJavaOptions"]]
     archive = class_archive(cfg)
     if archive.exists():
         options += [QUIET_ARCHIVE, f"-XX:SharedArchiveFile={archive}"]
-    if not serves_many_runs:
-        options.append(ONE_COMMAND_JVM)
+    if not tiered_jit:
+        options.append(C1_ONLY)
     return " ".join(options)
 
 
@@ -133,12 +133,12 @@ def is_connect(spark) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
-def get_spark(cfg: SparkConfig, serves_many_runs: bool = False):
+def get_spark(cfg: SparkConfig, tiered_jit: bool = False):
     """The active session (Databricks, a notebook, a test's shared one), else a new one: Spark Connect
     when `spark.remote` is set (every wait on it bounded: crag.connect), classic local Spark otherwise;
     Delta Lake configured either way, and `spark.conf` passed to it (to a session that runs already,
-    an active one or a Connect server's, as runtime settings). A new local JVM is tuned for one
-    command unless it `serves_many_runs` (ONE_COMMAND_JVM)."""
+    an active one or a Connect server's, as runtime settings). A new local JVM runs C1 alone unless it
+    keeps the `tiered_jit` (C1_ONLY)."""
     from pyspark.sql import SparkSession  # noqa: PLC0415  # crag index on a laptop imports this module and writes with delta-rs
 
     active = SparkSession.getActiveSession()
@@ -151,7 +151,7 @@ def get_spark(cfg: SparkConfig, serves_many_runs: bool = False):
         return _with_runtime_settings(shared_session(server, cfg.connect_timeout_s), cfg.conf)
     if remote and remote.startswith("sc://"):  # a running server: only session settings can be passed
         return _with_runtime_settings(connect_session(remote, cfg.connect_timeout_s), cfg.conf)
-    return new_session(cfg, java_options(cfg, serves_many_runs))
+    return new_session(cfg, java_options(cfg, tiered_jit))
 
 
 def new_session(cfg: SparkConfig, java: str):

@@ -104,7 +104,7 @@ def server_command(port: int, cfg: SparkConfig) -> list[str]:
     settings = {
         **LOCAL_SETTINGS,
         "spark.jars": ",".join(jars(cfg)),
-        "spark.driver.extraJavaOptions": java_options(cfg, serves_many_runs=True),
+        "spark.driver.extraJavaOptions": java_options(cfg),
         "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.connect.grpc.binding.port": str(port),
         "spark.default.parallelism": str(slots),

@@ -113,7 +113,7 @@ def _archive_classes(partial: str, jars_dir: str) -> None:
     """write_class_archive's process: a local JVM that archives the classes it loaded when it exits
     (its stdin closes when this process ends)."""
     cfg = SparkConfig(jars_dir=jars_dir or None)
-    options = f"{java_options(cfg, serves_many_runs=False)} {QUIET_ARCHIVE} -XX:ArchiveClassesAtExit={partial}"
+    options = f"{java_options(cfg)} {QUIET_ARCHIVE} -XX:ArchiveClassesAtExit={partial}"
     spark = new_session(cfg, options)  # the classes it cannot archive (signed jars, ...) said to nobody
     with tempfile.TemporaryDirectory() as scratch:
         warm_up(spark, Path(scratch) / "warehouse")

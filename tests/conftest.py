@@ -52,11 +52,11 @@ def spark():
     from crag.config import SparkConfig
     from crag.spark import get_spark
 
-    # Hundreds of runs in one JVM: C2 pays off over them (serves_many_runs), and a heap above Spark's
+    # Hundreds of runs in one JVM: C2 pays off over them (tiered_jit), and a heap above Spark's
     # 1 GB default spares its collector (near the limit, G1 ran concurrent cycles without end: 3.5 of
     # a 20-minute suite's CPU-minutes; a test subset 165 -> 153 s with 2 GB).
     cfg = SparkConfig(master="local[2]", conf={"spark.driver.memory": "3g"})
-    session = get_spark(cfg, serves_many_runs=True)
+    session = get_spark(cfg, tiered_jit=True)
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

@@ -1,4 +1,4 @@
-"""A local JVM's options, without a JVM: C1 alone for one command, C2 for a JVM that serves many runs,
+"""A local JVM's options, without a JVM: C1 alone unless the JVM keeps the tiered JIT,
 and the class-data archive named by what it was made with (its use by a real JVM:
 tests/spark/test_session_settings.py)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from crag.config import SparkConfig
-from crag.spark import LOCAL_SETTINGS, ONE_COMMAND_JVM, class_archive, java_options
+from crag.spark import C1_ONLY, LOCAL_SETTINGS, class_archive, java_options
 from crag.spark_server import server_command
 
 
@@ -20,24 +20,23 @@ def jars_dir(tmp_path):
     return folder
 
 
-def test_a_jvm_for_one_command_gets_c1_and_one_that_serves_many_runs_does_not(jars_dir):
+def test_every_jvm_crag_starts_gets_c1_alone_unless_it_keeps_the_tiered_jit(jars_dir):
     cfg = SparkConfig(jars_dir=str(jars_dir))
-    one = java_options(cfg, serves_many_runs=False)
-    many = java_options(cfg, serves_many_runs=True)
-    assert one.startswith(LOCAL_SETTINGS["spark.driver.extraJavaOptions"]) and one.endswith(ONE_COMMAND_JVM)
-    assert "TieredStopAtLevel" not in many and "ReservedCodeCacheSize" not in many
-    server = server_command(15002, cfg)
-    assert f"spark.driver.extraJavaOptions={many}" in server  # crag spark start's JVM serves many runs
+    c1 = java_options(cfg)
+    tiered = java_options(cfg, tiered_jit=True)
+    assert c1.startswith(LOCAL_SETTINGS["spark.driver.extraJavaOptions"]) and c1.endswith(C1_ONLY)
+    assert "TieredStopAtLevel" not in tiered and "ReservedCodeCacheSize" not in tiered
+    assert f"spark.driver.extraJavaOptions={c1}" in server_command(15002, cfg)  # crag spark start's JVM
 
 
 def test_the_archive_is_used_only_once_it_exists(jars_dir):
     cfg = SparkConfig(jars_dir=str(jars_dir))
     archive = class_archive(cfg)
     assert archive.parent == jars_dir and archive.suffix == ".jsa"
-    assert "SharedArchiveFile" not in java_options(cfg, serves_many_runs=False)
+    assert "SharedArchiveFile" not in java_options(cfg)
     archive.write_bytes(b"archive")
-    for many in (False, True):
-        options = java_options(cfg, serves_many_runs=many)
+    for tiered in (False, True):
+        options = java_options(cfg, tiered_jit=tiered)
         assert f"-XX:SharedArchiveFile={archive}" in options
         assert "-Xlog:cds=off" in options  # a JVM that cannot use it says nothing on crag's console
 
