@@ -594,7 +594,7 @@ CRAG_SPARK_SETTINGS = {
     "spark.sql.shuffle.partitions": "crag sizes its own shuffles",
     "spark.databricks.delta.snapshotPartitions": "crag's small tables",
     "spark.sql.codegen.factoryMode": "crag's many small queries run interpreted",
-    "spark.driver.extraJavaOptions": "crag's JVM log settings",
+    "spark.driver.extraJavaOptions": "crag's JVM settings: its log, its JIT, its class-data archive",
     "spark.sql.warehouse.dir": "crag's tables live in --warehouse",
 }
 CRAG_SPARK_PREFIXES = {"spark.connect.": "Spark Connect's wiring: set spark.remote and spark.connect_timeout_s"}
