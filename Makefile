@@ -5,9 +5,10 @@
 #                 llama-cpp-python's server runs on loopback (docs/backends-llm.md)
 # Set-up (`make install`, run by both): uv, then .venv from uv.lock, then the Delta Lake jars for
 # local Spark from Maven Central into .crag/jars, and the class-data archive every local JVM starts
-# from (a minute, once: each JVM then starts in a third of the time). The environment is compiled to bytecode once: where
-# PYTHONDONTWRITEBYTECODE is set (as on CI machines), every process (each command, each Spark worker)
-# would otherwise compile every module it imports from source, seconds of CPU per process.
+# from (a minute, once: each JVM then starts in a third of the time). The environment is compiled to
+# bytecode once: where PYTHONDONTWRITEBYTECODE is set (as on CI machines), every process (each
+# command, each Spark worker) would otherwise compile every module it imports from source, seconds of
+# CPU per process.
 PYTHON ?= python3
 UV_VERSION := 0.13.9
 VENV := .venv

@@ -81,13 +81,15 @@ def write_class_archive(cfg: SparkConfig, timeout_s: float = 600) -> Path | None
     writer = subprocess.Popen(command, start_new_session=True, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout_s
     try:
-        if writer.wait(timeout_s) != 0:
-            raise CragError(f"writing the local JVM's class-data archive failed (exit code {writer.returncode})")
-        while _group_alive(writer.pid):
+        while writer.poll() is None or _group_alive(writer.pid):
             if time.monotonic() > deadline:
                 raise CragError(f"the local JVM did not write its class-data archive within {timeout_s:g} s")
             time.sleep(0.2)
+        if writer.returncode != 0:
+            raise CragError(f"writing the local JVM's class-data archive failed (exit code {writer.returncode})")
         if not partial.exists():
+            if archive.exists():  # another `make install` wrote it meanwhile
+                return None
             raise CragError("the local JVM wrote no class-data archive")
         partial.replace(archive)
     finally:
@@ -113,6 +115,8 @@ def _archive_classes(partial: str, jars_dir: str) -> None:
     """write_class_archive's process: a local JVM that archives the classes it loaded when it exits
     (its stdin closes when this process ends)."""
     cfg = SparkConfig(jars_dir=jars_dir or None)
+    if class_archive(cfg).exists():  # written meanwhile; a JVM cannot start from one and write another
+        return
     options = f"{java_options(cfg)} {QUIET_ARCHIVE} -XX:ArchiveClassesAtExit={partial}"
     spark = new_session(cfg, options)  # the classes it cannot archive (signed jars, ...) said to nobody
     with tempfile.TemporaryDirectory() as scratch:
