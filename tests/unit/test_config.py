@@ -356,6 +356,18 @@ def test_a_self_referencing_alias_is_one_line(tmp_path, text):
         load_config(_write(tmp_path, text))
 
 
+@pytest.mark.parametrize(
+    "depth",
+    [
+        900,  # within libyaml's limit: crag's own walk over the values reaches Python's recursion limit
+        20000,  # past libyaml's limit of 1,000 levels: its scanner refuses the document
+    ],
+)
+def test_nesting_too_deep_is_one_line(tmp_path, depth):
+    with pytest.raises(ConfigError, match=r"is not valid YAML: (nested too deeply|exceeded maximum nesting depth)"):
+        load_config(_write(tmp_path, "a: " + "[" * depth + "]" * depth + "\n"))
+
+
 def test_modest_aliases_still_work(tmp_path):
     text = "grader: {threshold: 0.4}\nx-policy: &p {max_concurrency: 3, timeout_s: 7}\n"
     assert safe_yaml(text)["x-policy"]["timeout_s"] == 7
