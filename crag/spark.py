@@ -53,6 +53,16 @@ LOCAL_SETTINGS = {
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     # a Delta snapshot of crag's small tables needs no 50-partition state reconstruction
     "spark.databricks.delta.snapshotPartitions": "2",
+    # A run is a dozen small Delta commits, and each paid for extras a local warehouse does not use: a
+    # checksum file computed from the new snapshot's state after every commit, per-file column
+    # statistics (crag's tables are read by run, and Parquet's own footers skip the rest), the
+    # operation's metrics in its commit, and a cached copy of every MERGE's source (a few rows made on
+    # the driver, which a second read reproduces exactly). Without them a warm sample run took 6.3 s
+    # against 7.1 s, 11% less of the JVM's CPU (docs/performance.md, the budget).
+    "spark.databricks.delta.writeChecksumFile.enabled": "false",
+    "spark.databricks.delta.stats.collect": "false",
+    "spark.databricks.delta.history.metricsEnabled": "false",
+    "spark.databricks.delta.merge.materializeSource": "none",
     # Expressions interpreted rather than compiled to classes per query: a run's queries are many and
     # small (Delta's commits among them), and the JVM spent more CPU compiling and JIT-compiling each
     # query's generated classes than running them (docs/performance.md, the budget)
