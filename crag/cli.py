@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import errno
 import functools
+import gc
 import logging
 import os
 import shlex
@@ -707,5 +708,16 @@ def _say_interrupted(args, exc: KeyboardInterrupt) -> int:
     return 143 if isinstance(exc, Terminated) else 130
 
 
+def command() -> None:
+    """The `crag` command (`python -m crag.cli`): main, then the process ends with its exit code. Every
+    object the command leaves is frozen first: Python's last garbage collection at exit would otherwise
+    walk all of them (pandas, pyarrow, the Spark Connect client), 0.6-0.7 s of a 7 s warm `crag run`,
+    to free memory the exit frees anyway. (Not in `main`, which tests and the bundle's job scripts call
+    in processes that go on.)"""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    command()

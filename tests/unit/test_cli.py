@@ -261,3 +261,21 @@ def test_the_resume_line_shows_no_credential(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "crag run --resume r8" in err and "pa55word" not in err and "proxy" not in err
     assert "LIVEKEY" not in err and "LIVEBEARER" not in err and "--set 'retriever.kwargs.api_key=***'" in err
+
+
+def test_the_crag_command_exits_with_mains_code_its_objects_frozen_for_the_exit(monkeypatch):
+    """`crag` (the console script, and `python -m crag.cli`) freezes what the command left before the
+    process ends, sparing the exit's garbage collection a walk over all of it; main itself does not,
+    since tests and the bundle's job scripts call it in processes that go on."""
+    import tomllib
+
+    from tests.support import REPO
+
+    calls: list[str] = []
+    monkeypatch.setattr(cli, "main", lambda: calls.append("main") or 3)
+    monkeypatch.setattr(cli.gc, "freeze", lambda: calls.append("freeze"))
+    with pytest.raises(SystemExit) as ended:
+        cli.command()
+    assert ended.value.code == 3 and calls == ["main", "freeze"]
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["crag"] == "crag.cli:command"
