@@ -207,6 +207,7 @@ def _spark_parser(sub) -> None:
     )
     p.add_argument("--port", type=int, help="port on 127.0.0.1 to serve on (default: a free one)")
     p.add_argument("--conf", help="YAML config whose spark section to use (default: built-in: local[2])")
+    _set_args(p, "spark.conf.spark.driver.memory=4g")
 
 
 def _run_arg(p: argparse.ArgumentParser, what: str) -> None:
@@ -530,7 +531,7 @@ def _spark(args) -> int:
         state = spark_server.stop()
         print(f"stopped the Spark server at {state.url}" if state else "no Spark server ran")
         return 0
-    cfg = load_config(args.conf, []).spark
+    cfg = load_config(args.conf, _overrides(args)).spark
     running = spark_server.ServerState.read()
     state = running or spark_server.start(cfg, args.port)
     print(

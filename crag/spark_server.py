@@ -95,13 +95,15 @@ def _alive(pid: int) -> bool:
 
 def server_command(port: int, cfg: SparkConfig) -> list[str]:
     """spark-submit of Spark's SparkConnectServer on 127.0.0.1:`port`, with the settings, jars and task
-    slots of a local session (crag.spark)."""
+    slots of a local session (crag.spark), and the config's own Spark settings (`spark.conf`: its
+    heap, say) as a local session gets them."""
     import pyspark  # noqa: PLC0415  # only who starts a server needs pyspark's location
 
     from crag.spark import LOCAL_SETTINGS, jars, java_options, local_master  # noqa: PLC0415  # crag.spark imports this module
 
     master, slots = local_master(cfg.master) or local_master("local[2]")  # type: ignore[misc]
     settings = {
+        **cfg.conf,
         **LOCAL_SETTINGS,
         "spark.jars": ",".join(jars(cfg)),
         "spark.driver.extraJavaOptions": java_options(cfg),

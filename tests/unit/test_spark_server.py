@@ -51,3 +51,29 @@ def test_the_code_fingerprint_changes_when_a_source_file_does(tmp_path, monkeypa
     time.sleep(0.01)
     (tmp_path / "a.py").write_text("x = 22\n")
     assert spark_server.code_fingerprint() != before
+
+
+def test_crag_spark_start_gives_the_server_the_configs_own_spark_settings(home, tmp_path, monkeypatch, capsys):
+    """`crag spark start --set spark.conf.KEY=VALUE` (or a --conf file's spark.conf) reaches the server's
+    spark-submit, as a local session gets it: a bigger heap for a server that serves many runs, say.
+    crag's own settings stay crag's."""
+    from crag.cli import main
+    from crag.spark import LOCAL_SETTINGS
+
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    (jars / "delta-spark_4.2_2.13-4.4.0.jar").write_bytes(b"jar")
+    started: list = []
+
+    def start(cfg, port=None):
+        started.append(spark_server.server_command(15002, cfg))
+        return ServerState(os.getpid(), 15002, spark_server.code_fingerprint(), "log")
+
+    monkeypatch.setattr(spark_server, "start", start)
+    overrides = ["--set", "spark.conf.spark.driver.memory=3g", "--set", f"spark.jars_dir={jars}"]
+    assert main(["spark", "start", *overrides]) == 0
+    (command,) = started
+    settings = [command[i + 1] for i, arg in enumerate(command) if arg == "--conf"]
+    assert "spark.driver.memory=3g" in settings
+    assert f"spark.sql.codegen.factoryMode={LOCAL_SETTINGS['spark.sql.codegen.factoryMode']}" in settings
+    assert "started at sc://" in capsys.readouterr().out
