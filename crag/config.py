@@ -844,12 +844,15 @@ def deep_merge(base: dict, overlay: dict) -> dict:
 MAX_YAML_VALUES = 10_000
 
 
-class _ConfigLoader(yaml.CSafeLoader):
+# libyaml's parser (PyYAML's wheels carry it): 15x faster than PyYAML's pure-Python one, a few
+# milliseconds of every command's config, and it refuses nesting deeper than 1,000 levels itself, where
+# the Python parser recursed to Python's limit. A PyYAML built without it parses in Python.
+_SAFE_LOADER: type = yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
+
+
+class _ConfigLoader(_SAFE_LOADER):
     """safe_load that refuses a document whose aliases refer to themselves or expand past
-    MAX_YAML_VALUES values, before anything is built from it. It parses with libyaml (PyYAML's
-    wheels carry it): 15x faster than PyYAML's pure-Python parser, a few milliseconds of every
-    command's config, and it refuses nesting deeper than 1,000 levels itself, where the Python
-    parser recursed to Python's limit."""
+    MAX_YAML_VALUES values, before anything is built from it."""
 
     def construct_document(self, node: yaml.Node) -> Any:
         _count_values(node, {}, set())
