@@ -713,8 +713,10 @@ def command() -> None:
     """The `crag` command (`python -m crag.cli`): main, then the process ends with its exit code. Every
     object the command leaves is frozen first: Python's last garbage collection at exit would otherwise
     walk all of them (pandas, pyarrow, the Spark Connect client), 0.6-0.7 s of a 7 s warm `crag run`,
-    to free memory the exit frees anyway. (Not in `main`, which tests and the bundle's job scripts call
-    in processes that go on.)"""
+    to free memory the exit frees anyway. Objects in reference cycles are then not finalised at exit:
+    crag's files and connections are closed by the command itself, and atexit handlers (logging's
+    flush among them) still run. (Not in `main`, which tests and the bundle's job scripts call in
+    processes that go on.)"""
     code = main()
     gc.freeze()
     sys.exit(code)

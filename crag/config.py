@@ -911,8 +911,10 @@ def safe_yaml(text: str) -> Any:
     contain themselves, and nesting too deep to read (yaml.YAMLError)."""
     try:
         return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 (a SafeLoader)
-    except RecursionError:  # aliases deep in a document: _count_values recurses through them
+    except RecursionError:  # nesting within libyaml's limit: _count_values recurses through it
         raise yaml.YAMLError("nested too deeply") from None
+    except UnicodeEncodeError:  # libyaml takes UTF-8: an argument's undecodable bytes (lone surrogates)
+        raise yaml.YAMLError("not valid UTF-8") from None
 
 
 def _read_yaml(path: Path, what: str) -> dict:

@@ -94,6 +94,17 @@ def test_bad_set_syntax():
         load_config(LOCAL_CONF, ["retriever.k"])
 
 
+def test_a_set_value_of_undecodable_bytes_is_one_line(capsys):
+    """Bytes of an argument that are not UTF-8 reach Python as lone surrogates, which libyaml cannot
+    take: one line that names the key, not a traceback, and not the value (it may be a credential)."""
+    from crag.cli import main
+
+    assert main(["ask", "--conf", str(LOCAL_CONF), "--set", "grader.threshold=\udcff\udcfe", "q?"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("crag: error: --set grader.threshold: its value is not valid YAML (not valid UTF-8)")
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
 def test_missing_and_malformed_files(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")
