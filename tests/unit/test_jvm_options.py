@@ -4,20 +4,9 @@ tests/spark/test_session_settings.py)."""
 
 from __future__ import annotations
 
-import pytest
-
 from crag.config import SparkConfig
 from crag.spark import C1_ONLY, LOCAL_SETTINGS, class_archive, java_options
 from crag.spark_server import server_command
-
-
-@pytest.fixture
-def jars_dir(tmp_path):
-    folder = tmp_path / "jars"
-    folder.mkdir()
-    for name in ("delta-spark_4.2_2.13-4.4.0.jar", "delta-storage-4.4.0.jar"):
-        (folder / name).write_bytes(b"jar")
-    return folder
 
 
 def test_every_jvm_crag_starts_gets_c1_alone_unless_it_keeps_the_tiered_jit(jars_dir):

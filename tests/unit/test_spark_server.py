@@ -53,16 +53,13 @@ def test_the_code_fingerprint_changes_when_a_source_file_does(tmp_path, monkeypa
     assert spark_server.code_fingerprint() != before
 
 
-def test_crag_spark_start_gives_the_server_the_configs_own_spark_settings(home, tmp_path, monkeypatch, capsys):
+def test_crag_spark_start_gives_the_server_the_configs_own_spark_settings(home, jars_dir, monkeypatch, capsys):
     """`crag spark start --set spark.conf.KEY=VALUE` (or a --conf file's spark.conf) reaches the server's
     spark-submit, as a local session gets it: a bigger heap for a server that serves many runs, say.
     crag's own settings stay crag's."""
     from crag.cli import main
     from crag.spark import LOCAL_SETTINGS
 
-    jars = tmp_path / "jars"
-    jars.mkdir()
-    (jars / "delta-spark_4.2_2.13-4.4.0.jar").write_bytes(b"jar")
     started: list = []
 
     def start(cfg, port=None):
@@ -70,7 +67,7 @@ def test_crag_spark_start_gives_the_server_the_configs_own_spark_settings(home, 
         return ServerState(os.getpid(), 15002, spark_server.code_fingerprint(), "log")
 
     monkeypatch.setattr(spark_server, "start", start)
-    overrides = ["--set", "spark.conf.spark.driver.memory=3g", "--set", f"spark.jars_dir={jars}"]
+    overrides = ["--set", "spark.conf.spark.driver.memory=3g", "--set", f"spark.jars_dir={jars_dir}"]
     assert main(["spark", "start", *overrides]) == 0
     (command,) = started
     settings = [command[i + 1] for i, arg in enumerate(command) if arg == "--conf"]
