@@ -133,4 +133,5 @@ if __name__ == "__main__":
         )
         started = time.perf_counter()
         written = write_class_archive(SparkConfig())
-        print(f"crag: wrote {written} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+        done = f"wrote {written}" if written else "another make install wrote it"
+        print(f"crag: {done} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
