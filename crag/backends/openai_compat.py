@@ -169,16 +169,16 @@ def server_facts(client, model: str) -> dict[str, int]:
     `slots` (requests it runs at once) and `gbnf` (1: it takes GBNF grammars), each when it says. Read
     with GET requests that fail quietly: a server that does not answer them is described by the
     config alone."""
+    facts: dict[str, int] = {}
     base = str(client.base_url).rstrip("/")
     parts = urlsplit(base)
     root = urlunsplit((parts.scheme, parts.netloc, parts.path.removesuffix("/v1"), "", ""))
-    facts: dict[str, int] = {}
     props = _get_json(client, f"{root}/props")  # llama.cpp's server
-    models = _get_json(client, f"{base}/models")  # vLLM: max_model_len of each model
     settings = props.get("default_generation_settings") if isinstance(props, dict) else None
     context = (settings or {}).get("n_ctx") if isinstance(settings, dict) else None
     if isinstance(props, dict) and isinstance(props.get("total_slots"), int):
         facts["slots"], facts["gbnf"] = props["total_slots"], 1
+    models = _get_json(client, f"{base}/models")  # vLLM: max_model_len of each model
     for entry in models.get("data", []) if isinstance(models, dict) else []:
         if isinstance(entry, dict) and entry.get("id") == model and isinstance(entry.get("max_model_len"), int):
             context = context or entry["max_model_len"]
