@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 
 import pytest
 
@@ -24,11 +23,19 @@ DEADLINE_S = 5
 START_S = 60
 
 
+class SilentPort(int):
+    """A silent server's port, which also tells when a client has connected to it."""
+
+    connected: threading.Event
+
+
 @pytest.fixture
 def silent_server():
     """A port that accepts connections and never says anything."""
     listener = socket.create_server(("127.0.0.1", 0))
     held: list[socket.socket] = []
+    port = SilentPort(listener.getsockname()[1])
+    port.connected = threading.Event()
 
     def accept():
         while True:
@@ -36,9 +43,10 @@ def silent_server():
                 held.append(listener.accept()[0])
             except OSError:
                 return
+            port.connected.set()
 
     threading.Thread(target=accept, daemon=True).start()
-    yield listener.getsockname()[1]
+    yield port
     listener.close()
     for connection in held:
         connection.close()
@@ -105,8 +113,8 @@ def test_a_token_to_a_server_without_tls_is_one_line_without_the_token(http_serv
 def test_sigterm_ends_a_command_that_waits_for_a_silent_server(silent_server, tmp_path):
     """A deadline of an hour: SIGTERM, not the deadline, ends the wait, and nothing is called at exit."""
     process = _eval_on(f"sc://127.0.0.1:{silent_server}", tmp_path, deadline_s=3600)
-    time.sleep(START_S / 4)  # started, and waiting for the server
-    assert process.poll() is None, process.communicate()
+    # started, and waiting for the server's answer
+    assert silent_server.connected.wait(START_S) and process.poll() is None, process.communicate()
     os.killpg(process.pid, signal.SIGTERM)
     code, err = ended(process, 30)
     assert code == 143 and err == "crag: terminated (SIGTERM)\n", err
