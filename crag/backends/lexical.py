@@ -62,7 +62,8 @@ class LexicalScorer:
             terms,
             [self.weights.idf(t) for t in terms],
             [_folded(k) for k in keywords(question)],
-            self._tokens(question),
+            # uncached: a question is tokenized here once, and caching them grew each worker with the run
+            self._token_set(question),
         )
 
     def evidence(self, question: QuestionTerms, title: str | None, text: str) -> Evidence:
