@@ -54,9 +54,11 @@ def warm_up(spark, folder: Path) -> float:
 
 
 def _warm_workers(spark) -> None:
-    """A Python worker per task slot, each with crag's stage modules imported (Spark reuses its
-    workers: a run's tasks find them loaded)."""
-    slots = parallelism(spark, SparkConfig()) + 1
+    """A Python worker per task slot of a batch (crag.spark.parallelism), each with crag's stage modules
+    imported (Spark reuses its workers: a run's tasks find them loaded). Not one for the slot left to
+    the run's commits: Spark hands its idle workers out in turn, so a third would take batches too and
+    load the indexes a third time (half a gigabyte at bench/scale.py's size)."""
+    slots = parallelism(spark, SparkConfig())
 
     def load(batches):
         import crag.spark  # noqa: F401, PLC0415  # what every task of a run imports

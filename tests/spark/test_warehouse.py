@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable
 
 from crag import schema
@@ -75,7 +76,7 @@ def test_a_dotted_folder_name_that_does_not_exist_yet_is_one_line(
     assert "no catalog 'results' (it has spark_catalog): for a local folder, give ./results.v2" in err
 
 
-def test_two_runs_write_the_same_warehouse_at_once(spark, tmp_path, index_overrides):
+def test_two_runs_write_the_same_warehouse_at_once(spark, tmp_path, index_overrides, sample_run):
     errors, results = [], {}
 
     def one(run_id, extra):
@@ -109,3 +110,10 @@ def test_two_runs_write_the_same_warehouse_at_once(spark, tmp_path, index_overri
     for run_id in results:
         mine = answers[answers["run_id"] == run_id]
         assert len(grades[grades["run_id"] == run_id]) == mine["n_retrieved"].sum() + mine["n_web"].sum()
+    # Seven batches each, their metrics summed batch by batch: the metrics the shared sample run (the
+    # same config and questions, in one batch) has
+    metric = ["metric", "slice", "value", "n"]
+    left = run_rows(tmp_path, "metrics", "left")[metric].sort_values(metric[:2]).reset_index(drop=True)
+    whole = run_rows(sample_run.warehouse, "metrics")[metric].sort_values(metric[:2]).reset_index(drop=True)
+    assert len(left) > 50 and left[["metric", "slice", "n"]].equals(whole[["metric", "slice", "n"]])
+    assert left["value"].to_numpy() == pytest.approx(whole["value"].to_numpy(), abs=1e-12)
