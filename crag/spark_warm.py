@@ -56,8 +56,8 @@ def warm_up(spark, folder: Path) -> float:
 def _warm_workers(spark) -> None:
     """A Python worker per task slot of a batch (crag.spark.parallelism), each with crag's stage modules
     imported (Spark reuses its workers: a run's tasks find them loaded). Not one for the slot left to
-    the run's commits: Spark hands its idle workers out in turn, so a third would take batches too and
-    load the indexes a third time (half a gigabyte at bench/scale.py's size)."""
+    the run's commits: Spark hands its idle workers out in turn, so that one would take batches too and
+    load the indexes once more (half a gigabyte at bench/scale.py's size)."""
     slots = parallelism(spark, SparkConfig())
 
     def load(batches):
