@@ -37,7 +37,7 @@ from crag.ids import run_id_or_new
 from crag.ledger import Ledger
 from crag.progress import phase
 from crag.questions import read_questions, validate
-from crag.spark import get_spark
+from crag.spark import batch_tasks, get_spark
 from crag.tracking import check_tracking, log_run, preload
 from crag.warehouse import Warehouse, is_catalog_schema
 
@@ -110,7 +110,12 @@ def prepare(
         if spark is None:
             backends_built.result()
         wh = Warehouse(spark or get_spark(cfg.spark), warehouse, cfg.tables)
-        checked = validate(wh.spark, read_questions(wh.spark, questions), cfg.input.max_question_chars, questions)
+        raw = read_questions(wh.spark, questions)
+        # Checked once, lazily: the first batch's answering and the input's storage read it at once,
+        # and share the one computation (their Python checks would otherwise run side by side, in
+        # more Python workers than a batch has tasks: see validate)
+        checked = validate(wh.spark, raw, cfg.input.max_question_chars, questions, batch_tasks(wh.spark, cfg))
+        checked = checked.localCheckpoint(eager=False)
         backends_built.result()
     preload(cfg.mlflow, warehouse)  # after the backends, some of which import MLflow themselves
     # Nothing is written before here: a bad config, index or input leaves the warehouse as it was. The

@@ -475,16 +475,19 @@ def _checked(record: dict, max_chars: int) -> dict:
 # ------------------------------------------------------------------ the whole table (Spark)
 
 
-def validate(spark, raw, max_chars: int, source: str):
+def validate(spark, raw, max_chars: int, source: str, tasks: int | None = None):
     """The checked rows of the whole table (RUN_INPUTS without run_id), in Spark: each row numbered by
     its position in the input (0-based; blank JSONL lines not counted), checked on its own, and of rows
     sharing a question_id the first that passes its checks kept and the later ones rejected. `source`:
-    where the rows came from (a path or a table name), for the messages."""
+    where the rows came from (a path or a table name), for the messages. `tasks`: at most so many
+    partitions are checked at once (a batch's tasks): the checks run in the Python workers that
+    answer the batches, and Spark starts one for every task that runs at once and hands them out in
+    turn, so a third worker would load the indexes too (half a gigabyte at bench/scale.py's size)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    numbered = _numbered(spark, raw, source)
+    numbered = _numbered(spark, raw.coalesce(tasks) if tasks else raw, source)
 
     def check(frames):
         for frame in frames:

@@ -99,6 +99,30 @@ def test_rows_are_numbered_in_input_order_across_partitions(spark, tmp_path):
     assert out["reason"].isna().all()
 
 
+def test_a_file_read_in_more_splits_than_a_batch_has_tasks_keeps_its_row_numbers(spark, tmp_path):
+    """The checks run in at most `tasks` partitions (crag.job: no more Python workers than a batch's
+    tasks), the file's splits merged: each row keeps the number of its line."""
+    rows = [{"question_id": f"q{i:05d}", "question": f"question {i}?"} for i in range(3000)]
+    path = tmp_path / "many.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    previous = spark.conf.get("spark.sql.files.maxPartitionBytes")
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "20000")  # about ten splits of the file
+    try:
+        raw = read_questions(spark, str(path))
+        assert raw.rdd.getNumPartitions() > 4
+        merged = validate(spark, raw, 100, "many.jsonl", tasks=2).toPandas()
+        split = validate(spark, raw, 100, "many.jsonl").toPandas()
+    finally:
+        spark.conf.set("spark.sql.files.maxPartitionBytes", previous)
+    assert (merged["question_id"] == merged["input_row"].map(lambda i: f"q{i:05d}")).all()
+    assert sorted(merged["input_row"]) == list(range(3000))
+    columns = ["input_row", "question_id", "question", "reason"]
+    pd.testing.assert_frame_equal(
+        merged.sort_values("input_row")[columns].reset_index(drop=True),
+        split.sort_values("input_row")[columns].reset_index(drop=True),
+    )
+
+
 def test_duplicates_keep_the_first_and_every_row_is_accounted_for(spark, tmp_path):
     rows = [
         {"question_id": "x", "question": "a?"},
