@@ -24,7 +24,7 @@ from crag.errors import describe
 from crag.evaluation import metric_sums, metrics_of, store_metrics
 from crag.ledger import Heartbeat
 from crag.progress import LiveProgress, ProgressReporter, phase
-from crag.spark import batch_tasks, new_cache_rows, run_stages, with_stored_results
+from crag.spark import new_cache_rows, run_stages, with_stored_results
 from crag.warehouse import in_generation
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ def answer(plan: RunPlan, progress: bool | None, heartbeat: Heartbeat) -> dict[s
     totals Spark observed."""
     from crag.resume import answered_so_far, first_unanswered  # noqa: PLC0415  # only a resume pays for these
 
-    tasks, totals = batch_tasks(plan.warehouse.spark, plan.cfg), dict[str, int]()
+    tasks, totals = plan.tasks, dict[str, int]()
     live = LiveProgress(ProgressReporter(enabled=progress, desc="crag: questions"))
     with live, ThreadPoolExecutor(2, "crag-commit") as pool:
         if plan.resume:

@@ -58,6 +58,7 @@ class RunPlan:
     # the warehouse's tables checked (and created): before the run's first write
     tables_ready: Future = field(default_factory=finished)
     resume: bool = False
+    tasks: int = 1  # a batch's tasks (crag.spark.batch_tasks), which also check the input
     fresh: bool = True  # the run id was new: no earlier generation to forget
     input_rows: int = 0
     accepted: int = 0
@@ -110,18 +111,19 @@ def prepare(
         if spark is None:
             backends_built.result()
         wh = Warehouse(spark or get_spark(cfg.spark), warehouse, cfg.tables)
+        tasks = batch_tasks(wh.spark, cfg)
         raw = read_questions(wh.spark, questions)
         # Checked once, lazily: the first batch's answering and the input's storage read it at once,
         # and share the one computation (their Python checks would otherwise run side by side, in
         # more Python workers than a batch has tasks: see validate)
-        checked = validate(wh.spark, raw, cfg.input.max_question_chars, questions, batch_tasks(wh.spark, cfg))
+        checked = validate(wh.spark, raw, cfg.input.max_question_chars, questions, tasks)
         checked = checked.localCheckpoint(eager=False)
         backends_built.result()
     preload(cfg.mlflow, warehouse)  # after the backends, some of which import MLflow themselves
     # Nothing is written before here: a bad config, index or input leaves the warehouse as it was. The
     # tables are checked beside the first batch's answering, before the claim.
     ledger = Ledger(wh, cfg, run_id, variant or "base")
-    plan = RunPlan(cfg, ledger, secrets, checked, _in_background(wh.prepare, tables), resume)
+    plan = RunPlan(cfg, ledger, secrets, checked, _in_background(wh.prepare, tables), resume, tasks)
     if resume:
         from crag.resume import continue_run  # noqa: PLC0415  # only a resume pays for its checks
 
