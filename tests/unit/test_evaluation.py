@@ -1,4 +1,5 @@
 import re
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -144,9 +145,14 @@ def _tables():
     return answers, grades, gold
 
 
+def _value(metrics: pd.DataFrame, metric: str, slice_: str = "all") -> float:
+    """A metric's value in `evaluate`'s rows indexed by (metric, slice)."""
+    return metrics.loc[(metric, slice_), "value"]
+
+
 def test_evaluate_by_hand():
     m = evaluate(*_tables()).set_index(["metric", "slice"])
-    value = lambda metric, s="all": m.loc[(metric, s), "value"]  # noqa: E731
+    value = partial(_value, m)
     assert value("answer_contained") == 0.5 and m.loc[("answer_contained", "all"), "n"] == 2
     assert value("routing_accuracy") == pytest.approx(2 / 3)  # a right, b wrong (no web source), c refused
     assert value("refusal_correct") == 1.0 and value("refused") == pytest.approx(1 / 3)
@@ -238,7 +244,7 @@ def test_action_accuracy_and_confusion_by_hand():
     )
     answers, gold = pd.concat([answers, more], ignore_index=True), pd.concat([gold, more_gold], ignore_index=True)
     m = evaluate(answers, grades, gold).set_index(["metric", "slice"])
-    value = lambda metric, s="all": m.loc[(metric, s), "value"]  # noqa: E731
+    value = partial(_value, m)
     # a correct (right), b correct (wrong: web expected), d ambiguous (wrong), e incorrect (right);
     # c (expected none) has no right action and is left out
     assert value("action_accuracy") == 0.5 and m.loc[("action_accuracy", "all"), "n"] == 4
