@@ -372,9 +372,12 @@ class Warehouse:
         the stored table are created with it."""
         path = self.path(table)
         if path is not None:
-            from deltalake import write_deltalake  # noqa: PLC0415  # only a local warehouse creates with it
+            from deltalake import CommitProperties, write_deltalake  # noqa: PLC0415  # only a local warehouse
 
-            write_deltalake(str(path), pa.Table.from_pylist([], schema=self.columns(table)), mode="error")
+            # No retry: delta-rs would commit a creation that lost the race as the table's next version
+            # (seen: of six creators at once, two "created" the table, as its versions 0 and 1)
+            empty = pa.Table.from_pylist([], schema=self.columns(table))
+            write_deltalake(str(path), empty, mode="error", commit_properties=CommitProperties(max_commit_retries=0))
             self._created.add(table)
             return
         self.empty(table).writeTo(self.name(table)).using("delta").create()
