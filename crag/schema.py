@@ -388,7 +388,8 @@ MEANINGS = {
     "retrieval_score": "the retriever's score (null when the retriever gives none)",
     "relevance": "the grader's relevance, 0..1",
     "grade": "`yes` (relevant) or `no`",
-    "parse_status": "how the grader's output was read: `ok`, `repaired` or `failed` (unreadable: counted irrelevant)",
+    "parse_status": "how the grader's output was read: `ok`, `repaired` or `failed` (unreadable: counted irrelevant), "
+    "or `not_graded` (the grading call failed: no grade or relevance)",
     "rationale": "the grader's reasons (the lexical and semantic graders: the signals behind the relevance)",
     "raw_output": "the model's reply as received (null for the embedded graders)",
     "grader": "the grader's backend or model endpoint",
@@ -412,8 +413,9 @@ MEANINGS = {
     "finished_at": "when its outcome was recorded (UTC; null while it runs)",
     "status": "`running`, `succeeded` or `failed`",
     "counts": "the run's totals: input_rows, accepted, rejected, refused, errors, search_calls, llm_calls, "
-    "prompt_tokens, completion_tokens, retries, cache_hits, relevant_docs, action_*, route_*, grade_parse_* "
-    "(the last three only where not 0)",
+    "prompt_tokens, completion_tokens, retries, cache_hits, queued_calls, queue_ms, relevant_docs, action_*, "
+    "route_*, grade_parse_*, and calls_ms_le_* / calls_ms_over_* (remote calls per latency bucket) (the last "
+    "four only where not 0)",
     "attempt": "the attempt that holds the run (its lease): only it may write the run's rows",
     "owner": "the holding process, `host:pid`",
     "heartbeat_at": "the holder's last heartbeat (UTC); a run silent for `tables.stale_run_after_s` may be taken over",

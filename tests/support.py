@@ -79,8 +79,8 @@ def databricks_grader(kb: str, web: str) -> list[str]:
 
 def copy_warehouse(warehouse, to: Path) -> Path:
     """A copy of a shared run's warehouse (tests/spark/conftest.py), for a test that writes to it: its
-    tables are plain Delta folders, and crag registers each folder under a schema of its own path, so the
-    copy is a warehouse apart."""
+    tables are plain Delta folders, and crag names each table by its path, so the copy is a warehouse
+    apart."""
     shutil.copytree(warehouse, to)
     return to
 
