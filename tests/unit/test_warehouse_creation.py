@@ -48,7 +48,7 @@ def test_of_writers_creating_a_table_at_once_one_commits_its_creation(tmp_path):
 def test_prepare_creates_a_new_folders_tables_without_spark(tmp_path):
     """A new local warehouse's tables are created (and so not read back) by delta-rs: no Spark session
     is needed to prepare them."""
-    wh = Warehouse(None, str(tmp_path / "wh"))
-    wh.prepare(("runs", "inputs", "results", "metric_values"))
-    for table in ("runs", "inputs", "results", "metric_values"):
+    wh, tables = Warehouse(None, str(tmp_path / "wh")), ("runs", "inputs", "results", "metric_values")
+    wh.prepare(tables)
+    for table in tables:
         assert DeltaTable(str(tmp_path / "wh" / table)).schema().to_arrow().names == schema.TABLES[table].names
