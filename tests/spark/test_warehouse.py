@@ -86,7 +86,7 @@ def test_two_runs_write_the_same_warehouse_at_once(spark, tmp_path, index_overri
                 str(SAMPLE_QUESTIONS),
                 str(tmp_path),
                 run_id=run_id,
-                overrides=[*index_overrides, "spark.batch_questions=7", "spark.batch_seconds=null", *extra],
+                overrides=[*index_overrides, "spark.batch_questions=17", "spark.batch_seconds=null", *extra],
                 spark=spark,
             )
         except Exception as exc:  # the assertion below shows it
@@ -110,7 +110,7 @@ def test_two_runs_write_the_same_warehouse_at_once(spark, tmp_path, index_overri
     for run_id in results:
         mine = answers[answers["run_id"] == run_id]
         assert len(grades[grades["run_id"] == run_id]) == mine["n_retrieved"].sum() + mine["n_web"].sum()
-    # Seven batches each, their metrics summed batch by batch: the metrics the shared sample run (the
+    # Three batches each, their metrics summed batch by batch: the metrics the shared sample run (the
     # same config and questions, in one batch) has
     metric = ["metric", "slice", "value", "n"]
     left = run_rows(tmp_path, "metrics", "left")[metric].sort_values(metric[:2]).reset_index(drop=True)
