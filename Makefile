@@ -86,8 +86,9 @@ lint: $(STAMP)
 sample: install .crag/indexes/sample_kb/manifest.json .crag/indexes/sample_web/manifest.json
 	$(BIN)/python jobs/crag_batch.py --conf $(CONF) --questions data/sample/questions.jsonl --warehouse .crag/warehouse
 
+# Two workers, one per group of tiers (tests/conftest.py): the JVM's tiers beside the tiers that wait
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 test-llm: install $(LLM_VENV)/.installed
 	CRAG_LLM_PYTHON=$(LLM_VENV)/bin/python $(BIN)/python -m pytest -q --durations=0 tests/llm

@@ -21,6 +21,26 @@ collect_ignore = [] if os.environ.get("CRAG_LLM_PYTHON") else ["llm"]
 sys.path.insert(0, str(Path(__file__).parent))
 
 
+# The tiers whose tests use a JVM (the session's Spark, and the warm Spark Connect server beside it).
+JVM_TIERS = ("spark", "bench", "llm")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs two pytest-xdist workers (`-n 2 --dist loadgroup`) in two groups: one worker takes
+    the tiers that use a JVM, the other the tiers that must not (tests/unit, tests/slow), whose tests
+    mostly wait (time limits, child processes) while the JVM works. (Groups by tier, not by xdist_group
+    marks: pytest-xdist 3.8 marks a group in the test's node id, which pytest 9.2 no longer lets it set.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByTier(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "jvm" if nodeid.split("/")[1] in JVM_TIERS else "no-jvm"
+
+    return ByTier(config, log)
+
+
 def _jvm_gateway():
     """The JVM gateway pyspark has started in this process, if any."""
     context = sys.modules.get("pyspark.core.context")
