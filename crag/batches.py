@@ -22,7 +22,7 @@ import pandas as pd
 from crag.counts import aggregates, id_fingerprint
 from crag.errors import describe
 from crag.evaluation import metric_sums, metrics_of, store_metrics
-from crag.ledger import Heartbeat
+from crag.ledger import Heartbeat, Ledger
 from crag.progress import LiveProgress, ProgressReporter, phase
 from crag.spark import new_cache_rows, run_stages, with_stored_results
 from crag.warehouse import in_generation
@@ -65,17 +65,21 @@ def take_totals(plan: RunPlan, totals: dict) -> None:
 
 def store_input(plan: RunPlan) -> None:
     """The checked input stored under the run's generation, its totals observed while it is written."""
+    rows = input_rows(plan.checked, plan.ledger)
+    take_totals(plan, plan.warehouse.append_observed("inputs", rows, input_totals()))
+
+
+def input_rows(checked, ledger: Ledger):
+    """The checked input's rows as `inputs` stores them: under the run's id, generation and variant."""
     from pyspark.sql import functions as F  # noqa: PLC0415
 
-    ledger = plan.ledger
-    rows = plan.checked.select(
+    return checked.select(
         F.lit(ledger.run_id).alias("run_id"),
         F.lit(ledger.generation).alias("generation"),
         F.lit(ledger.variant).alias("variant"),
         "*",
         F.current_timestamp().alias("created_at"),
     )
-    take_totals(plan, plan.warehouse.append_observed("inputs", rows, input_totals()))
 
 
 def hold(plan: RunPlan, heartbeat: Heartbeat) -> None:
