@@ -1,4 +1,4 @@
-"""A warm Spark: the JVM's first Delta commits are slow.
+"""A warm Spark: the JVM's first Delta commits, and its first plan of a run's question checks, are slow.
 
 A new JVM spends seconds on its first MERGE, append and table creation (loading and compiling
 Delta's code); a cluster that has run a job before has paid that. `crag spark start` pays it once for
@@ -36,7 +36,8 @@ from crag.warehouse import Warehouse
 
 
 def warm_up(spark, folder: Path) -> float:
-    """The Delta operations a run makes, once each, on a scratch warehouse; the seconds they took."""
+    """The Delta operations a run makes, once each, and its check of a question file, on a scratch
+    warehouse; the seconds they took."""
     t0 = time.perf_counter()
     wh = Warehouse(spark, str(folder))
     wh.prepare(("runs", "inputs", "results", "metric_values"))  # creations and their checks
