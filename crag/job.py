@@ -36,7 +36,7 @@ from crag.evaluation import metric_sums, metrics_of, store_metrics
 from crag.ids import run_id_or_new
 from crag.ledger import Ledger
 from crag.progress import phase
-from crag.questions import read_questions, validate
+from crag.questions import checked_input
 from crag.spark import batch_tasks, get_spark
 from crag.tracking import check_tracking, log_run, preload
 from crag.warehouse import Warehouse, is_catalog_schema
@@ -112,12 +112,7 @@ def prepare(
             backends_built.result()
         wh = Warehouse(spark or get_spark(cfg.spark), warehouse, cfg.tables)
         tasks = batch_tasks(wh.spark, cfg)
-        raw = read_questions(wh.spark, questions)
-        # Checked once, lazily: the first batch's answering and the input's storage read it at once,
-        # and share the one computation (their Python checks would otherwise run side by side, in
-        # more Python workers than a batch has tasks: see validate)
-        checked = validate(wh.spark, raw, cfg.input.max_question_chars, questions, tasks)
-        checked = checked.localCheckpoint(eager=False)
+        checked = checked_input(wh.spark, questions, cfg.input.max_question_chars, tasks)
         backends_built.result()
     preload(cfg.mlflow, warehouse)  # after the backends, some of which import MLflow themselves
     # Nothing is written before here: a bad config, index or input leaves the warehouse as it was. The

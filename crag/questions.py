@@ -475,6 +475,13 @@ def _checked(record: dict, max_chars: int) -> dict:
 # ------------------------------------------------------------------ the whole table (Spark)
 
 
+def checked_input(spark, source: str, max_chars: int, tasks: int):
+    """The rows of `source` read and checked (`validate`), once and lazily: a run's first batch and the
+    storage of its input read them at once and share the one computation (their Python checks would
+    otherwise run side by side, in more Python workers than a batch has tasks: see validate)."""
+    return validate(spark, read_questions(spark, source), max_chars, source, tasks).localCheckpoint(eager=False)
+
+
 def validate(spark, raw, max_chars: int, source: str, tasks: int | None = None):
     """The checked rows of the whole table (RUN_INPUTS without run_id), in Spark: each row numbered by
     its position in the input (0-based; blank JSONL lines not counted), checked on its own, and of rows

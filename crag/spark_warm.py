@@ -30,7 +30,7 @@ from crag.batches import input_rows, input_totals
 from crag.config import CragConfig, SparkConfig
 from crag.errors import CragError
 from crag.ledger import Ledger
-from crag.questions import read_questions, validate
+from crag.questions import checked_input
 from crag.spark import QUIET_ARCHIVE, class_archive, java_options, new_session, parallelism
 from crag.warehouse import Warehouse
 
@@ -62,9 +62,8 @@ def _store_checked_questions(spark, wh: Warehouse, ledger: Ledger, folder: Path)
     JVM's first plan of the checks took a run 1.1 s, where later ones take 0.2 s."""
     questions = folder / "questions.jsonl"
     questions.write_text('{"question_id": "q1", "question": "Which river?"}\n', encoding="utf-8")
-    tasks = parallelism(spark, SparkConfig())
-    checked = validate(spark, read_questions(spark, str(questions)), 100, str(questions), tasks)
-    wh.append_observed("inputs", input_rows(checked.localCheckpoint(eager=False), ledger), input_totals())
+    checked = checked_input(spark, str(questions), 100, parallelism(spark, SparkConfig()))
+    wh.append_observed("inputs", input_rows(checked, ledger), input_totals())
 
 
 def _warm_workers(spark) -> None:
