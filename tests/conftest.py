@@ -21,8 +21,9 @@ collect_ignore = [] if os.environ.get("CRAG_LLM_PYTHON") else ["llm"]
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-# The tiers whose tests use a JVM (the session's Spark, and the warm Spark Connect server beside it).
-JVM_TIERS = ("spark", "bench", "llm")
+# The tiers whose tests run without a JVM in their process (the others use the session's Spark, and the
+# warm Spark Connect server beside it).
+NO_JVM_TIERS = ("unit", "slow")
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -36,7 +37,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ByTier(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "jvm" if nodeid.split("/")[1] in JVM_TIERS else "no-jvm"
+            return "no-jvm" if nodeid.split("/")[1] in NO_JVM_TIERS else "jvm"
 
     return ByTier(config, log)
 
@@ -55,7 +56,7 @@ def no_jvm_outside_the_spark_tier(request):
     before = _jvm_gateway()
     yield
     tier = request.node.path.relative_to(Path(__file__).parent).parts[0]
-    if tier not in ("unit", "slow") or before is not None or _jvm_gateway() is None:
+    if tier not in NO_JVM_TIERS or before is not None or _jvm_gateway() is None:
         return
     context = sys.modules["pyspark.core.context"]
     if context.SparkContext._active_spark_context is not None:
