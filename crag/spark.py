@@ -21,7 +21,7 @@ import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -275,19 +275,35 @@ def _partition_task(config_json: str, secrets: dict[str, str], tasks: int, progr
             if slices is not None:
                 cache = StageCache({e["key"]: e["value"] for entries in frame["cache"] for e in entries})
             serving = with_cache(backends, cache, slices) if cache and slices else backends
-            table = _run_subpipelines(frame[["question_id", "question"]], serving, cfg, count)
-            by_question: dict[str, list] = {}
-            for entry in cache.new if cache else []:
-                by_question.setdefault(entry["question_key"], []).append(entry)
-            entries = pa.array(
-                [by_question.pop(question_key(q), []) for q in frame["question"]],
-                type=schema.STAGE_OUTPUT.field("cache_entries").type,
-            )
-            yield from table.set_column(
-                table.schema.get_field_index("cache_entries"), "cache_entries", entries
-            ).to_batches()
+            new_entries = _NewEntries(cache)
+            for table in _run_subpipelines(frame[["question_id", "question"]], serving, cfg, count):
+                entries = pa.array(new_entries.of(table["question"].to_pylist()), type=_CACHE_ENTRIES)
+                yield from table.set_column(_CACHE_ENTRIES_AT, "cache_entries", entries).to_batches()
 
     return process
+
+
+_CACHE_ENTRIES = schema.STAGE_OUTPUT.field("cache_entries").type
+_CACHE_ENTRIES_AT = schema.STAGE_OUTPUT.get_field_index("cache_entries")
+
+
+class _NewEntries:
+    """The stage-cache entries a task's answering added (StageCache.new), each handed out once, with
+    the first answered question it was filed under: a part's rows carry the entries that are there
+    when the part is done (another part may still be adding entries for the same question text, which
+    go with that part)."""
+
+    def __init__(self, cache: StageCache | None):
+        self._cache, self._seen, self._waiting = cache, 0, dict[str, list]()
+
+    def of(self, questions: list[str]) -> list[list]:
+        if self._cache is None:
+            return [[] for _ in questions]
+        added = self._cache.new[self._seen :]  # appended by the pipeline threads; read by this one only
+        self._seen += len(added)
+        for entry in added:
+            self._waiting.setdefault(entry["question_key"], []).append(entry)
+        return [self._waiting.pop(question_key(q), []) for q in questions]
 
 
 # At most this many questions go through the stages at a time in a pipeline whose share is not set:
@@ -295,12 +311,16 @@ def _partition_task(config_json: str, secrets: dict[str, str], tasks: int, progr
 PART_QUESTIONS = 100
 
 
-def _run_subpipelines(frame: pd.DataFrame, backends, cfg: CragConfig, done: Callable[[int], None]) -> pa.Table:
+def _run_subpipelines(
+    frame: pd.DataFrame, backends, cfg: CragConfig, done: Callable[[int], None]
+) -> Iterator[pa.Table]:
     """The task's questions through `run_pipeline` on `spark.pipelines_per_task` threads, each taking
     the next `spark.questions_per_pipeline` questions (default: an equal share of the task, at most
     PART_QUESTIONS) through all the stages, then the next; `done` hears of each part's questions.
     Small shares keep a question's stages in flight while others are in other stages, so every endpoint
-    stays busy instead of one stage's endpoint at a time."""
+    stays busy instead of one stage's endpoint at a time. Each part's rows are yielded as soon as it is
+    done, in the order the parts end: Spark takes them in while the others are answered, and only the
+    last part's are left to take in after the last reply."""
     threads = max(1, min(cfg.spark.pipelines_per_task, len(frame)))
     size = cfg.spark.questions_per_pipeline or min(math.ceil(len(frame) / threads), PART_QUESTIONS)
     parts = [frame.iloc[i : i + size] for i in range(0, len(frame), size)]
@@ -311,9 +331,11 @@ def _run_subpipelines(frame: pd.DataFrame, backends, cfg: CragConfig, done: Call
         return answered
 
     if threads == 1 or len(parts) == 1:
-        return pa.concat_tables([through_stages(part) for part in parts])
+        yield from (through_stages(part) for part in parts)
+        return
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="crag-pipeline") as pool:
-        return pa.concat_tables(list(pool.map(through_stages, parts)))  # map keeps the parts' order
+        for answered in as_completed([pool.submit(through_stages, part) for part in parts]):
+            yield answered.result()
 
 
 def _grade_rows(graded: list[Document], web: list[Document]) -> list[dict]:

@@ -33,6 +33,19 @@ def test_two_folders_used_in_turn_by_one_session_keep_their_own_rows(spark, tmp_
     assert sorted(r["key"] for r in first.load("stage_cache").collect()) == ["a1", "a2"]
 
 
+def test_reading_a_new_tables_state_writes_nothing_and_creates_no_table(spark, tmp_path):
+    """`load_states` (a run reads the state of the tables it writes last beside its answering) reads
+    only tables this object created: the created one stays at its first version, takes rows after, and
+    a table not created is not made by it."""
+    wh = Warehouse(spark, str(tmp_path / "w"))
+    wh.prepare(("stage_cache",))
+    wh.load_states(("stage_cache", "results"))
+    assert DeltaTable(str(tmp_path / "w" / "stage_cache")).version() == 0
+    assert not (tmp_path / "w" / "results").exists()
+    wh.append("stage_cache", _rows(spark, wh, "k"))
+    assert [r["key"] for r in wh.load("stage_cache").collect()] == ["k"]
+
+
 def test_folders_written_at_once_by_one_session_keep_their_own_rows(spark, tmp_path):
     """Threads of one session (as clients of one Spark Connect server) write three folders at once:
     each folder's tables have names of their own, so no row lands in another folder's files. (With one

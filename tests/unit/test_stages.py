@@ -7,6 +7,7 @@ import threading
 import time
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from crag import schema, stages
@@ -465,16 +466,17 @@ def test_embedded_backends_on_the_sample(sample_backends, sample_config):
 
 
 @pytest.mark.parametrize("threads,per_pipeline", [(3, 2), (4, 1), (2, None)])
-def test_streamed_pipelines_give_the_same_rows_in_order(sample_backends, sample_config, threads, per_pipeline):
+def test_streamed_pipelines_give_the_same_rows(sample_backends, sample_config, threads, per_pipeline):
     """Questions taken a few at a time by several pipeline threads (spark.questions_per_pipeline)
-    come out exactly as one pipeline over the whole partition makes them, in the input's order."""
+    come out exactly as one pipeline over the whole partition makes them, each once, part by part as
+    the parts end."""
     from crag.spark import _run_subpipelines
 
     questions = pd.read_json(f"{SAMPLE}/questions.jsonl", lines=True)
     questions = questions[questions["question"].str.strip().astype(bool)].drop_duplicates("question_id").head(11)
     frame = questions[["question_id", "question"]].reset_index(drop=True)
     reported: list[int] = []
-    one = _run_subpipelines(frame, sample_backends, sample_config, reported.append).to_pandas()
+    one = pa.concat_tables(_run_subpipelines(frame, sample_backends, sample_config, reported.append)).to_pandas()
     cfg = sample_config.model_copy(
         update={
             "spark": sample_config.spark.model_copy(
@@ -483,11 +485,32 @@ def test_streamed_pipelines_give_the_same_rows_in_order(sample_backends, sample_
         }
     )
     reported.clear()
-    streamed = _run_subpipelines(frame, sample_backends, cfg, reported.append).to_pandas()
-    assert list(streamed["question_id"]) == list(frame["question_id"])
+    parts = list(_run_subpipelines(frame, sample_backends, cfg, reported.append))
+    assert sorted(len(part) for part in parts) == sorted(reported)  # each part's rows come out once it is done
+    streamed = pa.concat_tables(parts).to_pandas().set_index("question_id").loc[frame["question_id"]].reset_index()
+    assert list(one["question_id"]) == list(frame["question_id"])
     assert sum(reported) == len(frame) and (per_pipeline is None or max(reported) <= per_pipeline)
     compared = ["question_id", "answer", "action", "route", "n_retrieved", "n_relevant", "n_web"]
     pd.testing.assert_frame_equal(streamed[compared], one[compared])
+
+
+def test_a_tasks_new_cache_entries_go_out_once_with_the_first_part_that_holds_their_question():
+    """Parts leave a task as they end, while other parts still add cache entries: each entry goes out
+    once, with the first part done after it was added that holds its question (none is lost, none
+    doubled)."""
+    from crag.spark import _NewEntries
+
+    cache = StageCache({})
+    new = _NewEntries(cache)
+    cache.put("k1", "grader", "same question?", "1")
+    cache.put("k2", "grader", "later question?", "2")
+    first = new.of(["same question?", "same question?", "other question?"])
+    assert [[e["key"] for e in entries] for entries in first] == [["k1"], [], []]
+    cache.put("k3", "generator", "same question?", "3")  # added by a part still running
+    second = new.of(["later question?", "same question?"])
+    assert [[e["key"] for e in entries] for entries in second] == [["k2"], ["k3"]]
+    assert new.of(["same question?"]) == [[]]
+    assert _NewEntries(None).of(["a?", "b?"]) == [[], []]
 
 
 def test_the_stage_cache_files_every_call_under_its_question_and_counts_its_hits():
