@@ -12,6 +12,7 @@ writes them (crag.counts).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -82,6 +83,10 @@ def input_rows(checked, ledger: Ledger):
     )
 
 
+# The tables a run writes after its last reply: its outcome, its last batch's results, its metrics
+WRITTEN_LAST = ("runs", "results", "metric_values")
+
+
 def hold(plan: RunPlan, heartbeat: Heartbeat) -> None:
     """A new generation's start, beside the first batch's answering: the run claimed (and kept by the
     heartbeat from then on) while its input is stored under the generation, two commits at once
@@ -98,6 +103,20 @@ def hold(plan: RunPlan, heartbeat: Heartbeat) -> None:
             raise
         heartbeat.start()
         stored.result()
+
+
+def _read_states_while_answering(plan: RunPlan, held: Future, answered: threading.Event) -> None:
+    """The state of the tables a run writes after its last reply (WRITTEN_LAST) read while it still
+    answers (Warehouse.load_states), sparing its last commits that work: once the run is held and
+    its answering has gone on for a second more (the batch's tasks have their task slots then, which
+    a read started earlier took from them; a short run's reads would only slow its own commits),
+    table by table until the answering ends."""
+    if held.exception() is not None or answered.wait(1.0):
+        return
+    for table in WRITTEN_LAST:
+        if answered.is_set():
+            return
+        plan.warehouse.load_states((table,))
 
 
 def _forget_input(plan: RunPlan) -> None:
@@ -160,21 +179,30 @@ def answer(plan: RunPlan, progress: bool | None, heartbeat: Heartbeat) -> dict[s
         else:
             held = pool.submit(hold, plan, heartbeat)
             held.add_done_callback(lambda done: _held(plan, done, live))
+        answered = threading.Event()
+        threading.Thread(
+            target=_read_states_while_answering, args=(plan, held, answered), name="crag-states", daemon=True
+        ).start()
         start = first_unanswered(plan) if plan.resume else 0
         batches = Batches(plan.cfg.spark.batch_questions, plan.cfg.spark.batch_seconds, start)
         bounds, number, committing = batches.next(plan.input_rows if held.done() else None), 0, None
-        while bounds is not None:
-            started = time.perf_counter()
-            computed = _compute(plan, number, bounds, tasks, live)
-            held.result()  # the run is this process's, and its input stored
-            if committing is not None:
-                _add(totals, committing.result())
-            heartbeat.check()
-            plan.ledger.check_held()
-            batches.done(min(bounds[1], plan.input_rows) - bounds[0], time.perf_counter() - started)
-            following = batches.next(plan.input_rows)
-            committing = pool.submit(_commit, plan, number, bounds, computed, live, following is None)
-            bounds, number = following, number + 1
+        try:
+            while bounds is not None:
+                started = time.perf_counter()
+                computed = _compute(plan, number, bounds, tasks, live)
+                held.result()  # the run is this process's, and its input stored
+                if committing is not None:
+                    _add(totals, committing.result())
+                heartbeat.check()
+                plan.ledger.check_held()
+                batches.done(min(bounds[1], plan.input_rows) - bounds[0], time.perf_counter() - started)
+                following = batches.next(plan.input_rows)
+                if following is None:
+                    answered.set()
+                committing = pool.submit(_commit, plan, number, bounds, computed, live, following is None)
+                bounds, number = following, number + 1
+        finally:
+            answered.set()
         held.result()
         if committing is not None:
             _add(totals, committing.result())

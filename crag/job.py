@@ -45,8 +45,6 @@ log = logging.getLogger("crag")
 
 # The stored tables a run writes (`stage_cache` too when the cache is on).
 RUN_TABLES = ("runs", "inputs", "results", "metric_values")
-# Those a run writes first with its last batch (a single-batch run: the results; and its metrics)
-LAST_WRITTEN = ("results", "metric_values")
 
 
 @dataclass
@@ -121,7 +119,6 @@ def prepare(
     # tables are checked beside the first batch's answering, before the claim.
     ledger = Ledger(wh, cfg, run_id, variant or "base")
     plan = RunPlan(cfg, ledger, secrets, checked, _in_background(wh.prepare, tables), resume, tasks)
-    _in_background(_load_last_written, plan)
     if resume:
         from crag.resume import continue_run  # noqa: PLC0415  # only a resume pays for its checks
 
@@ -142,13 +139,6 @@ def _in_background(task, *args) -> Future:
 
     threading.Thread(target=work, name="crag-background", daemon=True).start()
     return done
-
-
-def _load_last_written(plan: RunPlan) -> None:
-    """Once the tables are there, the state of those a run writes first at its end (the results of its
-    last batch, its metrics), read beside its answering rather than by its last commits."""
-    if plan.tables_ready.exception() is None:  # a failure is the hold's to report
-        plan.warehouse.load_states(LAST_WRITTEN)
 
 
 def check_resumable_folder(warehouse: Path, run_id: str) -> None:

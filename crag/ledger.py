@@ -222,8 +222,14 @@ class Ledger:
         self.held_at = time.monotonic()
 
     def heartbeat(self) -> Heartbeat:
-        """Beats that keep the run this attempt's while a long step runs (three per stale period)."""
-        return Heartbeat(lambda: self.record("running"), self.cfg.tables.stale_run_after_s / 3)
+        """Beats that keep the run this attempt's while a long step runs (three per stale period); after
+        each, the state of `runs` is read on the beat's thread, rather than by the next write (the
+        outcome's MERGE, after the run's last reply)."""
+        return Heartbeat(self._beat, self.cfg.tables.stale_run_after_s / 3)
+
+    def _beat(self) -> None:
+        self.record("running")
+        self.warehouse.load_states(("runs",))
 
     def check_held(self) -> None:
         """Before a step that writes the run's rows: when this attempt has not proven its hold on the

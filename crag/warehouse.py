@@ -399,16 +399,17 @@ class Warehouse:
                 check.result()
 
     def load_states(self, tables: tuple[str, ...]) -> None:
-        """Delta's state of each of `tables` that this object created (in a local folder), read now:
-        a table's first write otherwise rebuilds it from the log first (0.45 s of a warm JVM's time
-        per table), and a run writes `results` first with its last batch. Best effort: a state not
+        """Delta's state of each of `tables` (those that exist) read now, on the caller's thread: the
+        next write to a table otherwise rebuilds the state of its latest version from the log first (a
+        new table's first append, or a MERGE into `runs` after the claim: 0.45-0.5 s each of a warm
+        JVM's time). A run reads the tables it writes last while it answers. Best effort: a state not
         read here is read by the write."""
         for table in tables:
-            if table in self._created:
-                try:
+            try:
+                if self.exists(table):
                     self.spark.table(self.name(table)).count()
-                except Exception:  # noqa: PERF203  # the write reads it again, and says what is wrong
-                    log.debug("could not read the state of new table %s", table, exc_info=True)
+            except Exception:  # noqa: PERF203  # the write reads it again, and says what is wrong
+                log.debug("could not read the state of table %s", table, exc_info=True)
 
     def _prepare_one(self, table: str) -> None:
         if not self.ensure(table) or table in self._created:

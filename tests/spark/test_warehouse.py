@@ -33,10 +33,9 @@ def test_two_folders_used_in_turn_by_one_session_keep_their_own_rows(spark, tmp_
     assert sorted(r["key"] for r in first.load("stage_cache").collect()) == ["a1", "a2"]
 
 
-def test_reading_a_new_tables_state_writes_nothing_and_creates_no_table(spark, tmp_path):
-    """`load_states` (a run reads the state of the tables it writes last beside its answering) reads
-    only tables this object created: the created one stays at its first version, takes rows after, and
-    a table not created is not made by it."""
+def test_reading_a_tables_state_writes_nothing_and_creates_no_table(spark, tmp_path):
+    """`load_states` (a run reads the state of the tables it writes last while it answers) only reads:
+    the table stays at its version and takes rows after, and a table not there is not made by it."""
     wh = Warehouse(spark, str(tmp_path / "w"))
     wh.prepare(("stage_cache",))
     wh.load_states(("stage_cache", "results"))
