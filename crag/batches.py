@@ -105,13 +105,13 @@ def hold(plan: RunPlan, heartbeat: Heartbeat) -> None:
         stored.result()
 
 
-def _read_states_while_answering(plan: RunPlan, held: Future, answered: threading.Event) -> None:
+def _read_states_while_answering(plan: RunPlan, held: Future, answered: threading.Event, after_s: float = 1.0) -> None:
     """The state of the tables a run writes after its last reply (WRITTEN_LAST) read while it still
     answers (Warehouse.load_states), sparing its last commits that work: once the run is held and
-    its answering has gone on for a second more (the batch's tasks have their task slots then, which
+    its answering has gone on for `after_s` more (the batch's tasks have their task slots then, which
     a read started earlier took from them; a short run's reads would only slow its own commits),
     table by table until the answering ends."""
-    if held.exception() is not None or answered.wait(1.0):
+    if held.exception() is not None or answered.wait(after_s):
         return
     for table in WRITTEN_LAST:
         if answered.is_set():

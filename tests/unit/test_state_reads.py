@@ -1,0 +1,65 @@
+"""The state reads beside a run's answering (crag.batches._read_states_while_answering): the tables a
+run writes after its last reply are read while it answers a long batch, and not at all by a short one,
+whose reads would only slow its own commits."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from types import SimpleNamespace
+
+from crag.batches import WRITTEN_LAST, _read_states_while_answering, finished
+
+WAIT_S = 30  # generous: the machine may be busy
+
+
+class Warehouse:
+    def __init__(self, answered: threading.Event | None = None):
+        self.read: list[str] = []
+        self._answered = answered
+
+    def load_states(self, tables: tuple[str, ...]) -> None:
+        self.read.extend(tables)
+        if self._answered is not None:  # the answering ends while the first table is read
+            self._answered.set()
+
+
+AFTER_S = 0.2  # the answering's time after the hold before the reads start (1 s in a run)
+
+
+def _reader(warehouse: Warehouse, held: Future, answered: threading.Event) -> threading.Thread:
+    plan = SimpleNamespace(warehouse=warehouse)
+    thread = threading.Thread(target=_read_states_while_answering, args=(plan, held, answered, AFTER_S))
+    thread.start()
+    return thread
+
+
+def test_a_long_answering_reads_every_table_written_after_the_last_reply():
+    warehouse, answered = Warehouse(), threading.Event()
+    reader = _reader(warehouse, finished(), answered)
+    reader.join(WAIT_S)
+    assert warehouse.read == list(WRITTEN_LAST) and "runs" in warehouse.read
+
+
+def test_an_answering_over_soon_after_the_hold_reads_nothing():
+    warehouse, answered = Warehouse(), threading.Event()
+    held: Future = Future()
+    reader = _reader(warehouse, held, answered)
+    threading.Event().wait(3 * AFTER_S)  # the hold takes long: the time is counted from its end
+    assert warehouse.read == []
+    answered.set()
+    held.set_result(None)
+    reader.join(WAIT_S)
+    assert warehouse.read == []
+
+
+def test_the_reads_stop_when_the_answering_ends_and_a_failed_hold_reads_nothing():
+    answered = threading.Event()
+    warehouse = Warehouse(answered)
+    _reader(warehouse, finished(), answered).join(WAIT_S)
+    assert warehouse.read == [WRITTEN_LAST[0]]
+    failed: Future = Future()
+    failed.set_exception(RuntimeError("claimed by another process"))
+    untouched = Warehouse()
+    _reader(untouched, failed, threading.Event()).join(WAIT_S)
+    assert untouched.read == []
