@@ -288,10 +288,10 @@ _CACHE_ENTRIES_AT = schema.STAGE_OUTPUT.get_field_index("cache_entries")
 
 
 class _NewEntries:
-    """The stage-cache entries a task's answering added (StageCache.new), each handed out once, with
-    the first answered question it was filed under: a part's rows carry the entries that are there
-    when the part is done (another part may still be adding entries for the same question text, which
-    go with that part)."""
+    """The stage-cache entries a task's answering added (StageCache.new), each handed out once: with
+    the first part handed out after the entry was added that holds the question it is filed under
+    (an entry added for a question text that two parts hold may go with either; the driver keeps
+    each key once)."""
 
     def __init__(self, cache: StageCache | None):
         self._cache, self._seen, self._waiting = cache, 0, dict[str, list]()
@@ -334,8 +334,11 @@ def _run_subpipelines(
         yield from (through_stages(part) for part in parts)
         return
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="crag-pipeline") as pool:
-        for answered in as_completed([pool.submit(through_stages, part) for part in parts]):
-            yield answered.result()
+        try:
+            for answered in as_completed([pool.submit(through_stages, part) for part in parts]):
+                yield answered.result()
+        finally:  # a part that failed fails the task: the parts not started yet are not
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _grade_rows(graded: list[Document], web: list[Document]) -> list[dict]:

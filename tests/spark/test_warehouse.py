@@ -33,12 +33,22 @@ def test_two_folders_used_in_turn_by_one_session_keep_their_own_rows(spark, tmp_
     assert sorted(r["key"] for r in first.load("stage_cache").collect()) == ["a1", "a2"]
 
 
-def test_reading_a_tables_state_writes_nothing_and_creates_no_table(spark, tmp_path):
-    """`load_states` (a run reads the state of the tables it writes last while it answers) only reads:
-    the table stays at its version and takes rows after, and a table not there is not made by it."""
+def test_reading_a_tables_state_runs_spark_writes_nothing_and_creates_no_table(spark, tmp_path):
+    """`load_states` (a run reads the state of the tables it writes last while it answers) reads an
+    existing table with Spark and writes nothing: the table stays at its version and takes rows after;
+    a table not there is not read, nor made."""
     wh = Warehouse(spark, str(tmp_path / "w"))
     wh.prepare(("stage_cache",))
-    wh.load_states(("stage_cache", "results"))
+    context = spark.sparkContext
+    try:
+        context.setJobGroup("crag-test-state-missing", "a missing table's state")
+        wh.load_states(("results",))
+        assert context.statusTracker().getJobIdsForGroup("crag-test-state-missing") == []
+        context.setJobGroup("crag-test-state", "a table's state")
+        wh.load_states(("stage_cache", "results"))
+        assert context.statusTracker().getJobIdsForGroup("crag-test-state")  # the state was read by Spark
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
     assert DeltaTable(str(tmp_path / "w" / "stage_cache")).version() == 0
     assert not (tmp_path / "w" / "results").exists()
     wh.append("stage_cache", _rows(spark, wh, "k"))

@@ -18,6 +18,8 @@ from crag.config import CragConfig, RefinementConfig, load_config
 from crag.spark import to_stage_output
 from tests.support import SAMPLE
 
+WAIT_S = 30  # generous: the machine may be busy
+
 
 def doc(i, text, source="internal"):
     return {
@@ -492,6 +494,33 @@ def test_streamed_pipelines_give_the_same_rows(sample_backends, sample_config, t
     assert sum(reported) == len(frame) and (per_pipeline is None or max(reported) <= per_pipeline)
     compared = ["question_id", "answer", "action", "route", "n_retrieved", "n_relevant", "n_web"]
     pd.testing.assert_frame_equal(streamed[compared], one[compared])
+
+
+def test_a_part_leaves_the_task_as_soon_as_it_is_done(sample_backends, sample_config, monkeypatch):
+    """The parts are yielded in the order they end, not in the input's: a slow first part does not
+    hold back the rows of the parts after it (Spark takes them in while it is answered)."""
+    import crag.spark
+    from crag.spark import _run_subpipelines
+
+    first_done, real = threading.Event(), crag.spark.run_pipeline
+
+    def run_pipeline(part, backends, cfg):
+        if "q-first" in set(part["question_id"]):
+            assert first_done.wait(WAIT_S)  # ends only once a later part has been yielded
+        return real(part, backends, cfg)
+
+    monkeypatch.setattr(crag.spark, "run_pipeline", run_pipeline)
+    frame = pd.DataFrame(
+        {"question_id": ["q-first", "q-second", "q-third"], "question": ["How loud is it?", "Who?", "What?"]}
+    )
+    cfg = sample_config.model_copy(
+        update={"spark": sample_config.spark.model_copy(update={"pipelines_per_task": 3, "questions_per_pipeline": 1})}
+    )
+    order = []
+    for part in _run_subpipelines(frame, sample_backends, cfg, lambda n: None):
+        order.extend(part["question_id"].to_pylist())
+        first_done.set()
+    assert order[-1] == "q-first" and sorted(order) == sorted(frame["question_id"])
 
 
 def test_a_tasks_new_cache_entries_go_out_once_with_the_first_part_that_holds_their_question():

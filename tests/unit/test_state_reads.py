@@ -42,15 +42,20 @@ def test_a_long_answering_reads_every_table_written_after_the_last_reply():
 
 
 def test_an_answering_over_soon_after_the_hold_reads_nothing():
+    """Nothing is read before the run is held, and nothing when the answering ends within `after_s`
+    of the hold (here 30 s, ended 0.2 s after the hold)."""
     warehouse, answered = Warehouse(), threading.Event()
     held: Future = Future()
-    reader = _reader(warehouse, held, answered)
-    threading.Event().wait(3 * AFTER_S)  # the hold takes long: the time is counted from its end
+    plan = SimpleNamespace(warehouse=warehouse)
+    reader = threading.Thread(target=_read_states_while_answering, args=(plan, held, answered, WAIT_S))
+    reader.start()
+    threading.Event().wait(3 * AFTER_S)  # the hold takes long
     assert warehouse.read == []
-    answered.set()
     held.set_result(None)
+    threading.Event().wait(AFTER_S)
+    answered.set()
     reader.join(WAIT_S)
-    assert warehouse.read == []
+    assert not reader.is_alive() and warehouse.read == []
 
 
 def test_the_reads_stop_when_the_answering_ends_and_a_failed_hold_reads_nothing():
