@@ -83,7 +83,10 @@ def input_rows(checked, ledger: Ledger):
     )
 
 
-# The tables a run writes after its last reply: its outcome, its last batch's results, its metrics
+# The tables a run writes after its last reply: its outcome, its last batch's results, its metrics.
+# (Its stage-cache rows too, but their write reads the table first, for the keys it holds already.)
+# Read once, while the run answers: in a run of several batches, each later commit leaves a new
+# version of `results` unread again; the state of `runs` holds (and is read again after each beat).
 WRITTEN_LAST = ("runs", "results", "metric_values")
 
 

@@ -222,9 +222,9 @@ class Ledger:
         self.held_at = time.monotonic()
 
     def heartbeat(self) -> Heartbeat:
-        """Beats that keep the run this attempt's while a long step runs (three per stale period); after
-        each, the state of `runs` is read on the beat's thread, rather than by the next write (the
-        outcome's MERGE, after the run's last reply)."""
+        """Beats that keep the run this attempt's while a long step runs, a third of the stale period
+        after the last one ended; each records the run, then reads the state of `runs` on the beat's
+        thread, rather than leaving that to the next write (the outcome's MERGE, after the last reply)."""
         return Heartbeat(self._beat, self.cfg.tables.stale_run_after_s / 3)
 
     def _beat(self) -> None:
