@@ -520,7 +520,8 @@ def test_a_part_leaves_the_task_as_soon_as_it_is_done(sample_backends, sample_co
     for part in _run_subpipelines(frame, sample_backends, cfg, lambda n: None):
         order.extend(part["question_id"].to_pylist())
         first_done.set()
-    assert order[-1] == "q-first" and sorted(order) == sorted(frame["question_id"])
+    # q-first may end before or after the third part, but never before the part that let it end
+    assert order[0] != "q-first" and sorted(order) == sorted(frame["question_id"])
 
 
 def test_a_tasks_new_cache_entries_go_out_once_with_the_first_part_that_holds_their_question():
