@@ -200,11 +200,9 @@ def answer(plan: RunPlan, progress: bool | None, heartbeat: Heartbeat) -> dict[s
                 plan.ledger.check_held()
                 batches.done(min(bounds[1], plan.input_rows) - bounds[0], time.perf_counter() - started)
                 following = batches.next(plan.input_rows)
-                if following is None:
-                    answered.set()
                 committing = pool.submit(_commit, plan, number, bounds, computed, live, following is None)
                 bounds, number = following, number + 1
-        finally:
+        finally:  # the last batch is answered (its commit submitted), or the answering failed
             answered.set()
         held.result()
         if committing is not None:
