@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from crag.counts import aggregates, id_fingerprint
+from crag.counts import id_fingerprint
 from crag.errors import describe
 from crag.evaluation import metric_sums, metrics_of, store_metrics
 from crag.ledger import Heartbeat, Ledger
@@ -108,14 +108,16 @@ def hold(plan: RunPlan, heartbeat: Heartbeat) -> None:
         stored.result()
 
 
-def _read_states_while_answering(plan: RunPlan, held: Future, answered: threading.Event, after_s: float = 1.0) -> None:
-    """The state of the tables a run writes after its last reply (WRITTEN_LAST) read while it still
-    answers (Warehouse.load_states), sparing its last commits that work: once the run is held and
-    its answering has gone on for `after_s` more (the batch's tasks have their task slots then, which
-    a read started earlier took from them; a short run's reads would only slow its own commits),
-    table by table until the answering ends."""
+def _ready_last_commits(plan: RunPlan, held: Future, answered: threading.Event, after_s: float = 1.0) -> None:
+    """What the commits after a run's last reply would otherwise do first, done while it still answers:
+    the totals they observe built (RunPlan.totals), then the state of the tables they write
+    (WRITTEN_LAST) read (Warehouse.load_states). Once the run is held and its answering has gone on for
+    `after_s` more (the batch's tasks have their task slots then, which a read started earlier took
+    from them; a short run's reads would only slow its own commits), table by table until the
+    answering ends."""
     if held.exception() is not None or answered.wait(after_s):
         return
+    plan.totals  # noqa: B018  # built now, kept on the plan
     for table in WRITTEN_LAST:
         if answered.is_set():
             return
@@ -184,7 +186,7 @@ def answer(plan: RunPlan, progress: bool | None, heartbeat: Heartbeat) -> dict[s
             held.add_done_callback(lambda done: _held(plan, done, live))
         answered = threading.Event()
         threading.Thread(
-            target=_read_states_while_answering, args=(plan, held, answered), name="crag-states", daemon=True
+            target=_ready_last_commits, args=(plan, held, answered), name="crag-ready", daemon=True
         ).start()
         start = first_unanswered(plan) if plan.resume else 0
         batches = Batches(plan.cfg.spark.batch_questions, plan.cfg.spark.batch_seconds, start)
@@ -273,7 +275,7 @@ def _commit(plan: RunPlan, number: int, bounds: tuple[int, int], computed, live:
         beside = [pool.submit(_store_cache_rows, plan, computed)] if plan.cfg.cache.enabled else []
         if plan.gold_rows and not plan.resume:  # a resume scores every attempt's results at its end
             beside.append(pool.submit(_score, plan, number, bounds, computed, last))
-        observed = wh.append_observed("results", rows, aggregates())
+        observed = wh.append_observed("results", rows, plan.totals)
         for done in beside:
             done.result()
     live.committed(number, int(observed["accepted"] or 0))

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ import pandas as pd
 from crag.backends import build_backends, resolve_credentials
 from crag.batches import answer, finished
 from crag.config import CragConfig, load_config, redacted, resolve_paths
-from crag.counts import RunCounts, RunResult
+from crag.counts import RunCounts, RunResult, aggregates
 from crag.errors import CragError, InputError, describe
 from crag.evaluation import metric_sums, metrics_of, store_metrics
 from crag.ids import run_id_or_new
@@ -79,6 +80,12 @@ class RunPlan:
     def stored(self, table: str):
         """The generation's rows of a stored table (`inputs`, `results`)."""
         return self.warehouse.load_generation(table, self.ledger.run_id, self.ledger.generation)
+
+    @cached_property
+    def totals(self) -> list:
+        """The aggregates each batch's commit observes (crag.counts.aggregates), built once: in a local
+        session they are some 1,400 calls into the JVM, 0.15-0.2 s of a run's last commit otherwise."""
+        return aggregates()
 
 
 # ------------------------------------------------------------------ prepare

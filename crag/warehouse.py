@@ -400,14 +400,19 @@ class Warehouse:
 
     def load_states(self, tables: tuple[str, ...]) -> None:
         """Delta's state of each of `tables` (those that exist) read now, on the caller's thread: the
-        next write to a table otherwise rebuilds the state of its latest version from the log first (a
-        new table's first append, or a MERGE into `runs` after the claim: 0.45-0.5 s each of a warm
-        JVM's time). A run reads the tables it writes last while it answers. Best effort: a state not
-        read here is read by the write."""
+        next write to a table otherwise rebuilds the state of its latest version from the log first. A
+        run reads the tables it writes last while it answers. Two reads, since neither does all: the
+        version's summary (DESCRIBE DETAIL: its file count and size, which every commit checks; a
+        count of a table with no files, a new table's, is answered from the log without it) and its
+        file list (a count, which reads it as a MERGE does). In a warm local session, a MERGE into
+        `runs` after the claim took 0.76 s unread, 0.38 s so read; a first append to a new table 0.64
+        s, 0.24 s (docs/performance.md). Best effort: a state not read here is read by the write."""
         for table in tables:
             try:
                 if self.exists(table):
-                    self.spark.table(self.name(table)).count()
+                    name = self.name(table)
+                    self.spark.sql(f"DESCRIBE DETAIL {name}").collect()
+                    self.spark.table(name).count()
             except Exception:  # noqa: PERF203  # the write reads it again, and says what is wrong
                 log.debug("could not read the state of table %s", table, exc_info=True)
 

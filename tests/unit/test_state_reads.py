@@ -1,14 +1,14 @@
-"""The state reads beside a run's answering (crag.batches._read_states_while_answering): the tables a
-run writes after its last reply are read while it answers a long batch, and not at all by a short one,
-whose reads would only slow its own commits."""
+"""What a run readies beside its answering for the commits after its last reply
+(crag.batches._ready_last_commits): the totals they observe built and the state of the tables they
+write read while it answers a long batch, and nothing done by a short one, whose reads would only
+slow its own commits."""
 
 from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from types import SimpleNamespace
 
-from crag.batches import WRITTEN_LAST, _read_states_while_answering, finished
+from crag.batches import WRITTEN_LAST, _ready_last_commits, finished
 
 WAIT_S = 30  # generous: the machine may be busy
 
@@ -24,21 +24,34 @@ class Warehouse:
             self._answered.set()
 
 
+class Plan:
+    """A run's plan as the readying sees it: its warehouse, and its totals, whose building is logged
+    with the reads."""
+
+    def __init__(self, warehouse: Warehouse):
+        self.warehouse = warehouse
+
+    @property
+    def totals(self) -> list:
+        self.warehouse.read.append("totals")
+        return []
+
+
 AFTER_S = 0.2  # the answering's time after the hold before the reads start (1 s in a run)
 
 
 def _reader(warehouse: Warehouse, held: Future, answered: threading.Event) -> threading.Thread:
-    plan = SimpleNamespace(warehouse=warehouse)
-    thread = threading.Thread(target=_read_states_while_answering, args=(plan, held, answered, AFTER_S))
+    plan = Plan(warehouse)
+    thread = threading.Thread(target=_ready_last_commits, args=(plan, held, answered, AFTER_S))
     thread.start()
     return thread
 
 
-def test_a_long_answering_reads_every_table_written_after_the_last_reply():
+def test_a_long_answering_builds_the_totals_then_reads_every_table_written_after_the_last_reply():
     warehouse, answered = Warehouse(), threading.Event()
     reader = _reader(warehouse, finished(), answered)
     reader.join(WAIT_S)
-    assert warehouse.read == list(WRITTEN_LAST) and "runs" in warehouse.read
+    assert warehouse.read == ["totals", *WRITTEN_LAST] and "runs" in warehouse.read
 
 
 def test_an_answering_over_soon_after_the_hold_reads_nothing():
@@ -46,8 +59,8 @@ def test_an_answering_over_soon_after_the_hold_reads_nothing():
     of the hold (here 30 s, ended 0.2 s after the hold)."""
     warehouse, answered = Warehouse(), threading.Event()
     held: Future = Future()
-    plan = SimpleNamespace(warehouse=warehouse)
-    reader = threading.Thread(target=_read_states_while_answering, args=(plan, held, answered, WAIT_S))
+    plan = Plan(warehouse)
+    reader = threading.Thread(target=_ready_last_commits, args=(plan, held, answered, WAIT_S))
     reader.start()
     threading.Event().wait(3 * AFTER_S)  # the hold takes long
     assert warehouse.read == []
@@ -62,7 +75,7 @@ def test_the_reads_stop_when_the_answering_ends_and_a_failed_hold_reads_nothing(
     answered = threading.Event()
     warehouse = Warehouse(answered)
     _reader(warehouse, finished(), answered).join(WAIT_S)
-    assert warehouse.read == [WRITTEN_LAST[0]]
+    assert warehouse.read == ["totals", WRITTEN_LAST[0]]
     failed: Future = Future()
     failed.set_exception(RuntimeError("claimed by another process"))
     untouched = Warehouse()
