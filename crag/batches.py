@@ -110,14 +110,18 @@ def hold(plan: RunPlan, heartbeat: Heartbeat) -> None:
 
 def _ready_last_commits(plan: RunPlan, held: Future, answered: threading.Event, after_s: float = 1.0) -> None:
     """What the commits after a run's last reply would otherwise do first, done while it still answers:
-    the totals they observe built (RunPlan.totals), then the state of the tables they write
-    (WRITTEN_LAST) read (Warehouse.load_states). Once the run is held and its answering has gone on for
-    `after_s` more (the batch's tasks have their task slots then, which a read started earlier took
-    from them; a short run's reads would only slow its own commits), table by table until the
-    answering ends."""
+    the totals they observe built (RunPlan.result_totals), then the state of the tables they write
+    (WRITTEN_LAST) read (Warehouse.load_states), table by table until the answering ends. Once the run
+    is held and its answering has gone on for `after_s` more: the reads would take the batch's task
+    slots before then, and the driver's time goes to the hold's two commits; a short run readies
+    nothing (its last commit builds the totals), since the reads would only slow its own commits.
+    Best effort: what fails here is done again by the commit, which tells the failure."""
     if held.exception() is not None or answered.wait(after_s):
         return
-    plan.totals  # noqa: B018  # built now, kept on the plan
+    try:
+        plan.result_totals  # noqa: B018  # built now, kept on the plan
+    except Exception:
+        log.debug("could not build the run's totals ahead of its commits", exc_info=True)
     for table in WRITTEN_LAST:
         if answered.is_set():
             return
@@ -275,7 +279,7 @@ def _commit(plan: RunPlan, number: int, bounds: tuple[int, int], computed, live:
         beside = [pool.submit(_store_cache_rows, plan, computed)] if plan.cfg.cache.enabled else []
         if plan.gold_rows and not plan.resume:  # a resume scores every attempt's results at its end
             beside.append(pool.submit(_score, plan, number, bounds, computed, last))
-        observed = wh.append_observed("results", rows, plan.totals)
+        observed = wh.append_observed("results", rows, plan.result_totals)
         for done in beside:
             done.result()
     live.committed(number, int(observed["accepted"] or 0))

@@ -402,11 +402,12 @@ class Warehouse:
         """Delta's state of each of `tables` (those that exist) read now, on the caller's thread: the
         next write to a table otherwise rebuilds the state of its latest version from the log first. A
         run reads the tables it writes last while it answers. Two reads, since neither does all: the
-        version's summary (DESCRIBE DETAIL: its file count and size, which every commit checks; a
-        count of a table with no files, a new table's, is answered from the log without it) and its
-        file list (a count, which reads it as a MERGE does). In a warm local session, a MERGE into
-        `runs` after the claim took 0.76 s unread, 0.38 s so read; a first append to a new table 0.64
-        s, 0.24 s (docs/performance.md). Best effort: a state not read here is read by the write."""
+        version's summary (DESCRIBE DETAIL, for which Delta computes the version's state; a count of a
+        table with no files, a new table's, is answered without it, and the table's first append then
+        computed it: "Compute snapshot for version 0") and its files (a count, which reads them as a
+        MERGE does). In a warm local session, a MERGE into `runs` after the claim took 0.76 s unread,
+        0.38 s so read; a first append to a new table 0.64 s, 0.24 s (docs/performance.md). Best
+        effort: a state not read here is read by the write."""
         for table in tables:
             try:
                 if self.exists(table):

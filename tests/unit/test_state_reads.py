@@ -26,22 +26,24 @@ class Warehouse:
 
 class Plan:
     """A run's plan as the readying sees it: its warehouse, and its totals, whose building is logged
-    with the reads."""
+    with the reads (and fails when `failing`)."""
 
-    def __init__(self, warehouse: Warehouse):
-        self.warehouse = warehouse
+    def __init__(self, warehouse: Warehouse, failing: bool = False):
+        self.warehouse, self.failing = warehouse, failing
 
     @property
-    def totals(self) -> list:
+    def result_totals(self) -> list:
         self.warehouse.read.append("totals")
+        if self.failing:
+            raise RuntimeError("the session is gone")
         return []
 
 
 AFTER_S = 0.2  # the answering's time after the hold before the reads start (1 s in a run)
 
 
-def _reader(warehouse: Warehouse, held: Future, answered: threading.Event) -> threading.Thread:
-    plan = Plan(warehouse)
+def _reader(warehouse: Warehouse, held: Future, answered: threading.Event, failing: bool = False) -> threading.Thread:
+    plan = Plan(warehouse, failing)
     thread = threading.Thread(target=_ready_last_commits, args=(plan, held, answered, AFTER_S))
     thread.start()
     return thread
@@ -81,3 +83,27 @@ def test_the_reads_stop_when_the_answering_ends_and_a_failed_hold_reads_nothing(
     untouched = Warehouse()
     _reader(untouched, failed, threading.Event()).join(WAIT_S)
     assert untouched.read == []
+
+
+def test_totals_that_cannot_be_built_ahead_leave_the_reads_to_go_on():
+    """A failure to build the totals ahead is the commit's to tell (it builds them again): the state
+    reads go on, and nothing escapes the thread."""
+    warehouse, escaped = Warehouse(), []
+    hook, threading.excepthook = threading.excepthook, lambda args: escaped.append(args.exc_value)
+    try:
+        _reader(warehouse, finished(), threading.Event(), failing=True).join(WAIT_S)
+    finally:
+        threading.excepthook = hook
+    assert warehouse.read == ["totals", *WRITTEN_LAST] and escaped == []
+
+
+def test_a_runs_totals_are_built_once(monkeypatch):
+    """RunPlan.result_totals: built at the first use (by the readying thread, or the first commit) and
+    kept for every later commit."""
+    import crag.job
+    from crag.config import CragConfig
+
+    built = []
+    monkeypatch.setattr(crag.job, "aggregates", lambda: built.append(1) or ["a column"])
+    plan = crag.job.RunPlan(CragConfig(), None, {}, None)
+    assert plan.result_totals is plan.result_totals and built == [1]
