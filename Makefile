@@ -36,10 +36,10 @@ $(JARS)/.fetched: conf/spark/pom.xml
 		-DoutputDirectory=$(CURDIR)/$(JARS) 2>&1) || { echo "$$out"; exit 1; }  # Maven's output only when it fails
 	@touch $@
 
-.crag/indexes/sample_kb/manifest.json: $(STAMP) $(JARS)/.fetched $(wildcard data/sample/kb/* data/sample/kb/*/*)
+.crag/indexes/sample_kb/manifest.json: $(CONF) $(STAMP) $(JARS)/.fetched $(wildcard data/sample/kb/* data/sample/kb/*/*)
 	$(BIN)/python jobs/build_index.py --conf $(CONF) --docs data/sample/kb --out .crag/indexes/sample_kb
 
-.crag/indexes/sample_web/manifest.json: $(STAMP) $(JARS)/.fetched data/sample/web.jsonl
+.crag/indexes/sample_web/manifest.json: $(CONF) $(STAMP) $(JARS)/.fetched data/sample/web.jsonl
 	$(BIN)/python jobs/build_index.py --conf $(CONF) --docs data/sample/web.jsonl --out .crag/indexes/sample_web
 
 # The real-model tier's server: llama-cpp-python has no Linux wheel on PyPI, so its sdist is built once

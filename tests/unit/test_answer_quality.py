@@ -50,8 +50,8 @@ def test_one_shared_word_is_not_enough_for_the_lower_cut():
 
 
 def test_the_shipped_config_sets_the_web_cut_and_the_variants_their_own():
-    assert load_config(LOCAL_CONF).grader.web_threshold == 0.25
-    for variant in ("semantic_use", "semantic"):
+    assert load_config(LOCAL_CONF, [], "lexical").grader.web_threshold == 0.25
+    for variant in (None, "semantic_use", "semantic"):
         grader = load_config(LOCAL_CONF, [], variant).grader
         assert grader.web_threshold is not None and grader.web_threshold < grader.threshold
 

@@ -18,7 +18,7 @@ def test_ask_prints_every_stage(capsys, index_overrides):
     assert main(["ask", "--conf", str(LOCAL_CONF), *set_args(index_overrides), "How high is Mount Fuji?"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(
-        "[backends] retriever bm25, grader lexical, rewriter keywords, web_search offline_corpus, generator extractive\n"
+        "[backends] retriever bm25, grader semantic, rewriter keywords, web_search offline_corpus, generator extractive\n"
     )
     for marker in (
         "[retrieve]",
@@ -97,12 +97,12 @@ def test_ask_rejects_a_blank_question_in_one_line(capsys, index_overrides):
 def test_ask_fails_with_its_question_in_one_line(capsys, index_overrides, monkeypatch):
     """A question that fails ends `crag ask` with exit code 2 and its error, which shows on screen at the
     stage that raised it only."""
-    import crag.backends.lexical
+    import crag.backends.semantic
 
     def down(self, *args, **kwargs):
         raise RuntimeError("grader down\x1b[2J")
 
-    monkeypatch.setattr(crag.backends.lexical.LexicalGrader, "grade", down)
+    monkeypatch.setattr(crag.backends.semantic.SemanticGrader, "grade", down)
     question = "How often should the AQ-7 filter be replaced?"
     assert main(["ask", "--conf", str(LOCAL_CONF), *set_args(index_overrides), question]) == 2
     printed = capsys.readouterr()
