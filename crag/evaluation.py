@@ -41,7 +41,7 @@ from crag.errors import InputError
 from crag.ids import check_run_id
 from crag.questions import EXPECTED_ROUTES, GOLD_COLUMNS
 
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f]")
+CJK_CHARACTER = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f]")
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
 
@@ -49,7 +49,7 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
 
 def is_cjk(text: str) -> bool:
-    return bool(_CJK.search(text or ""))
+    return bool(CJK_CHARACTER.search(text or ""))
 
 
 def normalize_answer(text: str, cjk: bool | None = None) -> str:

@@ -89,7 +89,7 @@ def sample_indexes(tmp_path_factory) -> dict[str, str]:
     from crag.indexing import build_index
 
     root = tmp_path_factory.mktemp("indexes")
-    cfg = load_config(LOCAL_CONF)
+    cfg = load_config(LOCAL_CONF, ["indexing.embedding_cache=null"])  # the model embeds, not a cache in the checkout
     build_index(SAMPLE / "kb", root / "kb", cfg.indexing)
     build_index(SAMPLE / "web.jsonl", root / "web", cfg.indexing)
     return {"kb": str(root / "kb"), "web": str(root / "web")}

