@@ -141,7 +141,8 @@ def embed_passages(embedder: Embedder, texts: Sequence[str], cache: str | Path |
         fresh = iter(embedder.passages(missing) if missing else ())
         vectors = np.stack([next(fresh) if v is None else v for v in found])
         new = vectors[[v is None for v in found]]
-        embedded = new.any(axis=1)  # a zero vector is a text the model skips (crag.backends.minilm_embedding), not a result
+        # a zero vector is a text the model skips (crag.backends.minilm_embedding), not a result
+        embedded = np.asarray(new.any(axis=1), dtype=bool)
         if embedded.any():
             stored.put([text for text, kept in zip(missing, embedded) if kept], new[embedded])
     return vectors[positions]
