@@ -61,7 +61,9 @@ def _load_use():
 
     # One BLAS thread: the package feeds BLAS cache-sized micro-batches, and on a busy 2-core machine a
     # second thread made a 300-character passage 10x slower (2.1 against 21 ms).
-    return USE(threads=1)
+    model = USE(threads=1)
+    model.encode(["."])  # the package reads its tokenizer and weights on first use: here, under the lock
+    return model
 
 
 class USEModel:
@@ -77,7 +79,6 @@ class USEModel:
             )
         self.name = NAME
         self.dim = 512
-
         self._model = LoadOnce(NAME, _load_use)
 
     def passages(self, texts: list[str], batch: int = 256) -> np.ndarray:
