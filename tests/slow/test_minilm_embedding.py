@@ -110,18 +110,22 @@ def test_a_japanese_question_is_answered_as_without_the_cosine(sample_indexes):
     assert "6.2" in without.generate(question, context, Usage()).text
 
 
-def test_building_the_default_backends_checks_the_models_without_loading_them(sample_config, monkeypatch):
+def test_building_the_default_backends_checks_the_models_without_loading_them(
+    sample_config, index_overrides, monkeypatch
+):
     """The driver builds every backend to check it; only Spark's workers embed, and load the models."""
     from crag.backends import build_backends
     from crag.backends import embedding as embedding_module
 
     monkeypatch.setattr(embedding_module, "_embedder", functools.cache(embedding_module._embedder.__wrapped__))
     backends = build_backends(sample_config)
-    minilm, use = backends.grader.embedder.model, backends.generator.embedder.model
-    assert (minilm.name, use.name) == (MODEL, "use-multilingual-v3")
-    assert not minilm._runtime.loaded and not use._model.loaded
+    minilm = backends.grader.embedder.model
+    assert minilm.name == MODEL and backends.generator.embedder is None  # the default's answerer has no cosine
+    assert not minilm._runtime.loaded
     minilm.queries(["Is it loaded now?"])
     assert minilm._runtime.loaded
+    use = build_backends(load_config(LOCAL_CONF, index_overrides, "semantic_use")).generator.embedder.model
+    assert use.name == "use-multilingual-v3" and not use._model.loaded
 
 
 def test_a_model_that_cannot_load_fails_each_call_with_one_line_and_loads_once(monkeypatch):
