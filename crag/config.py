@@ -555,6 +555,12 @@ class IndexingConfig(Section):
 LOCAL_MASTER = re.compile(r"local(?:\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (a container's CPU set, not the machine's count): what
+    `local[*]` means, and what `crag index` gives a model's runtime."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def connect_url_parts(url: str) -> tuple[ParseResult, list[str]]:
     """An sc:// URL split as pyspark's Spark Connect client splits it: the URL read as http, and its
     `;name=value` parameters as written."""

@@ -33,7 +33,7 @@ from crag.backends import cached_backends, smallest_budget
 from crag.backends.base import Document
 from crag.backends.remote import running_task
 from crag.cache import StageCache, question_key, role_slices, with_cache
-from crag.config import LOCAL_MASTER, CragConfig, SparkConfig, shown_key
+from crag.config import LOCAL_MASTER, CragConfig, SparkConfig, shown_key, usable_cores
 from crag.connect import bound_waits, connect_session
 from crag.errors import ConfigError, describe
 from crag.progress import report_answered
@@ -133,7 +133,7 @@ def local_master(master: str) -> tuple[str, int] | None:
     if match is None:
         return None
     if match[1] == "*":
-        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = usable_cores()
     else:
         threads = int(match[1] or 1)
     return f"local[{threads + 1}{match[2] or ''}]", threads + 1

@@ -32,6 +32,7 @@ import pyarrow as pa
 from crag import tables
 from crag.backends.base import Document
 from crag.backends.embedding import embed_passages, load_embedder
+from crag.config import usable_cores
 from crag.errors import InputError, UnusableIndexError
 from crag.text import TermWeights, tokenize
 
@@ -42,12 +43,6 @@ DENSE_FILE = "dense.npy"
 # process's build about to be switched to, an incomplete one another process's build in progress.
 STALE_COMPLETE_BUILD_S = 120
 STALE_BUILD_S = 3600
-
-
-def _cores() -> int:
-    """The cores this process may run on: `crag index` has the machine to itself, and the model's
-    runtime gets them all (a container's CPU set, not the machine's count)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def write_index(
@@ -63,7 +58,8 @@ def write_index(
             "(only punctuation or stop words such as 'the', 'of', 'and')"
         )
     # the model is checked before anything is written: a missing package leaves no build folder behind
-    embedder = None if embedding == "none" else load_embedder(embedding, threads=_cores())
+    # (`crag index` has the machine to itself: the model's runtime gets every core)
+    embedder = None if embedding == "none" else load_embedder(embedding, threads=usable_cores())
     out.mkdir(parents=True, exist_ok=True)
     data = f"build-{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
     build = out / data
