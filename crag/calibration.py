@@ -167,19 +167,26 @@ def propose_grade_threshold(
     return best
 
 
-def newton(moments, size: int = 3, ridge: float = 1e-3, steps: int = 50) -> np.ndarray:
-    """Weights (bias first) of a logistic regression by Newton's method, with a small L2 penalty on
-    the non-bias weights so that separable data still converges. `moments(w)`: the log-loss's gradient
-    and Hessian at w, summed over the data (logistic_moments: wherever the data is)."""
-    w = np.zeros(size)
+def newton(moments, keys: Sequence, size: int = 3, ridge: float = 1e-3, steps: int = 50) -> dict:
+    """Weights (bias first) of one logistic regression per key by Newton's method, with a small L2
+    penalty on the non-bias weights so that separable data still converges. `moments(weights)`: for
+    each key of `weights` (those not yet converged), the log-loss's gradient and Hessian at its weights,
+    summed over its data (logistic_moments: wherever the data is). The regressions step together, so
+    that data held elsewhere is read once a step for all of them."""
+    w = {key: np.zeros(size) for key in keys}
     penalty = ridge * np.eye(size)
     penalty[0, 0] = 0.0
+    open_keys = list(keys)
     for _ in range(steps):
-        gradient, hessian = moments(w)
-        step = np.linalg.solve(hessian + penalty + 1e-9 * np.eye(size), gradient + penalty @ w)
-        w -= step
-        if np.abs(step).max() < 1e-8:
+        if not open_keys:
             break
+        sums = moments({key: w[key] for key in open_keys})
+        for key in list(open_keys):
+            gradient, hessian = sums[key]
+            step = np.linalg.solve(hessian + penalty + 1e-9 * np.eye(size), gradient + penalty @ w[key])
+            w[key] = w[key] - step
+            if np.abs(step).max() < 1e-8:
+                open_keys.remove(key)
     return w
 
 
@@ -192,7 +199,8 @@ def logistic_moments(features: np.ndarray, target: np.ndarray, w: np.ndarray) ->
 
 def fit_logistic(features: np.ndarray, target: np.ndarray, ridge: float = 1e-3, steps: int = 50) -> np.ndarray:
     """newton() over rows held here."""
-    return newton(lambda w: logistic_moments(features, target, w), features.shape[1] + 1, ridge, steps)
+    fitted = newton(lambda w: {0: logistic_moments(features, target, w[0])}, [0], features.shape[1] + 1, ridge, steps)
+    return fitted[0]
 
 
 def best_cut(best: np.ndarray, internal: np.ndarray, weights: np.ndarray | None = None) -> tuple[float, float]:
@@ -273,14 +281,19 @@ def calibrate_run(warehouse, run_id: str, config: dict) -> dict:
     graded = warehouse.load_run("grades", run_id).where(F.col("grade").isNotNull())  # not_graded: no grade to fit
     docs = gold.join(graded.select("question_id", *DOC_COLUMNS[3:]), "question_id", "left")
     routing, grader = config["routing"], config["grader"]
-    return calibrate_documents(
-        spark_aggregate(docs.select(*DOC_COLUMNS).repartition("question_id")),
-        routing["lower"],
-        routing["upper"],
-        grader.get("threshold"),
-        routing["policy"],
-        grader.get("format") == "binary",
-    )
+    # Kept where they are between passes: the semantic grader's refit reads them once per Newton step.
+    parts = docs.select(*DOC_COLUMNS).repartition("question_id").persist()
+    try:
+        return calibrate_documents(
+            spark_aggregate(parts),
+            routing["lower"],
+            routing["upper"],
+            grader.get("threshold"),
+            routing["policy"],
+            grader.get("format") == "binary",
+        )
+    finally:
+        parts.unpersist()
 
 
 def _parsed(docs: pd.DataFrame) -> pd.DataFrame:
@@ -447,21 +460,21 @@ def refit_semantic(aggregate: Aggregate) -> tuple[dict[str, dict], Relevance] | 
         return None
     languages = [r.language for r in counts.itertuples() if 0 < r.gold < r.n]  # else nothing to tell apart
 
-    def moments_of(language: str):
-        def moments(w: np.ndarray):
-            m = aggregate(lambda d: _moments_by_language(d, {language: w}), ("language",), _MOMENTS_SCHEMA)
-            row = m.iloc[0]
-            return np.array([row[f"g{i}"] for i in range(3)]), np.array(
-                [[row[f"h{i}{j}"] for j in range(3)] for i in range(3)]
+    def moments(by_language: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        m = aggregate(lambda d: _moments_by_language(d, by_language), ("language",), _MOMENTS_SCHEMA)
+        return {
+            row["language"]: (
+                np.array([row[f"g{i}"] for i in range(3)]),
+                np.array([[row[f"h{i}{j}"] for j in range(3)] for i in range(3)]),
             )
-
-        return moments
+            for _, row in m.iterrows()
+        }
 
     weights: dict[str, dict] = {}
-    for language in languages:
+    for language, fitted in newton(moments, languages).items():
         # rounded as printed, and the relevance computed from the rounded weights: the thresholds
         # proposed on it are then the ones `--set` with the printed weights gives
-        bias, lexical, semantic = (round(float(w), 3) for w in newton(moments_of(language)))
+        bias, lexical, semantic = (round(float(w), 3) for w in fitted)
         n = int(counts.set_index("language").loc[language, "n"])
         weights[language] = {"lexical": lexical, "semantic": semantic, "bias": bias, "n": n}
 

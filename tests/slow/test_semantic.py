@@ -15,7 +15,7 @@ from crag.backends.extractive import ExtractiveGenerator
 from crag.backends.hybrid import HybridRetriever
 from crag.backends.lexical import LexicalScorer
 from crag.backends.semantic import RATIONALE, SemanticGrader
-from crag.calibration import calibrate, fit_logistic, report
+from crag.calibration import calibrate, fit_logistic, logistic_moments, newton, report
 from crag.config import (
     HybridRetrieverConfig,
     IndexingConfig,
@@ -123,6 +123,27 @@ def test_logistic_fit_recovers_known_weights():
     true = np.array([-4.0, 3.0, 5.0])
     y = (rng.uniform(size=4000) < 1 / (1 + np.exp(-(true[0] + x @ true[1:])))).astype(float)
     assert fit_logistic(x, y) == pytest.approx(true, abs=0.6)
+
+
+def test_the_languages_regressions_step_together_each_as_if_fitted_alone():
+    """newton() fits one regression per language, every step's sums made in one pass over the data (a
+    Spark job in crag calibrate): as many passes as the slowest language needs, not their sum."""
+    rng = np.random.default_rng(4)
+    data = {}
+    for key, true in (("en", np.array([-4.0, 3.0, 5.0])), ("ja", np.array([-1.0, 6.0, 0.0]))):
+        x = rng.uniform(0, 1, (2000, 2))
+        data[key] = (x, (rng.uniform(size=2000) < 1 / (1 + np.exp(-(true[0] + x @ true[1:])))).astype(float))
+    passes = []
+
+    def moments(weights):
+        passes.append(sorted(weights))
+        return {key: logistic_moments(*data[key], w) for key, w in weights.items()}
+
+    together = newton(moments, ["en", "ja"])
+    for key, (x, y) in data.items():
+        assert together[key] == pytest.approx(fit_logistic(x, y), abs=1e-9)
+    alone = {key: len([p for p in passes if key in p]) for key in data}
+    assert passes[0] == ["en", "ja"] and len(passes) == max(alone.values()) < sum(alone.values())
 
 
 def test_calibrate_fits_each_language_and_proposes_thresholds_on_the_refit_relevance():
