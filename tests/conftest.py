@@ -3,15 +3,19 @@ emulators, and the LangChain stores."""
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
+import shutil
 import socket
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.support import LOCAL_CONF, SAMPLE, TOKEN
+from tests.support import LOCAL_CONF, REPO, SAMPLE, TOKEN
 
 # The real-model tier needs llama-cpp-python's server, which `make test-llm` builds and names here.
 collect_ignore = [] if os.environ.get("CRAG_LLM_PYTHON") else ["llm"]
@@ -40,6 +44,29 @@ def pytest_xdist_make_scheduler(config, log):
             return "no-jvm" if nodeid.split("/")[1] in NO_JVM_TIERS else "jvm"
 
     return ByTier(config, log)
+
+
+# The CRAG_HOME of a test run (the warm Spark server's state, the MLflow store template), made by the
+# controlling process before the xdist workers start, which inherit its name.
+SHARED_HOME = "CRAG_TESTS_HOME"
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the controlling process, or a run without xdist
+        os.environ[SHARED_HOME] = tempfile.mkdtemp(prefix="crag-tests-home-")
+
+
+def pytest_unconfigure(config):
+    """The controlling process ends the run's warm Spark server (if a test started one) once every
+    worker is done with it."""
+    if hasattr(config, "workerinput") or SHARED_HOME not in os.environ:
+        return
+    home = os.environ.pop(SHARED_HOME)
+    if (Path(home) / "spark-server.json").exists():
+        env = {**os.environ, "CRAG_HOME": home}
+        stop = [sys.executable, "-m", "crag.cli", "spark", "stop"]
+        subprocess.run(stop, env=env, cwd=REPO, timeout=120, check=True, capture_output=True)
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def _jvm_gateway():
@@ -81,6 +108,46 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def crag_home() -> Path:
+    """The run's CRAG_HOME, one for both xdist workers: the server's state and the MLflow store
+    template live there."""
+    return Path(os.environ[SHARED_HOME])
+
+
+@pytest.fixture(scope="session")
+def spark_server(crag_home):
+    """The warm server of `crag spark start`, in a process of its own: its state (ServerState). One
+    for the whole run: the first worker to need it starts it (`start` returns the running one to the
+    other, which waits on the lock meanwhile); `crag spark stop` when the run ends (pytest_unconfigure)."""
+    env = {**os.environ, "CRAG_HOME": str(crag_home)}
+    with open(crag_home / "spark-server.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        started = subprocess.run(
+            [sys.executable, "-m", "crag.cli", "spark", "start"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO,
+            timeout=600,
+        )
+    assert started.returncode == 0, started.stderr[-3000:]
+    from crag.spark_server import ServerState
+
+    os.environ["CRAG_HOME"] = str(crag_home)
+    try:
+        state = ServerState.read()
+    finally:
+        os.environ.pop("CRAG_HOME")
+    assert state is not None, started.stdout
+    return state
+
+
+@pytest.fixture(scope="session")
+def connect_url(spark_server) -> str:
+    return spark_server.url
 
 
 @pytest.fixture(scope="session")

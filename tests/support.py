@@ -85,6 +85,16 @@ def copy_warehouse(warehouse, to: Path) -> Path:
     return to
 
 
+def crag_on(url: str, *args: str, check: bool = True, **popen) -> subprocess.CompletedProcess:
+    """A `crag` command on the Spark Connect server at `url`, in a process of its own; it must succeed
+    unless `check` is false."""
+    command = [sys.executable, "-m", "crag.cli", *args, "--set", f"spark.remote={url}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO, **popen)
+    if check:
+        assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 def start_crag(*args: str) -> subprocess.Popen:
     """A `crag` command in a process (and session) of its own, its output piped."""
     return subprocess.Popen(

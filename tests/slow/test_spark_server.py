@@ -1,15 +1,19 @@
-"""The warm Spark server's end, without a JVM: `crag spark stop` stops every process of the server's
-group (a stand-in here: a shell and its child) and forgets the server."""
+"""`crag spark start`: a warm local Spark Connect server that every command uses while it runs (the run's
+own server, tests/conftest.py), and its end: `crag spark stop` stops every process of the server's group
+(a stand-in here: a shell and its child) and forgets the server. The tests' process holds no JVM."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
-from crag import spark_server
+from crag import spark_server as server_module
 from crag.spark_server import ServerState
+from tests.support import REPO, crag_run_args, run_rows
 
 
 def test_stop_ends_the_whole_process_group_and_forgets_the_server(tmp_path, monkeypatch):
@@ -19,11 +23,42 @@ def test_stop_ends_the_whole_process_group_and_forgets_the_server(tmp_path, monk
     time.sleep(0.3)
     children = subprocess.run(["pgrep", "-g", str(group.pid)], capture_output=True, text=True).stdout.split()
     assert len(children) == 2
-    ServerState(group.pid, 1, spark_server.code_fingerprint(), "log").write()
+    ServerState(group.pid, 1, server_module.code_fingerprint(), "log").write()
     reaper = threading.Thread(target=group.wait)  # as init reaps a server whose `crag spark start` has ended
     reaper.start()
-    stopped = spark_server.stop()
+    stopped = server_module.stop()
     reaper.join(timeout=10)
     assert stopped is not None and stopped.pid == group.pid and group.returncode == -signal.SIGTERM
     assert subprocess.run(["pgrep", "-g", str(group.pid)], capture_output=True).returncode == 1  # none left
-    assert not ServerState.path().exists() and spark_server.stop() is None
+    assert not ServerState.path().exists() and server_module.stop() is None
+
+
+def test_a_command_uses_the_warm_server_and_says_so_first(spark_server, crag_home, index_overrides, tmp_path):
+    env = {**os.environ, "CRAG_HOME": str(crag_home)}
+    status = subprocess.run(
+        [sys.executable, "-m", "crag.cli", "spark", "status"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert status.stdout.strip() == f"a Spark server runs at {spark_server.url} (pid {spark_server.pid})"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "crag.cli",
+            *crag_run_args(tmp_path / "wh", "--run-id", "warm", overrides=index_overrides),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = done.stderr.splitlines()[0]
+    assert first == f"crag: using the Spark server at {spark_server.url} (crag spark start; crag spark stop ends it)"
+    assert len(run_rows(tmp_path / "wh", "answers", "warm")) == 49
+    again = subprocess.run(
+        [sys.executable, "-m", "crag.cli", "spark", "start"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert (
+        again.stdout.strip() == f"a Spark server runs at {spark_server.url}: crag commands use it until crag spark stop"
+    )

@@ -1,6 +1,5 @@
 """Fixtures of the Spark tier shared by its modules: whole-job runs made once per test session and read by
-many tests, and a warm local Spark Connect server, started once by `crag spark start` as a user would
-start it.
+many tests (the warm Spark Connect server is tests/conftest.py's: tests/slow uses it too).
 
 The shared runs are read-only: a test that writes to a run's warehouse (another run, a re-run, eval,
 compare, a status changed) writes to a copy of it (tests.support.copy_warehouse). A test keeps a run of
@@ -10,9 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +19,6 @@ from tests.support import (
     BASE_RUN,
     CANDIDATE_RUN,
     LOCAL_CONF,
-    REPO,
     SAMPLE_QUESTIONS,
     SAMPLE_RUN,
     crag_run_args,
@@ -78,39 +73,3 @@ def variant_pair(spark, index_overrides, tmp_path_factory) -> VariantPair:
         }
         assert run_job_task("crag_batch", values, {"warehouse": str(warehouse)}) == 0, variant
     return VariantPair(warehouse)
-
-
-@pytest.fixture(scope="session")
-def crag_home(tmp_path_factory):
-    """A CRAG_HOME of the tests' own: the server's state and the MLflow store template live there."""
-    return tmp_path_factory.mktemp("crag-home")
-
-
-@pytest.fixture(scope="session")
-def spark_server(crag_home):
-    """`crag spark start` in a process of its own; its state (ServerState). `crag spark stop` at the end."""
-    env = {**os.environ, "CRAG_HOME": str(crag_home)}
-    started = subprocess.run(
-        [sys.executable, "-m", "crag.cli", "spark", "start"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=600,
-    )
-    assert started.returncode == 0, started.stderr[-3000:]
-    from crag.spark_server import ServerState
-
-    os.environ["CRAG_HOME"] = str(crag_home)
-    try:
-        state = ServerState.read()
-    finally:
-        os.environ.pop("CRAG_HOME")
-    assert state is not None, started.stdout
-    yield state
-    subprocess.run([sys.executable, "-m", "crag.cli", "spark", "stop"], env=env, cwd=REPO, timeout=120, check=True)
-
-
-@pytest.fixture(scope="session")
-def connect_url(spark_server) -> str:
-    return spark_server.url
