@@ -6,6 +6,7 @@ only when such a backend is built, so the embedded default never loads one."""
 from __future__ import annotations
 
 import gc
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -48,6 +49,8 @@ from crag.config import (
 )
 from crag.errors import ConfigError
 from crag.text import TermWeights
+
+log = logging.getLogger("crag")
 
 
 def _require(value: str | None, key: str) -> str:
@@ -288,6 +291,20 @@ def _lexical_grader(b: _Building, cfg: LexicalGraderConfig):
 
 
 def _semantic_grader(b: _Building, cfg: SemanticGraderConfig):
+    if not b.opened_before:  # said once, where the run starts (the driver, `crag ask`), not by each worker
+        for source, index in b.local_indexes.items():
+            if index.embedding != cfg.embedding:
+                setting = "retriever.index" if source == "internal" else "web_search.index"
+                log.warning(
+                    "%s %s was built with indexing.embedding=%s, not the grader's %s: each document is embedded "
+                    "when graded, more slowly and whole rather than by its best chunk (rebuild the index with "
+                    "indexing.embedding=%s)",
+                    setting,
+                    index.path,
+                    index.embedding,
+                    cfg.embedding,
+                    cfg.embedding,
+                )
     return SemanticGrader(b.scorer, cfg, b.local_indexes)
 
 

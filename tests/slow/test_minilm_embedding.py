@@ -3,6 +3,7 @@
 with it, and the default config's semantic grader and answerer on them. Real model, small data made here."""
 
 import functools
+import logging
 
 import numpy as np
 import pytest
@@ -178,3 +179,30 @@ def test_the_cache_keeps_the_models_vectors_not_the_texts_it_skips(tmp_path):
     with sqlite3.connect(tmp_path / CACHE_FILE) as db:
         assert db.execute("SELECT count(*) FROM vectors").fetchone() == (1,)
     assert np.array_equal(embed_passages(load_embedder(MODEL), texts, tmp_path), vectors)
+
+
+def test_an_index_without_the_graders_vectors_is_said_once_where_the_run_starts(tmp_path, caplog):
+    """An index built without the grader's model (`--variant lexical`, or before this default) still
+    grades, each document embedded when graded: slower, so the driver says it once; workers do not."""
+    from crag.backends import build_backends
+
+    lexical = load_config(LOCAL_CONF, ["indexing.embedding=none", "indexing.embedding_cache=null"])
+    build_index(write_embedding_docs(tmp_path / "docs.jsonl"), tmp_path / "plain", lexical.indexing)
+    build_index(
+        write_embedding_docs(tmp_path / "docs.jsonl"),
+        tmp_path / "dense",
+        load_config(LOCAL_CONF, ["indexing.embedding_cache=null"]).indexing,
+    )
+    cfg = load_config(LOCAL_CONF, [f"retriever.index={tmp_path / 'plain'}", f"web_search.index={tmp_path / 'dense'}"])
+    with caplog.at_level(logging.WARNING, logger="crag"):
+        build_backends(cfg)
+    said = [r.getMessage() for r in caplog.records if r.name == "crag"]
+    assert said == [
+        f"retriever.index {tmp_path / 'plain'} was built with indexing.embedding=none, not the grader's {MODEL}: "
+        "each document is embedded when graded, more slowly and whole rather than by its best chunk (rebuild the "
+        f"index with indexing.embedding={MODEL})"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="crag"):
+        build_backends(cfg, opened_before=True)  # a Spark worker's
+    assert not [r for r in caplog.records if r.name == "crag"]
