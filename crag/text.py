@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import sentencex
 import Stemmer
 
 from crag.errors import describe
@@ -34,8 +35,9 @@ _CJK_RUN_RE = re.compile(rf"[{_CJK}]+")
 # For readable keywords, names like "Wi-Fi", "AQ-7" or "v2.1" stay whole.
 _KEYWORD_RE = re.compile(rf"[{_CJK}]+|(?:(?![{_CJK}])[^\W_])+(?:[-.](?:(?![{_CJK}])[^\W_])+)*", re.UNICODE)
 _HIRAGANA_RUN_RE = re.compile(r"^[\u3041-\u309f\u30fc]+$")
-# Sentence ends: Western punctuation followed by space, or Japanese full stops (no space follows them).
-_SENTENCE_RE = re.compile(r"(?<=[.!?])\s+(?=[^\s])|(?<=[。！？])|\n+")
+# Where a sentence surely ends: a line break (Markdown lines, table rows) or a Japanese full stop (no
+# space follows one). Western punctuation is left to sentencex, which knows initials and abbreviations.
+_LINE_OR_FULL_STOP_RE = re.compile(r"(?<=[。！？])|\n+")
 
 # English function words and question words. Japanese needs no list: bigrams of particles carry little
 # IDF weight, and the keyword extractor below drops hiragana runs altogether.
@@ -174,8 +176,16 @@ def keywords(question: str) -> list[str]:
 
 
 def split_sentences(text: str) -> list[str]:
-    """Sentences of English or Japanese text, stripped, empties dropped."""
-    return [s.strip() for s in _SENTENCE_RE.split(text) if s and s.strip()]
+    """Sentences of English or Japanese text, stripped, empties dropped. A period after an initial or
+    an abbreviation ("J. F. D. Shrewsbury", "the U.S. Army", "Dr. Smith") ends no sentence: cut there,
+    an answer lost its subject's name."""
+    return [
+        sentence.strip()
+        for piece in _LINE_OR_FULL_STOP_RE.split(text)
+        if piece and not piece.isspace()
+        for sentence in sentencex.segment("en", piece)
+        if not sentence.isspace() and sentence
+    ]
 
 
 def word_windows(text: str, size: int = 50) -> list[str]:

@@ -50,6 +50,25 @@ def test_sentences_english_and_japanese():
     assert split_sentences("line one\nline two") == ["line one", "line two"]
 
 
+def test_a_period_after_an_initial_or_an_abbreviation_ends_no_sentence():
+    """SQuAD 2.0's "Who challenged the plague theory first?" was answered "...bacteriologist J." when
+    every period followed by a space ended a sentence."""
+    assert split_sentences(
+        "The theory was first challenged by British bacteriologist J. F. D. Shrewsbury in 1970. "
+        "Christian Whiton, an official in the George W. Bush administration, called for a new agency. "
+        "Dr. Smith met the U.S. envoy in Washington, D.C. on Monday."
+    ) == [
+        "The theory was first challenged by British bacteriologist J. F. D. Shrewsbury in 1970.",
+        "Christian Whiton, an official in the George W. Bush administration, called for a new agency.",
+        "Dr. Smith met the U.S. envoy in Washington, D.C. on Monday.",
+    ]
+    assert split_sentences("AQ-7の重さは6.2キログラムです。フィルターは6か月ごとに交換します。 ") == [
+        "AQ-7の重さは6.2キログラムです。",
+        "フィルターは6か月ごとに交換します。",
+    ]
+    assert split_sentences("  \n ") == []
+
+
 def test_word_windows():
     text = " ".join(f"w{i}" for i in range(120))
     windows = word_windows(text, 50)
