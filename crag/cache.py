@@ -27,6 +27,7 @@ from crag.backends.remote import on_databricks
 from crag.config import CragConfig, LLMConfig, stable_hash
 from crag.questions import question_key
 from crag.secrets import masked
+from crag.text import TEXT_VERSION
 
 
 def service_url(url: str | None) -> str | None:
@@ -84,8 +85,11 @@ def role_slices(cfg: CragConfig, secrets: dict[str, str] | None = None) -> dict[
         }
 
     def reading(section):
-        """How a model's output is read into a grade, a query or an answer (model roles only)."""
-        return READING_VERSION if isinstance(section, LLMConfig) else None
+        """How a model's output is read into a grade, a query or an answer; for an embedded role, how
+        its text functions (sentences, tokens) work."""
+        if section is None:
+            return None
+        return READING_VERSION if isinstance(section, LLMConfig) else TEXT_VERSION
 
     web = dump(cfg.web_search)
     web.pop("verify", None)

@@ -62,6 +62,18 @@ def test_results_read_by_older_parsers_are_not_reused(monkeypatch):
     assert changed == [models, models | {"source_check"}, set()]  # databricks.yaml has no source check
 
 
+def test_results_of_older_text_functions_are_not_reused(monkeypatch):
+    """The embedded grader, rewriter and answerer compute from sentences and tokens: once those are cut
+    differently, their results are made again; a model role's are not (the model sees the same prompt)."""
+    import crag.cache
+
+    configs = [load_config(LOCAL_CONF), load_config(DBX)]
+    before = [role_slices(cfg) for cfg in configs]
+    monkeypatch.setattr(crag.cache, "TEXT_VERSION", crag.cache.TEXT_VERSION + 1)
+    changed = [{role for role in old if old[role] != new[role]} for old, new in zip(before, map(role_slices, configs))]
+    assert changed == [{"grader", "rewriter", "generator"}, set()]
+
+
 def test_openai_base_url_counts_from_config_or_environment(monkeypatch):
     monkeypatch.setenv("OPENAI_BASE_URL", "http://10.0.0.1:8000/v1")
     cfg = load_config(OPENAI)
