@@ -183,13 +183,13 @@ def keywords(question: str) -> list[str]:
 def split_sentences(text: str) -> list[str]:
     """Sentences of English or Japanese text, stripped, empties dropped. A period after an initial or
     an abbreviation ("J. F. D. Shrewsbury", "the U.S. Army", "Dr. Smith") ends no sentence: cut there,
-    an answer lost its subject's name."""
+    an extractive answer lost the name it was asked for."""
     return [
-        sentence.strip()
+        stripped
         for piece in _LINE_OR_FULL_STOP_RE.split(text)
         if piece and not piece.isspace()
         for sentence in sentencex.segment("en", piece)
-        if not sentence.isspace() and sentence
+        if (stripped := sentence.strip())
     ]
 
 
