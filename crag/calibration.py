@@ -281,9 +281,10 @@ def calibrate_run(warehouse, run_id: str, config: dict) -> dict:
     graded = warehouse.load_run("grades", run_id).where(F.col("grade").isNotNull())  # not_graded: no grade to fit
     docs = gold.join(graded.select("question_id", *DOC_COLUMNS[3:]), "question_id", "left")
     routing, grader = config["routing"], config["grader"]
-    # Kept where they are between passes: the semantic grader's refit reads them once per Newton step.
-    parts = docs.select(*DOC_COLUMNS).repartition("question_id").persist()
-    try:
+    from crag.spark import kept  # noqa: PLC0415
+
+    # Kept between passes: the semantic grader's refit reads them once per Newton step.
+    with kept(docs.select(*DOC_COLUMNS).repartition("question_id")) as parts:
         return calibrate_documents(
             spark_aggregate(parts),
             routing["lower"],
@@ -292,8 +293,6 @@ def calibrate_run(warehouse, run_id: str, config: dict) -> dict:
             routing["policy"],
             grader.get("format") == "binary",
         )
-    finally:
-        parts.unpersist()
 
 
 def _parsed(docs: pd.DataFrame) -> pd.DataFrame:

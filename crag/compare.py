@@ -780,16 +780,16 @@ def _compare_in_spark(warehouse, base_id: str, candidate_id: str) -> Figures:
     out = pa.schema([*(f for f in schema.COMPARISONS if f.name != "created_at"), pa.field(_FIGURES, pa.string())])
     from pyspark.sql.pandas.types import from_arrow_schema  # noqa: PLC0415
 
-    parts = joined.mapInArrow(_partition_task(base_id, candidate_id, with_gold, out), from_arrow_schema(out)).persist()
-    try:
+    from crag.spark import kept  # noqa: PLC0415
+
+    compared = joined.mapInArrow(_partition_task(base_id, candidate_id, with_gold, out), from_arrow_schema(out))
+    with kept(compared) as parts:  # read twice: the rows, then the figures
         pair = (F.col("base_run") == F.lit(base_id)) & (F.col("candidate_run") == F.lit(candidate_id))
         rows = parts.where(F.col(_FIGURES).isNull()).withColumn("created_at", F.lit(datetime.now(UTC)))
         # question_changed and gold_changed are not columns of the table: there, a question asked
         # differently in the two runs shows as a row in both whose comparison columns are null
         warehouse.replace("comparisons", rows, pair)
         found = parts.where(F.col(_FIGURES).isNotNull()).select(_FIGURES).collect()
-    finally:
-        parts.unpersist()
     return Figures.combined([Figures(**json.loads(r[_FIGURES])) for r in found])
 
 

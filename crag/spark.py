@@ -233,6 +233,26 @@ def _stderr_to(path: Path | None):
         os.close(saved)
 
 
+@contextmanager
+def kept(df) -> Iterator:
+    """`df`, persisted while the block reads it several times, then released. A session that refuses
+    to cache (Databricks serverless caches only from environment version 5, as a preview) gets `df`
+    itself, computed again at each read: slower, not wrong."""
+    try:
+        persisted = df.persist()
+    except Exception as exc:
+        log.info("not cached (%s): each pass computes it again", describe(exc))
+        yield df
+        return
+    try:
+        yield persisted
+    finally:
+        try:
+            persisted.unpersist()
+        except Exception as exc:  # the block's own error (a server gone, say) is the one to see
+            log.debug("the cached frame was not released: %s", describe(exc))
+
+
 def parallelism(spark, cfg: SparkConfig) -> int:
     """A batch's tasks that run at once: spark.partitions, else every task slot of the session
     (spark.default.parallelism) but one, else 8 (a session that does not say: a cluster need not set

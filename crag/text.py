@@ -188,9 +188,22 @@ def split_sentences(text: str) -> list[str]:
         stripped
         for piece in _LINE_OR_FULL_STOP_RE.split(text)
         if piece and not piece.isspace()
-        for sentence in sentencex.segment("en", piece)
+        for sentence in _spaced(sentencex.segment("en", piece))
         if (stripped := sentence.strip())
     ]
+
+
+def _spaced(segments: Iterator[str]) -> Iterator[str]:
+    """sentencex's sentences, joined again where no space follows the mark: "ASP.NET", "page?ID=3" and
+    "３．５" (a full-width decimal point) are not sentence ends."""
+    pending = ""
+    for segment in segments:
+        pending += segment
+        if pending[-1:].isspace():
+            yield pending
+            pending = ""
+    if pending:
+        yield pending
 
 
 def word_windows(text: str, size: int = 50) -> list[str]:

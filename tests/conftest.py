@@ -25,8 +25,8 @@ collect_ignore = [] if os.environ.get("CRAG_LLM_PYTHON") else ["llm"]
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-# The tiers whose tests run without a JVM in their process (the others use the session's Spark, and the
-# warm Spark Connect server beside it).
+# The tiers whose tests run without a JVM in their process (the others use the session's Spark). Both
+# kinds may use the run's warm Spark Connect server (spark_server), a process of its own.
 NO_JVM_TIERS = ("unit", "slow")
 
 
@@ -62,11 +62,13 @@ def pytest_unconfigure(config):
     if hasattr(config, "workerinput") or SHARED_HOME not in os.environ:
         return
     home = os.environ.pop(SHARED_HOME)
-    if (Path(home) / "spark-server.json").exists():
-        env = {**os.environ, "CRAG_HOME": home}
-        stop = [sys.executable, "-m", "crag.cli", "spark", "stop"]
-        subprocess.run(stop, env=env, cwd=REPO, timeout=120, check=True, capture_output=True)
-    shutil.rmtree(home, ignore_errors=True)
+    try:
+        if (Path(home) / "spark-server.json").exists():
+            env = {**os.environ, "CRAG_HOME": home}
+            stop = [sys.executable, "-m", "crag.cli", "spark", "stop"]
+            subprocess.run(stop, env=env, cwd=REPO, timeout=120, check=True, capture_output=True)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _jvm_gateway():

@@ -1,5 +1,5 @@
 """`crag` processes on a Spark Connect server (the run's warm one, tests/conftest.py): a killed client
-resumed, two writers of one run id, the heartbeat, spark.conf. The server does the Spark work; these
+resumed, two writers of one run id, spark.conf, and the heartbeat (on a server of its own). The server does the Spark work; these
 tests' own process holds no JVM, as a Databricks serverless client holds none. The tables are read
 back with delta-rs, as any Delta reader would. Connect beside classic Spark: tests/spark/test_connect.py."""
 
@@ -12,8 +12,10 @@ import subprocess
 import sys
 import time
 
+import pytest
 from deltalake import DeltaTable
 
+from tests import connect_server
 from tests.support import REPO, committed_questions, crag_on, crag_run_args, run_rows, uniform_questions
 
 
@@ -97,7 +99,15 @@ def test_one_writer_per_run_id_on_connect(connect_url, index_overrides, tmp_path
     assert not answers.duplicated(["run_id", "question_id"]).any()
 
 
-def test_the_heartbeat_commits_while_a_batch_holds_its_tasks_on_connect(connect_url, emulator, tmp_path):
+@pytest.fixture
+def own_connect_url(tmp_path):
+    """A Spark Connect server of the test's own: on the shared one, the other worker's run could take
+    the task slot the test counts on."""
+    with connect_server.running(tmp_path) as url:
+        yield url
+
+
+def test_the_heartbeat_commits_while_a_batch_holds_its_tasks_on_connect(own_connect_url, emulator, tmp_path):
     """As on classic Spark (test_production_job): the server keeps a task slot beside the batch's, so
     the heartbeat's commits land while the batch runs. Each one is a MERGE in `runs`' log, as the
     claim is (which commits before the first request)."""
@@ -111,7 +121,7 @@ def test_the_heartbeat_commits_while_a_batch_holds_its_tasks_on_connect(connect_
     questions = uniform_questions(tmp_path / "questions.jsonl", 32)
     conf = REPO / "conf" / "databricks.yaml"
     crag_on(
-        connect_url,
+        own_connect_url,
         *crag_run_args(tmp_path, "--run-id", "beats", questions=questions, conf=conf, overrides=overrides),
     )
     now_ms, now = time.time() * 1000, time.perf_counter()

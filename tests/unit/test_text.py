@@ -69,6 +69,17 @@ def test_a_period_after_an_initial_or_an_abbreviation_ends_no_sentence():
     assert split_sentences("  \n ") == []
 
 
+def test_a_mark_with_no_space_after_it_ends_no_sentence():
+    assert split_sentences("Install ASP.NET first. See page?ID=3 for more.") == [
+        "Install ASP.NET first.",
+        "See page?ID=3 for more.",
+    ]
+    assert split_sentences("重さは３．５キログラムです。これは例である．次に進む．") == [
+        "重さは３．５キログラムです。",
+        "これは例である．次に進む．",
+    ]
+
+
 def test_word_windows():
     text = " ".join(f"w{i}" for i in range(120))
     windows = word_windows(text, 50)
