@@ -3,6 +3,7 @@ emulators, and the LangChain stores."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import importlib.util
 import os
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -147,9 +149,27 @@ def spark_server(crag_home):
     return state
 
 
-@pytest.fixture(scope="session")
-def connect_url(spark_server) -> str:
-    return spark_server.url
+@contextlib.contextmanager
+def _holding(crag_home: Path, how: int):
+    """The run's server held for one test: shared by tests that may overlap, alone for one that counts
+    the server's free task slots."""
+    with open(crag_home / "spark-server.busy", "w") as busy:
+        fcntl.flock(busy, how)
+        yield
+
+
+@pytest.fixture
+def connect_url(spark_server, crag_home) -> Iterator[str]:
+    """The run's warm server, shared with whatever else runs on it meanwhile."""
+    with _holding(crag_home, fcntl.LOCK_SH):
+        yield spark_server.url
+
+
+@pytest.fixture
+def connect_url_alone(spark_server, crag_home) -> Iterator[str]:
+    """The run's warm server with no other test's run on it (the other worker's wait meanwhile)."""
+    with _holding(crag_home, fcntl.LOCK_EX):
+        yield spark_server.url
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,7 @@
-"""A local Spark Connect server of a test's own, to kill mid-run or to have to itself: the server `crag
-spark start` runs (crag.spark_server), started in the foreground of a process group of its own.
-Clients connect to sc://127.0.0.1:PORT. (Tests that only use a server share the run's:
-tests/conftest.py.)"""
+"""A local Spark Connect server of a test's own, to kill mid-run: the server `crag spark start` runs
+(crag.spark_server), started in the foreground of a process group of its own. Clients connect to
+sc://127.0.0.1:PORT. (Tests that only use a server share the run's: tests/conftest.py.)"""
 
-import contextlib
 import os
 import socket
 import subprocess
@@ -37,15 +35,3 @@ def start(folder: Path) -> tuple[str, subprocess.Popen]:
             time.sleep(0.5)
     os.killpg(server.pid, 9)
     raise AssertionError("the Spark Connect server did not open its port; see " + log.name)
-
-
-@contextlib.contextmanager
-def running(folder: Path):
-    """start(), and the server's process group ended when the block ends: its URL."""
-    url, server = start(folder)
-    try:
-        yield url
-    finally:
-        if server.poll() is None:
-            os.killpg(server.pid, 9)
-        server.wait(timeout=60)

@@ -1,5 +1,5 @@
 """`crag` processes on a Spark Connect server (the run's warm one, tests/conftest.py): a killed client
-resumed, two writers of one run id, spark.conf, and the heartbeat (on a server of its own). The server does the Spark work; these
+resumed, two writers of one run id, spark.conf, and the heartbeat (with the server to itself). The server does the Spark work; these
 tests' own process holds no JVM, as a Databricks serverless client holds none. The tables are read
 back with delta-rs, as any Delta reader would. Connect beside classic Spark: tests/spark/test_connect.py."""
 
@@ -12,10 +12,8 @@ import subprocess
 import sys
 import time
 
-import pytest
 from deltalake import DeltaTable
 
-from tests import connect_server
 from tests.support import REPO, committed_questions, crag_on, crag_run_args, run_rows, uniform_questions
 
 
@@ -99,18 +97,11 @@ def test_one_writer_per_run_id_on_connect(connect_url, index_overrides, tmp_path
     assert not answers.duplicated(["run_id", "question_id"]).any()
 
 
-@pytest.fixture
-def own_connect_url(tmp_path):
-    """A Spark Connect server of the test's own: on the shared one, the other worker's run could take
-    the task slot the test counts on."""
-    with connect_server.running(tmp_path) as url:
-        yield url
-
-
-def test_the_heartbeat_commits_while_a_batch_holds_its_tasks_on_connect(own_connect_url, emulator, tmp_path):
+def test_the_heartbeat_commits_while_a_batch_holds_its_tasks_on_connect(connect_url_alone, emulator, tmp_path):
     """As on classic Spark (test_production_job): the server keeps a task slot beside the batch's, so
     the heartbeat's commits land while the batch runs. Each one is a MERGE in `runs`' log, as the
-    claim is (which commits before the first request)."""
+    claim is (which commits before the first request). The server to itself: another test's run on it
+    could take that slot."""
     emulator.behaviour["serving"].latency_s = 0.2  # a batch of about 7 s
     overrides = [
         "tables.stale_run_after_s=0.9",  # a beat every 0.3 s
@@ -121,7 +112,7 @@ def test_the_heartbeat_commits_while_a_batch_holds_its_tasks_on_connect(own_conn
     questions = uniform_questions(tmp_path / "questions.jsonl", 32)
     conf = REPO / "conf" / "databricks.yaml"
     crag_on(
-        own_connect_url,
+        connect_url_alone,
         *crag_run_args(tmp_path, "--run-id", "beats", questions=questions, conf=conf, overrides=overrides),
     )
     now_ms, now = time.time() * 1000, time.perf_counter()

@@ -11,6 +11,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from crag import spark_server as server_module
 from crag.spark_server import ServerState
 from tests.support import REPO, crag_run_args, run_rows
@@ -33,6 +35,7 @@ def test_stop_ends_the_whole_process_group_and_forgets_the_server(tmp_path, monk
     assert not ServerState.path().exists() and server_module.stop() is None
 
 
+@pytest.mark.usefixtures("connect_url")  # a run on the shared server
 def test_a_command_uses_the_warm_server_and_says_so_first(spark_server, crag_home, index_overrides, tmp_path):
     env = {**os.environ, "CRAG_HOME": str(crag_home)}
     status = subprocess.run(
