@@ -9,7 +9,6 @@ import importlib.util
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import LOCAL_CONF, REPO, SAMPLE, TOKEN
+from tests.support import LOCAL_CONF, SAMPLE, TOKEN, crag_command
 
 # The real-model tier needs llama-cpp-python's server, which `make test-llm` builds and names here.
 collect_ignore = [] if os.environ.get("CRAG_LLM_PYTHON") else ["llm"]
@@ -66,9 +65,7 @@ def pytest_unconfigure(config):
     home = os.environ.pop(SHARED_HOME)
     try:
         if (Path(home) / "spark-server.json").exists():
-            env = {**os.environ, "CRAG_HOME": home}
-            stop = [sys.executable, "-m", "crag.cli", "spark", "stop"]
-            subprocess.run(stop, env=env, cwd=REPO, timeout=120, check=True, capture_output=True)
+            crag_command("spark", "stop", home=Path(home), timeout=120).check_returncode()
     finally:
         shutil.rmtree(home, ignore_errors=True)
 
@@ -126,17 +123,9 @@ def spark_server(crag_home):
     """The warm server of `crag spark start`, in a process of its own: its state (ServerState). One
     for the whole run: the first worker to need it starts it (`start` returns the running one to the
     other, which waits on the lock meanwhile); `crag spark stop` when the run ends (pytest_unconfigure)."""
-    env = {**os.environ, "CRAG_HOME": str(crag_home)}
     with open(crag_home / "spark-server.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        started = subprocess.run(
-            [sys.executable, "-m", "crag.cli", "spark", "start"],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=REPO,
-            timeout=600,
-        )
+        started = crag_command("spark", "start", home=crag_home)
     assert started.returncode == 0, started.stderr[-3000:]
     from crag.spark_server import ServerState
 

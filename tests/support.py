@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -85,11 +86,19 @@ def copy_warehouse(warehouse, to: Path) -> Path:
     return to
 
 
-def crag_on(url: str, *args: str, check: bool = True, **popen) -> subprocess.CompletedProcess:
+def crag_command(*args: str, home: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """A `crag` command in a process of its own, run from the checkout, its output captured; `home`:
+    its CRAG_HOME (where the warm Spark server's state is)."""
+    env = None if home is None else {**os.environ, "CRAG_HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "crag.cli", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout
+    )
+
+
+def crag_on(url: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """A `crag` command on the Spark Connect server at `url`, in a process of its own; it must succeed
     unless `check` is false."""
-    command = [sys.executable, "-m", "crag.cli", *args, "--set", f"spark.remote={url}"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO, **popen)
+    done = crag_command(*args, "--set", f"spark.remote={url}")
     if check:
         assert done.returncode == 0, done.stderr[-3000:]
     return done
@@ -151,6 +160,23 @@ def run_rows(warehouse, name: str, run_id: str | None = None):
 
     rows = read_table(warehouse, name).to_pandas()
     return rows if run_id is None else rows[rows["run_id"] == run_id].reset_index(drop=True)
+
+
+def killed_once_committed(
+    process: subprocess.Popen, warehouse, run_id: str, at_least: int, within_s: float
+) -> set[str]:
+    """SIGKILL to the process group of a `crag run` (started in a session of its own, its stderr piped)
+    once it has committed answers to `at_least` questions: the questions committed by then. The test
+    fails if the run ends first."""
+    deadline = time.time() + within_s
+    while time.time() < deadline and process.poll() is None:
+        if len(committed_questions(warehouse, run_id)) >= at_least:
+            break
+        time.sleep(0.2)
+    assert process.poll() is None, "the run ended before it could be killed: " + process.stderr.read().decode()[-1500:]
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    return committed_questions(warehouse, run_id)
 
 
 def committed_questions(warehouse, run_id: str) -> set[str]:

@@ -5,16 +5,14 @@ back with delta-rs, as any Delta reader would. Connect beside classic Spark: tes
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
 
 from deltalake import DeltaTable
 
-from tests.support import REPO, committed_questions, crag_on, crag_run_args, run_rows, uniform_questions
+from tests.support import REPO, crag_on, crag_run_args, killed_once_committed, run_rows, uniform_questions
 
 
 def run_args_on(index_overrides, warehouse, run_id, *extra):
@@ -41,16 +39,7 @@ def test_sigkill_then_resume_on_connect(connect_url, index_overrides, tmp_path):
     first = subprocess.Popen(
         command, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
-    deadline, staged = time.time() + 300, 0
-    while time.time() < deadline and first.poll() is None:
-        staged = len(committed_questions(warehouse, "killed"))
-        if staged >= 12:
-            break
-        time.sleep(0.2)
-    assert first.poll() is None, "the run ended before it could be killed: " + first.stderr.read().decode()[-1500:]
-    os.killpg(first.pid, signal.SIGKILL)
-    first.wait()
-    done = committed_questions(warehouse, "killed")
+    done = killed_once_committed(first, warehouse, "killed", 12, within_s=300)
     assert 12 <= len(done) < 49
     second = crag_on(connect_url, *args[:-2], "--resume", "killed")
     # The server finishes the write a killed client had started: it may commit after `done` was read.

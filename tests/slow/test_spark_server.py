@@ -4,10 +4,8 @@ own server, tests/conftest.py), and its end: `crag spark stop` stops every proce
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -15,7 +13,7 @@ import pytest
 
 from crag import spark_server as server_module
 from crag.spark_server import ServerState
-from tests.support import REPO, crag_run_args, run_rows
+from tests.support import crag_command, crag_run_args, run_rows
 
 
 def test_stop_ends_the_whole_process_group_and_forgets_the_server(tmp_path, monkeypatch):
@@ -37,31 +35,14 @@ def test_stop_ends_the_whole_process_group_and_forgets_the_server(tmp_path, monk
 
 @pytest.mark.usefixtures("connect_url")  # a run on the shared server
 def test_a_command_uses_the_warm_server_and_says_so_first(spark_server, crag_home, index_overrides, tmp_path):
-    env = {**os.environ, "CRAG_HOME": str(crag_home)}
-    status = subprocess.run(
-        [sys.executable, "-m", "crag.cli", "spark", "status"], capture_output=True, text=True, env=env, timeout=60
-    )
+    status = crag_command("spark", "status", home=crag_home, timeout=60)
     assert status.stdout.strip() == f"a Spark server runs at {spark_server.url} (pid {spark_server.pid})"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "crag.cli",
-            *crag_run_args(tmp_path / "wh", "--run-id", "warm", overrides=index_overrides),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=600,
-    )
+    done = crag_command(*crag_run_args(tmp_path / "wh", "--run-id", "warm", overrides=index_overrides), home=crag_home)
     assert done.returncode == 0, done.stderr[-3000:]
     first = done.stderr.splitlines()[0]
     assert first == f"crag: using the Spark server at {spark_server.url} (crag spark start; crag spark stop ends it)"
     assert len(run_rows(tmp_path / "wh", "answers", "warm")) == 49
-    again = subprocess.run(
-        [sys.executable, "-m", "crag.cli", "spark", "start"], capture_output=True, text=True, env=env, timeout=60
-    )
+    again = crag_command("spark", "start", home=crag_home, timeout=60)
     assert (
         again.stdout.strip() == f"a Spark server runs at {spark_server.url}: crag commands use it until crag spark stop"
     )

@@ -4,11 +4,9 @@ stored."""
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pandas as pd
 import pytest
@@ -28,6 +26,7 @@ from tests.support import (
     committed_questions,
     copy_warehouse,
     crag_run_args,
+    killed_once_committed,
     run_rows,
 )
 
@@ -242,17 +241,7 @@ def test_sigkill_of_the_driver_then_resume(spark, emulator, sample_indexes, tmp_
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    deadline = time.time() + 240
-    answered = 0
-    while time.time() < deadline and first.poll() is None:
-        answered = len(committed_questions(warehouse, "killed"))
-        if answered >= 16:
-            break
-        time.sleep(0.2)
-    assert first.poll() is None, "the run finished before it could be killed: " + first.stderr.read().decode()[-500:]
-    os.killpg(first.pid, signal.SIGKILL)
-    first.wait()
-    done = committed_questions(warehouse, "killed")
+    done = killed_once_committed(first, warehouse, "killed", 16, within_s=240)
     assert 16 <= len(done) < 49
     runs = table(warehouse, "runs")
     assert runs.loc[0, "status"] == "running"  # nobody could mark it otherwise
