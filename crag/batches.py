@@ -83,11 +83,18 @@ def input_rows(checked, ledger: Ledger):
     )
 
 
-# The tables a run writes after its last reply: its outcome, its last batch's results, its metrics.
-# (Its stage-cache rows too, but their write reads the table first, for the keys it holds already.)
-# Read once, while the run answers: in a run of several batches, each later commit leaves a new
-# version of `results` unread again; the state of `runs` holds (and is read again after each beat).
+# The tables a run writes after its last reply: its outcome, its last batch's results, its metrics
+# (only a run whose questions carry gold has any). (Its stage-cache rows too, but their write reads the
+# table first, for the keys it holds already.) Read once, while the run answers: in a run of several
+# batches, each later commit leaves a new version of `results` unread again; the state of `runs` holds
+# (and is read again after each beat).
 WRITTEN_LAST = ("runs", "results", "metric_values")
+
+
+def written_last(plan: RunPlan) -> tuple[str, ...]:
+    """WRITTEN_LAST but the metrics of a run without gold, which it never writes: reading a table's
+    state takes the JVM a second, beside the answering."""
+    return tuple(table for table in WRITTEN_LAST if table != "metric_values" or plan.gold_rows)
 
 
 def hold(plan: RunPlan, heartbeat: Heartbeat) -> None:
@@ -111,7 +118,7 @@ def hold(plan: RunPlan, heartbeat: Heartbeat) -> None:
 def _ready_last_commits(plan: RunPlan, held: Future, answered: threading.Event, after_s: float = 1.0) -> None:
     """What the commits after a run's last reply would otherwise do first, done while it still answers:
     the totals they observe built (RunPlan.result_totals), then the state of the tables they write
-    (WRITTEN_LAST) read (Warehouse.load_states), table by table until the answering ends. Once the run
+    (written_last) read (Warehouse.load_states), table by table until the answering ends. Once the run
     is held and its answering has gone on for `after_s` more: the reads would take the batch's task
     slots before then, and the driver's time goes to the hold's two commits; a short run readies
     nothing (its last commit builds the totals), since the reads would only slow its own commits.
@@ -122,7 +129,7 @@ def _ready_last_commits(plan: RunPlan, held: Future, answered: threading.Event, 
         plan.result_totals  # noqa: B018  # built now, kept on the plan
     except Exception:
         log.debug("could not build the run's totals ahead of its commits", exc_info=True)
-    for table in WRITTEN_LAST:
+    for table in written_last(plan):
         if answered.is_set():
             return
         plan.warehouse.load_states((table,))

@@ -1,7 +1,7 @@
 """What a run readies beside its answering for the commits after its last reply
 (crag.batches._ready_last_commits): the totals they observe built and the state of the tables they
-write read while it answers a long batch, and nothing done by a short one, whose reads would only
-slow its own commits."""
+write read while it answers a long batch (the metrics' only when its questions carry gold), and
+nothing done by a short one, whose reads would only slow its own commits."""
 
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ class Warehouse:
 
 
 class Plan:
-    """A run's plan as the readying sees it: its warehouse, and its totals, whose building is logged
-    with the reads (and fails when `failing`)."""
+    """A run's plan as the readying sees it: its warehouse, its questions with gold, and its totals,
+    whose building is logged with the reads (and fails when `failing`)."""
 
-    def __init__(self, warehouse: Warehouse, failing: bool = False):
-        self.warehouse, self.failing = warehouse, failing
+    def __init__(self, warehouse: Warehouse, failing: bool = False, gold_rows: int = 3):
+        self.warehouse, self.failing, self.gold_rows = warehouse, failing, gold_rows
 
     @property
     def result_totals(self) -> list:
@@ -42,8 +42,10 @@ class Plan:
 AFTER_S = 0.2  # the answering's time after the hold before the reads start (1 s in a run)
 
 
-def _reader(warehouse: Warehouse, held: Future, answered: threading.Event, failing: bool = False) -> threading.Thread:
-    plan = Plan(warehouse, failing)
+def _reader(
+    warehouse: Warehouse, held: Future, answered: threading.Event, failing: bool = False, gold_rows: int = 3
+) -> threading.Thread:
+    plan = Plan(warehouse, failing, gold_rows)
     thread = threading.Thread(target=_ready_last_commits, args=(plan, held, answered, AFTER_S))
     thread.start()
     return thread
@@ -54,6 +56,14 @@ def test_a_long_answering_builds_the_totals_then_reads_every_table_written_after
     reader = _reader(warehouse, finished(), answered)
     reader.join(WAIT_S)
     assert warehouse.read == ["totals", *WRITTEN_LAST] and "runs" in warehouse.read
+
+
+def test_a_run_without_gold_leaves_the_metrics_table_unread():
+    """Its last commits write no metrics (crag.batches._score, crag.job.evaluate need gold)."""
+    warehouse = Warehouse()
+    _reader(warehouse, finished(), threading.Event(), gold_rows=0).join(WAIT_S)
+    assert warehouse.read == ["totals", *(t for t in WRITTEN_LAST if t != "metric_values")]
+    assert "metric_values" in WRITTEN_LAST
 
 
 def test_an_answering_over_soon_after_the_hold_reads_nothing():
