@@ -8,7 +8,9 @@ grades table, against the run's gold labels, give the thresholds that would have
   among equals it prefers the narrower ambiguous band.
 - the grader's yes/no threshold: the relevance cut that maximises F1 of "yes" against gold_doc_ids.
 - the semantic grader's weights, per language: when the run was graded by it, a logistic regression of
-  "the document is gold" on its lexical relevance and cosine (both kept in each grade's rationale).
+  "the document is gold" on its lexical relevance and cosine (both kept in each grade's rationale),
+  the question-level term of its knowledge-base documents (best_cosine, also kept there) held as the
+  run recorded it: that term is fitted on the CRAG action, not on gold documents (docs/quality.md).
   The routing and yes/no thresholds are then proposed on the relevance the fitted weights give, so
   one `crag calibrate` yields a complete, consistent configuration.
 - the lexical grader's exponents, per language: when the run was graded by it (score and language
@@ -190,10 +192,13 @@ def newton(moments, keys: Sequence, size: int = 3, ridge: float = 1e-3, steps: i
     return w
 
 
-def logistic_moments(features: np.ndarray, target: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The log-loss's gradient and Hessian at `w` over these rows (sums: parts of the data add up)."""
+def logistic_moments(
+    features: np.ndarray, target: np.ndarray, w: np.ndarray, offset: np.ndarray | float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """The log-loss's gradient and Hessian at `w` over these rows (sums: parts of the data add up);
+    `offset`: a fixed part of each row's logit, not fitted."""
     x = np.column_stack([np.ones(len(features)), features])
-    p = 1 / (1 + np.exp(-(x @ w)))
+    p = 1 / (1 + np.exp(-(x @ w + offset)))
     return x.T @ (p - target), (x * (p * (1 - p))[:, None]).T @ x
 
 
@@ -296,8 +301,9 @@ def calibrate_run(warehouse, run_id: str, config: dict) -> dict:
 
 
 def _parsed(docs: pd.DataFrame) -> pd.DataFrame:
-    """A part's documents with what their rationale records: the semantic grader's lexical, cosine and
-    language, the lexical grader's score and language (NaN / None where it records none)."""
+    """A part's documents with what their rationale records: the semantic grader's lexical, cosine,
+    language and question-level term (0 where none), the lexical grader's score and language (NaN /
+    None where it records none)."""
     rationale = docs["rationale"].fillna("").astype(str)
     semantic = rationale.str.extract(SEMANTIC_RATIONALE)
     lexical = rationale.str.extract(LEXICAL_RATIONALE)
@@ -306,6 +312,7 @@ def _parsed(docs: pd.DataFrame) -> pd.DataFrame:
         lexical=semantic["lexical"].astype(float),
         cosine=semantic["cosine"].astype(float),
         semantic_language=semantic["language"],
+        semantic_term=semantic["term"].astype(float).fillna(0.0),
         score=lexical["score"].astype(float),
         score_language=lexical["language"],
         has_gold_docs=gold_docs.map(bool),
@@ -431,7 +438,10 @@ def _moments_by_language(docs: pd.DataFrame, weights: dict[str, np.ndarray]) -> 
     rows = []
     for language, part in d.groupby("semantic_language"):
         g, h = logistic_moments(
-            part[["lexical", "cosine"]].to_numpy(), part["is_gold"].to_numpy(float), weights[language]
+            part[["lexical", "cosine"]].to_numpy(),
+            part["is_gold"].to_numpy(float),
+            weights[language],
+            part["semantic_term"].to_numpy(),
         )
         rows.append(
             {
@@ -482,7 +492,12 @@ def refit_semantic(aggregate: Aggregate) -> tuple[dict[str, dict], Relevance] | 
         out = d["relevance"].astype(float).copy()
         for language, w in weights.items():
             rows = fitted & (d["semantic_language"] == language)
-            z = w["bias"] + w["lexical"] * d.loc[rows, "lexical"] + w["semantic"] * d.loc[rows, "cosine"]
+            z = (
+                w["bias"]
+                + w["lexical"] * d.loc[rows, "lexical"]
+                + w["semantic"] * d.loc[rows, "cosine"]
+                + d.loc[rows, "semantic_term"]  # the question-level term, kept as the run recorded it
+            )
             out[rows] = (1 / (1 + np.exp(-z))).round(4)
         return out
 
@@ -624,8 +639,8 @@ def report(result: dict) -> str:
     current = "current (the run's weights)" if result.get("semantic") or result.get("lexical") else "current "
     if result.get("semantic"):
         lines.append(
-            "semantic grader weights per language (logistic fit against gold_doc_ids); the thresholds below "
-            "assume them:"
+            "semantic grader weights per language (logistic fit against gold_doc_ids, any best_cosine term "
+            "kept as the run recorded it); the thresholds below assume them:"
         )
         for lang, w in sorted(result["semantic"].items()):
             lines.append(

@@ -284,6 +284,13 @@ class LanguageCalibration(Section):
     lexical: float
     semantic: float
     bias: float
+    # A question-level term, for the knowledge base's documents: + best_cosine * (the best cosine among
+    # the knowledge-base documents graded with this one - best_cosine_center). How close the question's
+    # nearest document comes says whether the knowledge base holds its subject at all, which the one
+    # document's relevance says less well (docs/quality.md). Web results, found by a search for this
+    # very question, are graded without it.
+    best_cosine: float = 0.0
+    best_cosine_center: float = 0.0
 
 
 # The packaged sentence encoders (crag.backends.embedding.MODELS).
@@ -297,14 +304,17 @@ EmbeddingModel = Literal["multilingual-e5-small", "use-multilingual-v3", "all-mi
 # development samples (--setup actions --seed 1 and 2, the three sets; en from SQuAD 2.0, ja from JSQuAD
 # and JaQuAD), each bias then moved so that its language's best routing cut lies at 0.5 (docs/quality.md).
 # multilingual-e5-small: fitted the same way on --seed 1 when the lexical input was term coverage alone
-# (before the three signals); `crag calibrate` on a run of it refits them.
+# (before the three signals); `crag calibrate` on a run of it refits them. all-minilm-l6-v2 as
+# use-multilingual-v3, and its English best_cosine term from a regression of the expected route on each
+# question's best document logit and best cosine over the same samples, folded into the documents'
+# logits so that 0.5 stays the routing cut (best_cosine_center: the bias the fold moved, over the weight).
 FITTED_WEIGHTS: dict[str, dict[str, dict[str, float]]] = {
     "multilingual-e5-small": {
         "en": {"lexical": 5.545, "semantic": 41.093, "bias": -40.114},
         "ja": {"lexical": 11.5, "semantic": 18.347, "bias": -23.594},
     },
     "all-minilm-l6-v2": {
-        "en": {"lexical": 7.237, "semantic": 5.645, "bias": -5.827},
+        "en": {"lexical": 7.237, "semantic": 5.645, "bias": -5.827, "best_cosine": 2.82, "best_cosine_center": 0.581},
         "ja": {"lexical": 11.776, "semantic": 0.0, "bias": -5.888},
     },
     "use-multilingual-v3": {
@@ -341,11 +351,17 @@ class SemanticGraderConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _the_models_weights(cls, data: Any) -> Any:
-        """A language the config does not calibrate gets the weights fitted for the configured model."""
-        if isinstance(data, dict) and isinstance(data.get("languages", {}), dict):
+        """A language the config does not calibrate gets the weights fitted for the configured model, and
+        one it calibrates gets the model's weights for the keys it leaves out (`crag calibrate` prints
+        lexical, semantic and bias, fitted around the model's best_cosine term)."""
+        given = data.get("languages", {}) if isinstance(data, dict) else None
+        if isinstance(given, dict):
             fitted = FITTED_WEIGHTS.get(data.get("embedding", "use-multilingual-v3"))
             if fitted is not None:  # an unknown model fails `embedding` with its own message
-                data = {**data, "languages": {**fitted, **data.get("languages", {})}}
+                merged = {
+                    lang: {**w, **given[lang]} if isinstance(given.get(lang), dict) else w for lang, w in fitted.items()
+                }
+                data = {**data, "languages": {**given, **merged}}
         return data
 
 

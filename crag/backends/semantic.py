@@ -2,12 +2,16 @@
 signals, with `exponents` and `signals` of its own) and the embedding cosine of the question and the
 document, combined per language into the probability that the document is relevant:
 
-    relevance = sigmoid(bias + lexical * lexical_relevance + semantic * cosine)
+    relevance = sigmoid(bias + lexical * lexical_relevance + semantic * cosine
+                        + best_cosine * (best - best_cosine_center))
 
-with one (lexical, semantic, bias) per language, fitted by `crag calibrate` against gold_doc_ids
-(cosines of one model differ by language: Japanese pairs sit higher than English ones). A document
-found in a local index with dense vectors is compared through its best-matching child chunk; any other
-text (a Tavily result, a refined strip) is embedded when graded."""
+with one set of weights per language, fitted by `crag calibrate` against gold_doc_ids (cosines of one
+model differ by language: Japanese pairs sit higher than English ones). `best` is the best cosine among
+the knowledge base's documents graded with this one: a question-level term, for knowledge-base documents
+only, fitted on the CRAG action rather than on gold documents (docs/quality.md), which `crag calibrate`
+keeps as the run recorded it. A document found in a local index with dense vectors is compared through
+its best-matching child chunk; any other text (a Tavily result, a refined strip) is embedded when
+graded."""
 
 from __future__ import annotations
 
@@ -20,7 +24,10 @@ from crag.backends.lexical import LexicalGrader, LexicalScorer, is_relevant, lan
 from crag.config import SemanticGraderConfig
 
 # The rationale is also the record `crag calibrate` refits the weights from.
-RATIONALE = re.compile(r"lexical (?P<lexical>[0-9.]+), cosine (?P<cosine>-?[0-9.]+), language (?P<language>\w+)")
+RATIONALE = re.compile(
+    r"lexical (?P<lexical>[0-9.]+), cosine (?P<cosine>-?[0-9.]+), language (?P<language>\w+)"
+    r"(?:, best cosine -?[0-9.]+ \((?P<term>[-+][0-9.]+)\))?"
+)
 
 
 class SemanticGrader:
@@ -49,10 +56,19 @@ class SemanticGrader:
     def grade(self, question: str, documents: list[Document], usage: Usage) -> list[Grade]:
         lang = language(question)
         weights = getattr(self.cfg.languages, lang)
+        cosines = [self.cosine(question, doc) for doc in documents]
+        # the question-level term's input: web results were found by a search for this very question
+        best = max((c for c, doc in zip(cosines, documents) if doc.get("source") != "web"), default=0.0)
+        term = weights.best_cosine * (best - weights.best_cosine_center)
         grades = []
-        for doc, (lexical, evidence, _) in zip(documents, self.lexical.relevances(question, documents)):
-            cosine = self.cosine(question, doc)
+        for doc, cosine, (lexical, evidence, _) in zip(
+            documents, cosines, self.lexical.relevances(question, documents)
+        ):
             z = weights.bias + weights.lexical * lexical + weights.semantic * cosine
+            rationale = f"lexical {lexical:.4f}, cosine {cosine:.4f}, language {lang}"
+            if weights.best_cosine and doc.get("source") != "web":
+                z += term
+                rationale += f", best cosine {best:.4f} ({term:+.4f})"
             relevance = round(1 / (1 + math.exp(-z)), 4)  # the stored value is the one compared with the threshold
             grades.append(
                 Grade(
@@ -60,7 +76,7 @@ class SemanticGrader:
                     grade="yes"
                     if is_relevant(relevance, len(evidence.matched), doc, self.cfg.threshold, self.cfg.web_threshold)
                     else "no",
-                    rationale=f"lexical {lexical:.4f}, cosine {cosine:.4f}, language {lang}",
+                    rationale=rationale,
                 )
             )
         return grades

@@ -117,6 +117,34 @@ def test_semantic_grader_combines_lexical_and_cosine_per_language(dense_index):
     )
 
 
+def test_the_best_cosine_term_lifts_a_questions_knowledge_base_documents_alike_and_no_web_result(dense_index):
+    """best_cosine adds best_cosine * (best - center) to each knowledge-base document's logit, `best`
+    the highest cosine among the knowledge-base documents graded together; a web result graded in the
+    same call gets no such term (and its rationale records none)."""
+    plain = LanguageCalibration(lexical=2.0, semantic=20.0, bias=-17.0)
+    termed = plain.model_copy(update={"best_cosine": 3.0, "best_cosine_center": 0.2})
+    grader, index = _grader(dense_index, {"en": termed, "ja": plain})
+    docs = index.search(["cat sofa stock prices"], 10, source="internal")[0]
+    web = {**docs[0], "source": "web", "doc_id": "web-cat"}
+    question = "Where does the feline nap?"
+    grades = grader.grade(question, [*docs, web], Usage())
+    found = [RATIONALE.search(g.rationale) for g in grades]
+    best = max(float(f["cosine"]) for f in found[:-1])
+    for g, f in zip(grades[:-1], found[:-1]):
+        z = plain.bias + plain.lexical * float(f["lexical"]) + plain.semantic * float(f["cosine"])
+        assert float(f["term"]) == pytest.approx(3.0 * (best - 0.2), abs=1e-4)
+        assert g.relevance == pytest.approx(1 / (1 + np.exp(-(z + 3.0 * (best - 0.2)))), abs=1e-3)
+    assert found[-1]["term"] is None and "best cosine" not in grades[-1].rationale
+    z = plain.bias + plain.lexical * float(found[-1]["lexical"]) + plain.semantic * float(found[-1]["cosine"])
+    assert grades[-1].relevance == pytest.approx(1 / (1 + np.exp(-z)), abs=1e-3)
+    # without the term (the default), the same documents' relevances are the plain formula's
+    unchanged = _grader(dense_index, {"en": plain, "ja": plain})[0].grade(question, docs, Usage())
+    assert all("best cosine" not in g.rationale for g in unchanged)
+    for g, f in zip(unchanged, found[:-1]):
+        z = plain.bias + plain.lexical * float(f["lexical"]) + plain.semantic * float(f["cosine"])
+        assert g.relevance == pytest.approx(1 / (1 + np.exp(-z)), abs=1e-3)
+
+
 def test_logistic_fit_recovers_known_weights():
     rng = np.random.default_rng(3)
     x = rng.uniform(0, 1, (4000, 2))

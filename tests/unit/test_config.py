@@ -18,6 +18,8 @@ from crag.config import (
     MAX_YAML_VALUES,
     CragConfig,
     EndpointPolicy,
+    LanguageCalibration,
+    SemanticLanguages,
     SparkConfig,
     load_config,
     redacted,
@@ -200,7 +202,7 @@ def test_the_semantic_grader_gets_the_weights_fitted_for_its_model(variant, mode
 
     cfg = load_config(LOCAL_CONF, [], variant)
     assert cfg.grader.embedding == cfg.indexing.embedding == model
-    assert cfg.grader.languages.model_dump() == FITTED_WEIGHTS[model]
+    assert cfg.grader.languages == SemanticLanguages(**FITTED_WEIGHTS[model])
     assert FITTED_WEIGHTS["multilingual-e5-small"] != FITTED_WEIGHTS["use-multilingual-v3"]
     # switching the model alone switches the weights; a calibrated language keeps its own
     switched = load_config(
@@ -213,8 +215,11 @@ def test_the_semantic_grader_gets_the_weights_fitted_for_its_model(variant, mode
             "grader.languages.en.bias=-3",
         ],
     ).grader.languages
-    assert switched.en.model_dump() == {"lexical": 1, "semantic": 2, "bias": -3}
-    assert switched.ja.model_dump() == FITTED_WEIGHTS[model]["ja"]
+    # the keys a calibrated language leaves out (the question-level term) are still the model's
+    assert switched.en == LanguageCalibration(
+        **{**FITTED_WEIGHTS[model]["en"], "lexical": 1, "semantic": 2, "bias": -3}
+    )
+    assert switched.ja == LanguageCalibration(**FITTED_WEIGHTS[model]["ja"])
 
 
 def test_a_variant_that_switches_a_backend_leaves_the_replaced_backends_keys_behind(tmp_path):

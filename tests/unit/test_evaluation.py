@@ -410,6 +410,42 @@ def test_the_refitted_semantic_relevance_is_the_one_the_printed_weights_give():
     assert relevance(_parsed(docs)).tolist() == printed.tolist()
 
 
+def test_the_semantic_refit_holds_the_recorded_question_term_fixed():
+    """A knowledge-base document's rationale records the question-level term its relevance included
+    (best_cosine): the refit fits the other weights around it, and the relevance it gives includes it."""
+    rng = np.random.default_rng(5)
+    n = 3000
+    lex, cos = rng.uniform(0, 1, n).round(4), rng.uniform(0, 1, n).round(4)
+    term = rng.choice([-2.0, 0.0, 2.0], n)
+    true = np.array([-4.0, 3.0, 5.0])
+    is_gold = rng.uniform(size=n) < 1 / (1 + np.exp(-(true[0] + true[1] * lex + true[2] * cos + term)))
+    grades = pd.DataFrame(
+        {
+            "question_id": [f"q{i}" for i in range(n)],
+            "source": "internal",
+            "doc_id": [f"d{i}" for i in range(n)],
+            "relevance": 0.5,
+            "rationale": [
+                f"lexical {a:.4f}, cosine {b:.4f}, language en, best cosine 0.5000 ({t:+.4f})"
+                for a, b, t in zip(lex, cos, term)
+            ],
+        }
+    )
+    gold = pd.DataFrame(
+        {
+            "question_id": grades["question_id"],
+            "expected_route": None,
+            "gold_doc_ids": [[f"d{i}"] if g else ["other"] for i, g in enumerate(is_gold)],
+        }
+    )
+    docs = docs_of(grades, gold)
+    weights, relevance = refit_semantic(local_aggregate(docs))
+    w = weights["en"]
+    assert [w["bias"], w["lexical"], w["semantic"]] == pytest.approx(true, abs=0.6)
+    z = w["bias"] + w["lexical"] * lex + w["semantic"] * cos + term
+    assert relevance(_parsed(docs)).tolist() == np.round(1 / (1 + np.exp(-z)), 4).tolist()
+
+
 def test_calibrate_fits_no_threshold_to_a_binary_grader():
     """An LLM grader of format binary stores relevance 1 (yes) or 0 (no): its grades are scored, and no
     threshold is proposed, since none would change them."""
