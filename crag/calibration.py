@@ -8,9 +8,11 @@ grades table, against the run's gold labels, give the thresholds that would have
   among equals it prefers the narrower ambiguous band.
 - the grader's yes/no threshold: the relevance cut that maximises F1 of "yes" against gold_doc_ids.
 - the semantic grader's weights, per language: when the run was graded by it, a logistic regression of
-  "the document is gold" on its lexical relevance and cosine (both kept in each grade's rationale),
-  the question-level term of its knowledge-base documents (best_cosine, also kept there) held as the
-  run recorded it: that term is fitted on the CRAG action, not on gold documents (docs/quality.md).
+  "the document is gold" on its lexical relevance and cosine (both kept in each grade's rationale);
+  then, where the run has questions of both routes, its question-level best_cosine term: a logistic
+  regression of "the question is expected from the knowledge base" on its best knowledge-base
+  document's logit (those weights, without the term) and its best knowledge-base cosine, folded into
+  the documents' logits (best_cosine, best_cosine_center; docs/quality.md).
   The routing and yes/no thresholds are then proposed on the relevance the fitted weights give, so
   one `crag calibrate` yields a complete, consistent configuration.
 - the lexical grader's exponents, per language: when the run was graded by it (score and language
@@ -192,13 +194,10 @@ def newton(moments, keys: Sequence, size: int = 3, ridge: float = 1e-3, steps: i
     return w
 
 
-def logistic_moments(
-    features: np.ndarray, target: np.ndarray, w: np.ndarray, offset: np.ndarray | float = 0.0
-) -> tuple[np.ndarray, np.ndarray]:
-    """The log-loss's gradient and Hessian at `w` over these rows (sums: parts of the data add up);
-    `offset`: a fixed part of each row's logit, not fitted."""
+def logistic_moments(features: np.ndarray, target: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The log-loss's gradient and Hessian at `w` over these rows (sums: parts of the data add up)."""
     x = np.column_stack([np.ones(len(features)), features])
-    p = 1 / (1 + np.exp(-(x @ w + offset)))
+    p = 1 / (1 + np.exp(-(x @ w)))
     return x.T @ (p - target), (x * (p * (1 - p))[:, None]).T @ x
 
 
@@ -301,9 +300,8 @@ def calibrate_run(warehouse, run_id: str, config: dict) -> dict:
 
 
 def _parsed(docs: pd.DataFrame) -> pd.DataFrame:
-    """A part's documents with what their rationale records: the semantic grader's lexical, cosine,
-    language and question-level term (0 where none), the lexical grader's score and language (NaN /
-    None where it records none)."""
+    """A part's documents with what their rationale records: the semantic grader's lexical, cosine and
+    language, the lexical grader's score and language (NaN / None where it records none)."""
     rationale = docs["rationale"].fillna("").astype(str)
     semantic = rationale.str.extract(SEMANTIC_RATIONALE)
     lexical = rationale.str.extract(LEXICAL_RATIONALE)
@@ -312,7 +310,7 @@ def _parsed(docs: pd.DataFrame) -> pd.DataFrame:
         lexical=semantic["lexical"].astype(float),
         cosine=semantic["cosine"].astype(float),
         semantic_language=semantic["language"],
-        semantic_term=semantic["term"].astype(float).fillna(0.0),
+        from_web=docs["source"] == "web",
         score=lexical["score"].astype(float),
         score_language=lexical["language"],
         has_gold_docs=gold_docs.map(bool),
@@ -430,19 +428,12 @@ def _semantic_counts(docs: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _moments_by_language(docs: pd.DataFrame, weights: dict[str, np.ndarray]) -> pd.DataFrame:
-    """logistic_moments at each language's `weights`, over its semantic features in questions with gold
-    documents: language, g0..g2 (the gradient), h00..h22 (the Hessian)."""
-    d = _parsed(docs)
-    d = d[d["lexical"].notna() & d["has_gold_docs"] & d["semantic_language"].isin(list(weights))]
+def _moments_frame(parts: dict[str, tuple[np.ndarray, np.ndarray]], weights: dict[str, np.ndarray]) -> pd.DataFrame:
+    """logistic_moments of each language's (features, target) at its `weights`: language, g0..g2 (the
+    gradient), h00..h22 (the Hessian)."""
     rows = []
-    for language, part in d.groupby("semantic_language"):
-        g, h = logistic_moments(
-            part[["lexical", "cosine"]].to_numpy(),
-            part["is_gold"].to_numpy(float),
-            weights[language],
-            part["semantic_term"].to_numpy(),
-        )
+    for language, (features, target) in parts.items():
+        g, h = logistic_moments(features, target, weights[language])
         rows.append(
             {
                 "language": language,
@@ -455,49 +446,128 @@ def _moments_by_language(docs: pd.DataFrame, weights: dict[str, np.ndarray]) -> 
     )
 
 
+def _moments_by_language(docs: pd.DataFrame, weights: dict[str, np.ndarray]) -> pd.DataFrame:
+    """_moments_frame over each language's semantic features in questions with gold documents, against
+    whether the document is gold."""
+    d = _parsed(docs)
+    d = d[d["lexical"].notna() & d["has_gold_docs"] & d["semantic_language"].isin(list(weights))]
+    return _moments_frame(
+        {
+            language: (part[["lexical", "cosine"]].to_numpy(), part["is_gold"].to_numpy(float))
+            for language, part in d.groupby("semantic_language")
+        },
+        weights,
+    )
+
+
+def _questions(docs: pd.DataFrame, weights: dict[str, dict]) -> pd.DataFrame:
+    """The questions with an expected route and knowledge-base documents graded by the semantic grader
+    in a language of `weights`: language, internal (expected from the knowledge base), best_logit (the
+    best such document's logit under those weights, no question-level term), best_cosine (the best
+    cosine among them)."""
+    d = _parsed(docs)
+    d = d[
+        d["lexical"].notna()
+        & ~d["from_web"]
+        & d["expected_route"].isin(["internal", "web", "none"])
+        & d["semantic_language"].isin(list(weights))
+    ]
+    language = d["semantic_language"]
+    logit = (
+        language.map({k: w["bias"] for k, w in weights.items()})
+        + language.map({k: w["lexical"] for k, w in weights.items()}) * d["lexical"]
+        + language.map({k: w["semantic"] for k, w in weights.items()}) * d["cosine"]
+    )
+    grouped = d.assign(logit=logit).groupby("question_id", sort=False)
+    return pd.DataFrame(
+        {
+            "language": grouped["semantic_language"].first(),
+            "internal": grouped["expected_route"].first() == "internal",
+            "best_logit": grouped["logit"].max(),
+            "best_cosine": grouped["cosine"].max(),
+        }
+    )
+
+
+def _route_counts(docs: pd.DataFrame, weights: dict[str, dict]) -> pd.DataFrame:
+    q = _questions(docs, weights)
+    return (
+        q.assign(n=1, internal=q["internal"].astype(int)).groupby("language", as_index=False)[["n", "internal"]].sum()
+    )
+
+
+def _route_moments(docs: pd.DataFrame, doc_weights: dict[str, dict], weights: dict[str, np.ndarray]) -> pd.DataFrame:
+    """_moments_frame over each language's questions (_questions), their best logit and best cosine
+    against whether they are expected from the knowledge base."""
+    q = _questions(docs, {k: v for k, v in doc_weights.items() if k in weights})
+    return _moments_frame(
+        {
+            language: (part[["best_logit", "best_cosine"]].to_numpy(), part["internal"].to_numpy(float))
+            for language, part in q.groupby("language")
+        },
+        weights,
+    )
+
+
 _MOMENTS_SCHEMA = "language string, " + ", ".join(
     [f"g{i} double" for i in range(3)] + [f"h{i}{j} double" for i in range(3) for j in range(3)]
 )
 
 
 def refit_semantic(aggregate: Aggregate) -> tuple[dict[str, dict], Relevance] | None:
-    """Per-language weights fitted against gold documents (Newton's method, each step's sums made
-    where the documents are), and the relevance they give. None when the run was not graded by the
-    semantic grader."""
+    """Per-language weights fitted against gold documents, then each language's best_cosine term
+    against the expected routes (Newton's method, each step's sums made where the documents are), and
+    the relevance they give. None when the run was not graded by the semantic grader."""
     counts = aggregate(_semantic_counts, ("language",), "language string, n long, gold long, any long")
     if not len(counts) or not counts["any"].sum():
         return None
     languages = [r.language for r in counts.itertuples() if 0 < r.gold < r.n]  # else nothing to tell apart
 
-    def moments(by_language: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        m = aggregate(lambda d: _moments_by_language(d, by_language), ("language",), _MOMENTS_SCHEMA)
-        return {
-            row["language"]: (
-                np.array([row[f"g{i}"] for i in range(3)]),
-                np.array([[row[f"h{i}{j}"] for j in range(3)] for i in range(3)]),
-            )
-            for _, row in m.iterrows()
-        }
+    def moments(per_part) -> Callable[[dict[str, np.ndarray]], dict[str, tuple[np.ndarray, np.ndarray]]]:
+        def at(by_language: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+            m = aggregate(lambda d: per_part(d, by_language), ("language",), _MOMENTS_SCHEMA)
+            return {
+                row["language"]: (
+                    np.array([row[f"g{i}"] for i in range(3)]),
+                    np.array([[row[f"h{i}{j}"] for j in range(3)] for i in range(3)]),
+                )
+                for _, row in m.iterrows()
+            }
+
+        return at
 
     weights: dict[str, dict] = {}
-    for language, fitted in newton(moments, languages).items():
+    for language, fitted in newton(moments(_moments_by_language), languages).items():
         # rounded as printed, and the relevance computed from the rounded weights: the thresholds
         # proposed on it are then the ones `--set` with the printed weights gives
         bias, lexical, semantic = (round(float(w), 3) for w in fitted)
         n = int(counts.set_index("language").loc[language, "n"])
         weights[language] = {"lexical": lexical, "semantic": semantic, "bias": bias, "n": n}
+    for w in weights.values():
+        w |= {"best_cosine": 0.0, "best_cosine_center": 0.0}
+
+    routes = aggregate(lambda d: _route_counts(d, weights), ("language",), "language string, n long, internal long")
+    routed = [r.language for r in routes.itertuples() if 0 < r.internal < r.n]
+    for language, (b0, b1, b2) in newton(moments(lambda d, by: _route_moments(d, weights, by)), routed).items():
+        # P(internal) = sigmoid(b0 + b1 * best logit + b2 * best cosine): folded into every document's
+        # logit, its 0.5 is where the best document's relevance crosses 0.5; a cosine that does not
+        # help tell the routes apart (b2 <= 0; a language the model gives no vector) adds no term
+        if b1 > 0 and b2 > 1e-3:
+            weights[language] |= {
+                "best_cosine": round(float(b2 / b1), 3),
+                "best_cosine_center": round(float(-b0 / b2), 3),
+            }
 
     def relevance(d: pd.DataFrame) -> pd.Series:
         fitted = d["lexical"].notna() & d["has_gold_docs"] & d["semantic_language"].isin(list(weights))
         out = d["relevance"].astype(float).copy()
+        # the best cosine among a question's knowledge-base documents, which the term reads
+        best = d["cosine"].where(~d["from_web"]).groupby(d["question_id"]).transform("max")
         for language, w in weights.items():
             rows = fitted & (d["semantic_language"] == language)
-            z = (
-                w["bias"]
-                + w["lexical"] * d.loc[rows, "lexical"]
-                + w["semantic"] * d.loc[rows, "cosine"]
-                + d.loc[rows, "semantic_term"]  # the question-level term, kept as the run recorded it
-            )
+            z = w["bias"] + w["lexical"] * d.loc[rows, "lexical"] + w["semantic"] * d.loc[rows, "cosine"]
+            term = w["best_cosine"] * (best[rows] - w["best_cosine_center"])
+            z = z + term.where(~d.loc[rows, "from_web"], 0.0)
             out[rows] = (1 / (1 + np.exp(-z))).round(4)
         return out
 
@@ -639,17 +709,20 @@ def report(result: dict) -> str:
     current = "current (the run's weights)" if result.get("semantic") or result.get("lexical") else "current "
     if result.get("semantic"):
         lines.append(
-            "semantic grader weights per language (logistic fit against gold_doc_ids, any best_cosine term "
-            "kept as the run recorded it); the thresholds below assume them:"
+            "semantic grader weights per language (logistic fits against gold_doc_ids, then best_cosine against "
+            "the expected routes); the thresholds below assume them:"
         )
+        keys = ("lexical", "semantic", "bias", "best_cosine", "best_cosine_center")
         for lang, w in sorted(result["semantic"].items()):
-            lines.append(
-                f"  {lang}: lexical {w['lexical']}, semantic {w['semantic']}, bias {w['bias']} ({w['n']} documents)"
+            term = (
+                f"best_cosine {w['best_cosine']} from {w['best_cosine_center']}"
+                if w["best_cosine"]
+                else "no best_cosine term"
             )
             lines.append(
-                "  use: "
-                + " ".join(f"--set grader.languages.{lang}.{k}={w[k]}" for k in ("lexical", "semantic", "bias"))
+                f"  {lang}: lexical {w['lexical']}, semantic {w['semantic']}, bias {w['bias']}, {term} ({w['n']} documents)"
             )
+            lines.append("  use: " + " ".join(f"--set grader.languages.{lang}.{k}={w[k]}" for k in keys))
     if result.get("lexical_dropped"):
         lines.append(
             f"lexical grader exponents: a refit ({', '.join(result['lexical_dropped'])}) was tried and dropped, since "

@@ -352,8 +352,7 @@ class SemanticGraderConfig(Section):
     @classmethod
     def _the_models_weights(cls, data: Any) -> Any:
         """A language the config does not calibrate gets the weights fitted for the configured model, and
-        one it calibrates gets the model's weights for the keys it leaves out (`crag calibrate` prints
-        lexical, semantic and bias, fitted around the model's best_cosine term)."""
+        one it calibrates gets the model's weights for the keys it leaves out."""
         given = data.get("languages", {}) if isinstance(data, dict) else None
         if isinstance(given, dict):
             fitted = FITTED_WEIGHTS.get(data.get("embedding", "use-multilingual-v3"))

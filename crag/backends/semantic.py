@@ -8,8 +8,8 @@ document, combined per language into the probability that the document is releva
 with one set of weights per language, fitted by `crag calibrate` against gold_doc_ids (cosines of one
 model differ by language: Japanese pairs sit higher than English ones). `best` is the best cosine among
 the knowledge base's documents graded with this one: a question-level term, for knowledge-base documents
-only, fitted on the CRAG action rather than on gold documents (docs/quality.md), which `crag calibrate`
-keeps as the run recorded it. A document found in a local index with dense vectors is compared through
+only, fitted on the expected routes rather than on gold documents (docs/quality.md), as `crag
+calibrate` refits it. A document found in a local index with dense vectors is compared through
 its best-matching child chunk; any other text (a Tavily result, a refined strip) is embedded when
 graded."""
 

@@ -244,7 +244,10 @@ def test_semantic_grader_config_overrides_one_language_and_keeps_the_other(tmp_p
             "grader.languages.en.bias=-3",
         ],
     )
-    assert cfg.grader.languages.en == LanguageCalibration(lexical=1, semantic=2, bias=-3)
+    model = SemanticGraderConfig(backend="semantic", embedding=cfg.grader.embedding).languages
+    # the keys the config leaves out (the question-level term) stay the model's
+    assert cfg.grader.languages.en == model.en.model_copy(update={"lexical": 1, "semantic": 2, "bias": -3})
+    assert cfg.grader.languages.en.best_cosine == model.en.best_cosine > 0
     assert (
         cfg.grader.languages.ja == SemanticGraderConfig(backend="semantic", embedding=cfg.grader.embedding).languages.ja
     )

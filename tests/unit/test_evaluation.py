@@ -8,6 +8,7 @@ import pytest
 from crag.calibration import (
     RoutingProposal,
     _parsed,
+    best_cut,
     calibrate,
     docs_of,
     local_aggregate,
@@ -410,40 +411,63 @@ def test_the_refitted_semantic_relevance_is_the_one_the_printed_weights_give():
     assert relevance(_parsed(docs)).tolist() == printed.tolist()
 
 
-def test_the_semantic_refit_holds_the_recorded_question_term_fixed():
-    """A knowledge-base document's rationale records the question-level term its relevance included
-    (best_cosine): the refit fits the other weights around it, and the relevance it gives includes it."""
-    rng = np.random.default_rng(5)
-    n = 3000
-    lex, cos = rng.uniform(0, 1, n).round(4), rng.uniform(0, 1, n).round(4)
-    term = rng.choice([-2.0, 0.0, 2.0], n)
-    true = np.array([-4.0, 3.0, 5.0])
-    is_gold = rng.uniform(size=n) < 1 / (1 + np.exp(-(true[0] + true[1] * lex + true[2] * cos + term)))
-    grades = pd.DataFrame(
+def test_the_semantic_refit_fits_the_best_cosine_term_on_the_routes():
+    """Questions whose route the best document's logit does not tell alone: those whose nearest
+    knowledge-base document comes close (its cosine) are expected from the knowledge base more often.
+    The refit finds the best_cosine term over the document weights it fitted, and the relevance it
+    gives carries the term for knowledge-base documents only."""
+    rng = np.random.default_rng(7)
+    rows, routes = [], []
+    for i in range(2000):
+        lex, cos, closeness = rng.uniform(0, 1), rng.uniform(0, 1), rng.uniform(0, 1)
+        logit = -4.0 + 3.0 * lex + 5.0 * cos  # the gold document's odds, as the refit will find them
+        gold = rng.uniform() < 1 / (1 + np.exp(-logit))
+        route_logit = 3.0 * (logit + 6.0 * (closeness - 0.5))  # sharper than a document's odds
+        routes.append("internal" if rng.uniform() < 1 / (1 + np.exp(-route_logit)) else "web")
+        for j, (a, b, source) in enumerate(
+            [(lex, cos, "internal"), (lex / 2, closeness, "internal"), (lex, cos / 2, "web")]
+        ):
+            rows.append(
+                {
+                    "question_id": f"q{i}",
+                    "source": source,
+                    "doc_id": f"d{i}-{j}",
+                    "relevance": 0.5,
+                    "rationale": f"lexical {a:.4f}, cosine {b:.4f}, language en",
+                    "gold": gold and j == 0,
+                }
+            )
+    grades = pd.DataFrame(rows)
+    gold = pd.DataFrame(
         {
-            "question_id": [f"q{i}" for i in range(n)],
-            "source": "internal",
-            "doc_id": [f"d{i}" for i in range(n)],
-            "relevance": 0.5,
-            "rationale": [
-                f"lexical {a:.4f}, cosine {b:.4f}, language en, best cosine 0.5000 ({t:+.4f})"
-                for a, b, t in zip(lex, cos, term)
+            "question_id": [f"q{i}" for i in range(2000)],
+            "expected_route": routes,
+            "gold_doc_ids": [
+                list(grades.loc[grades["question_id"].eq(f"q{i}") & grades["gold"], "doc_id"]) or ["other"]
+                for i in range(2000)
             ],
         }
     )
-    gold = pd.DataFrame(
-        {
-            "question_id": grades["question_id"],
-            "expected_route": None,
-            "gold_doc_ids": [[f"d{i}"] if g else ["other"] for i, g in enumerate(is_gold)],
-        }
-    )
-    docs = docs_of(grades, gold)
+    docs = docs_of(grades.drop(columns="gold"), gold)
     weights, relevance = refit_semantic(local_aggregate(docs))
     w = weights["en"]
-    assert [w["bias"], w["lexical"], w["semantic"]] == pytest.approx(true, abs=0.6)
-    z = w["bias"] + w["lexical"] * lex + w["semantic"] * cos + term
-    assert relevance(_parsed(docs)).tolist() == np.round(1 / (1 + np.exp(-z)), 4).tolist()
+    assert w["best_cosine"] > 1 and 0 < w["best_cosine_center"] < 1, w
+    parsed = _parsed(docs)
+    got = relevance(parsed)
+    best = parsed["cosine"].where(parsed["source"] == "internal").groupby(parsed["question_id"]).transform("max")
+    documents = w["bias"] + w["lexical"] * parsed["lexical"] + w["semantic"] * parsed["cosine"]
+    term = (w["best_cosine"] * (best - w["best_cosine_center"])).where(parsed["source"] == "internal", 0.0)
+    assert got.tolist() == np.round(1 / (1 + np.exp(-(documents + term))), 4).tolist()
+    # and routing on it beats routing on the documents' own odds
+    table = parsed.assign(with_term=got, without=1 / (1 + np.exp(-documents)))
+    internal = (
+        table[table["source"] == "internal"]
+        .groupby("question_id")
+        .agg(with_term=("with_term", "max"), without=("without", "max"), route=("expected_route", "first"))
+    )
+    expected = (internal["route"] == "internal").to_numpy()
+    accuracy = {k: best_cut(internal[k].to_numpy(), expected)[1] for k in ("with_term", "without")}
+    assert accuracy["with_term"] > accuracy["without"], accuracy
 
 
 def test_calibrate_fits_no_threshold_to_a_binary_grader():
