@@ -278,8 +278,9 @@ class LexicalGraderConfig(Section):
 
 
 class LanguageCalibration(Section):
-    """relevance = sigmoid(bias + lexical * lexical relevance + semantic * cosine): the probability that
-    a document is relevant, fitted per language by `crag calibrate` against gold_doc_ids."""
+    """relevance = sigmoid(bias + lexical * lexical relevance + semantic * cosine [+ the question-level
+    term below]): the probability that a document is relevant, fitted per language by `crag calibrate`
+    against gold_doc_ids (the term against the expected routes)."""
 
     lexical: float
     semantic: float
