@@ -552,14 +552,16 @@ def refit_semantic(aggregate: Aggregate) -> tuple[dict[str, dict], Relevance] | 
         # P(internal) = sigmoid(b0 + b1 * best logit + b2 * best cosine): folded into every document's
         # logit, its 0.5 is where the best document's relevance crosses 0.5; a cosine that does not
         # help tell the routes apart (b2 <= 0; a language the model gives no vector) adds no term
-        if b1 > 0 and b2 > 1e-3:
+        if b1 > 1e-3 and b2 > 1e-3:
             weights[language] |= {
                 "best_cosine": round(float(b2 / b1), 3),
                 "best_cosine_center": round(float(-b0 / b2), 3),
             }
 
     def relevance(d: pd.DataFrame) -> pd.Series:
-        fitted = d["lexical"].notna() & d["has_gold_docs"] & d["semantic_language"].isin(list(weights))
+        # every document the grader graded, in questions with gold documents or not: the routing
+        # thresholds are proposed over questions of every expected route
+        fitted = d["lexical"].notna() & d["semantic_language"].isin(list(weights))
         out = d["relevance"].astype(float).copy()
         # the best cosine among a question's knowledge-base documents, which the term reads
         best = d["cosine"].where(~d["from_web"]).groupby(d["question_id"]).transform("max")

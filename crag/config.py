@@ -352,16 +352,13 @@ class SemanticGraderConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _the_models_weights(cls, data: Any) -> Any:
-        """A language the config does not calibrate gets the weights fitted for the configured model, and
-        one it calibrates gets the model's weights for the keys it leaves out."""
-        given = data.get("languages", {}) if isinstance(data, dict) else None
-        if isinstance(given, dict):
+        """A language the config does not calibrate gets the weights fitted for the configured model; one
+        it calibrates is its own whole (a best_cosine term fitted around the model's bias would be wrong
+        beside another bias: a language given without one has none)."""
+        if isinstance(data, dict) and isinstance(data.get("languages", {}), dict):
             fitted = FITTED_WEIGHTS.get(data.get("embedding", "use-multilingual-v3"))
             if fitted is not None:  # an unknown model fails `embedding` with its own message
-                merged = {
-                    lang: {**w, **given[lang]} if isinstance(given.get(lang), dict) else w for lang, w in fitted.items()
-                }
-                data = {**data, "languages": {**given, **merged}}
+                data = {**data, "languages": {**fitted, **data.get("languages", {})}}
         return data
 
 

@@ -125,8 +125,9 @@ def test_the_best_cosine_term_lifts_a_questions_knowledge_base_documents_alike_a
     termed = plain.model_copy(update={"best_cosine": 3.0, "best_cosine_center": 0.2})
     grader, index = _grader(dense_index, {"en": termed, "ja": plain})
     docs = index.search(["cat sofa stock prices"], 10, source="internal")[0]
-    web = {**docs[0], "source": "web", "doc_id": "web-cat"}
     question = "Where does the feline nap?"
+    # the closest text of all, so that a web result counted in `best` would move every term
+    web = {**docs[0], "source": "web", "doc_id": "web-cat", "text": question, "parent_id": None}
     grades = grader.grade(question, [*docs, web], Usage())
     found = [RATIONALE.search(g.rationale) for g in grades]
     best = max(float(f["cosine"]) for f in found[:-1])
@@ -244,10 +245,10 @@ def test_semantic_grader_config_overrides_one_language_and_keeps_the_other(tmp_p
             "grader.languages.en.bias=-3",
         ],
     )
-    model = SemanticGraderConfig(backend="semantic", embedding=cfg.grader.embedding).languages
-    # the keys the config leaves out (the question-level term) stay the model's
-    assert cfg.grader.languages.en == model.en.model_copy(update={"lexical": 1, "semantic": 2, "bias": -3})
-    assert cfg.grader.languages.en.best_cosine == model.en.best_cosine > 0
+    # a language given is its own whole: the model's question-level term, fitted around the model's
+    # bias, is not left beside another
+    assert cfg.grader.languages.en == LanguageCalibration(lexical=1, semantic=2, bias=-3)
+    assert SemanticGraderConfig(backend="semantic", embedding=cfg.grader.embedding).languages.en.best_cosine > 0
     assert (
         cfg.grader.languages.ja == SemanticGraderConfig(backend="semantic", embedding=cfg.grader.embedding).languages.ja
     )

@@ -215,10 +215,8 @@ def test_the_semantic_grader_gets_the_weights_fitted_for_its_model(variant, mode
             "grader.languages.en.bias=-3",
         ],
     ).grader.languages
-    # the keys a calibrated language leaves out (the question-level term) are still the model's
-    assert switched.en == LanguageCalibration(
-        **{**FITTED_WEIGHTS[model]["en"], "lexical": 1, "semantic": 2, "bias": -3}
-    )
+    # a calibrated language is its own whole: no question-level term it does not give
+    assert switched.en == LanguageCalibration(lexical=1, semantic=2, bias=-3)
     assert switched.ja == LanguageCalibration(**FITTED_WEIGHTS[model]["ja"])
 
 

@@ -448,6 +448,10 @@ def test_the_semantic_refit_fits_the_best_cosine_term_on_the_routes():
             ],
         }
     )
+    # a tenth of the web questions are answerable from nowhere: no gold documents, routed all the same
+    nowhere = (gold["expected_route"] == "web") & (np.arange(2000) % 10 == 0)
+    gold.loc[nowhere, "expected_route"] = "none"
+    gold.loc[nowhere, "gold_doc_ids"] = pd.Series([[] for _ in range(int(nowhere.sum()))], index=gold.index[nowhere])
     docs = docs_of(grades.drop(columns="gold"), gold)
     weights, relevance = refit_semantic(local_aggregate(docs))
     w = weights["en"]
