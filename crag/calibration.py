@@ -460,6 +460,17 @@ def _moments_by_language(docs: pd.DataFrame, weights: dict[str, np.ndarray]) -> 
     )
 
 
+def _document_logit(d: pd.DataFrame, weights: dict[str, dict]) -> pd.Series:
+    """Each parsed document's logit under its language's weights, without the question-level term (NaN
+    for a language not in `weights`)."""
+    language = d["semantic_language"]
+    return (
+        language.map({k: w["bias"] for k, w in weights.items()})
+        + language.map({k: w["lexical"] for k, w in weights.items()}) * d["lexical"]
+        + language.map({k: w["semantic"] for k, w in weights.items()}) * d["cosine"]
+    )
+
+
 def _questions(docs: pd.DataFrame, weights: dict[str, dict]) -> pd.DataFrame:
     """The questions with an expected route and knowledge-base documents graded by the semantic grader
     in a language of `weights`: language, internal (expected from the knowledge base), best_logit (the
@@ -472,13 +483,7 @@ def _questions(docs: pd.DataFrame, weights: dict[str, dict]) -> pd.DataFrame:
         & d["expected_route"].isin(["internal", "web", "none"])
         & d["semantic_language"].isin(list(weights))
     ]
-    language = d["semantic_language"]
-    logit = (
-        language.map({k: w["bias"] for k, w in weights.items()})
-        + language.map({k: w["lexical"] for k, w in weights.items()}) * d["lexical"]
-        + language.map({k: w["semantic"] for k, w in weights.items()}) * d["cosine"]
-    )
-    grouped = d.assign(logit=logit).groupby("question_id", sort=False)
+    grouped = d.assign(logit=_document_logit(d, weights)).groupby("question_id", sort=False)
     return pd.DataFrame(
         {
             "language": grouped["semantic_language"].first(),
@@ -542,9 +547,14 @@ def refit_semantic(aggregate: Aggregate) -> tuple[dict[str, dict], Relevance] | 
         # proposed on it are then the ones `--set` with the printed weights gives
         bias, lexical, semantic = (round(float(w), 3) for w in fitted)
         n = int(counts.set_index("language").loc[language, "n"])
-        weights[language] = {"lexical": lexical, "semantic": semantic, "bias": bias, "n": n}
-    for w in weights.values():
-        w |= {"best_cosine": 0.0, "best_cosine_center": 0.0}
+        weights[language] = {
+            "lexical": lexical,
+            "semantic": semantic,
+            "bias": bias,
+            "n": n,
+            "best_cosine": 0.0,
+            "best_cosine_center": 0.0,
+        }
 
     routes = aggregate(lambda d: _route_counts(d, weights), ("language",), "language string, n long, internal long")
     routed = [r.language for r in routes.itertuples() if 0 < r.internal < r.n]
@@ -565,12 +575,12 @@ def refit_semantic(aggregate: Aggregate) -> tuple[dict[str, dict], Relevance] | 
         out = d["relevance"].astype(float).copy()
         # the best cosine among a question's knowledge-base documents, which the term reads
         best = d["cosine"].where(~d["from_web"]).groupby(d["question_id"]).transform("max")
-        for language, w in weights.items():
-            rows = fitted & (d["semantic_language"] == language)
-            z = w["bias"] + w["lexical"] * d.loc[rows, "lexical"] + w["semantic"] * d.loc[rows, "cosine"]
-            term = w["best_cosine"] * (best[rows] - w["best_cosine_center"])
-            z = z + term.where(~d.loc[rows, "from_web"], 0.0)
-            out[rows] = (1 / (1 + np.exp(-z))).round(4)
+        language = d["semantic_language"]
+        term = language.map({k: w["best_cosine"] for k, w in weights.items()}) * (
+            best - language.map({k: w["best_cosine_center"] for k, w in weights.items()})
+        )
+        z = _document_logit(d, weights) + term.where(~d["from_web"], 0.0)
+        out[fitted] = (1 / (1 + np.exp(-z[fitted]))).round(4)
         return out
 
     return weights, relevance
