@@ -151,7 +151,7 @@ class StageCache:
 
 
 def _doc_inputs(docs: list[dict], relevance: bool = False) -> list:
-    fields = ("source", "doc_id", "parent_id", "title", "text", *(("relevance",) if relevance else ()))
+    fields = ("source", "doc_id", "parent_id", "title", "text", *(("relevance", "answer_weight") if relevance else ()))
     return [[d.get(f) for f in fields] for d in docs]
 
 

@@ -339,6 +339,7 @@ def _apply_grades(docs: list[Document], grades: list[Grade], grader: Grader) -> 
         {
             **doc,
             "relevance": g.relevance,
+            "answer_weight": g.answer_weight,
             "grade": g.grade,
             "parse_status": g.parse_status,
             "rationale": g.rationale,

@@ -36,9 +36,9 @@ _CJK_RUN_RE = re.compile(rf"[{_CJK}]+")
 _KEYWORD_RE = re.compile(rf"[{_CJK}]+|(?:(?![{_CJK}])[^\W_])+(?:[-.](?:(?![{_CJK}])[^\W_])+)*", re.UNICODE)
 _HIRAGANA_RUN_RE = re.compile(r"^[\u3041-\u309f\u30fc]+$")
 # Part of the stage cache's key for the roles computed here rather than by a model (crag.cache.role_slices):
-# raise it when the text functions give the embedded backends other results for the same input (2: the
-# sentences of sentencex), so that results made the old way are not reused.
-TEXT_VERSION = 2
+# raise it when the embedded backends give other results for the same input (2: the sentences of
+# sentencex; 3: the semantic grader's answer weight), so that results made the old way are not reused.
+TEXT_VERSION = 3
 
 # Where a sentence surely ends: a line break (Markdown lines, table rows) or a Japanese full stop (no
 # space follows one). Western punctuation is left to sentencex, which knows initials and abbreviations.

@@ -25,6 +25,7 @@ class Document(TypedDict):
     retrieval_score: float | None
     rank: int
     relevance: NotRequired[float]  # 0..1 (None in the grades table for a document not graded)
+    answer_weight: NotRequired[float | None]  # Grade.answer_weight (not stored: the rationale records its inputs)
     grade: NotRequired[str]  # "yes" | "no" (None there too)
     # "ok" | "repaired" | "failed"; NOT_GRADED: the grader's call failed (its error in `rationale`)
     parse_status: NotRequired[str]
@@ -44,6 +45,9 @@ class Grade:
     parse_status: str = "ok"  # "ok" | "repaired" | "failed"
     rationale: str | None = None
     raw_output: str | None = None  # what the model said, kept for audit (None for non-model graders)
+    # The relevance on the lexical relevance's scale, which the extractive answerer weighs a document's
+    # sentences by (its document_weight was fitted there); None: `relevance` is on that scale already.
+    answer_weight: float | None = None
 
 
 @dataclass(frozen=True)
@@ -207,8 +211,8 @@ class WebSearch(Protocol):
 class Generator(Protocol):
     name: str
     concurrency: int
-    # Whether an answer depends on the context documents' relevance as well as on their text (the
-    # stage cache's key must then hold it: a grader variant changes relevances, not documents)
+    # Whether an answer depends on the context documents' relevance (and answer weight) as well as on
+    # their text (the stage cache's key must then hold them: a grader variant changes relevances, not documents)
     reads_relevance: bool
 
     def generate(self, question: str, context: list[Document], usage: Usage) -> Answer:

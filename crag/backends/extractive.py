@@ -24,6 +24,14 @@ def _plain(text: str) -> str:
     return " ".join(normalize(text).replace("_", " ").lower().split())
 
 
+def _document_relevance(doc: Document, score: float) -> float:
+    """The document's relevance on the lexical relevance's scale, that of a sentence's own `score`: the
+    grade's answer weight where the grader gives one (a probability squeezes the same evidence towards
+    0 and 1), else its relevance; the sentence's score for a document not graded."""
+    weight = doc.get("answer_weight")
+    return doc.get("relevance", score) if weight is None else weight
+
+
 class ExtractiveGenerator:
     concurrency = 1
 
@@ -60,7 +68,7 @@ class ExtractiveGenerator:
                 score, _ = self.scorer.score(terms, sentence)
                 # A sentence is as good as its own coverage and its document's: a partial match
                 # inside the most relevant document beats a stray match elsewhere.
-                combined = lexical_weight * score + self.document_weight * doc.get("relevance", score)
+                combined = lexical_weight * score + self.document_weight * _document_relevance(doc, score)
                 (candidates if score >= self.min_sentence_score else below).append((combined, d, s, sentence))
         if embedded:
             candidates = self._closer_in_meaning(question, candidates)

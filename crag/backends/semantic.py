@@ -11,7 +11,11 @@ the knowledge base's documents graded with this one: a question-level term, for 
 only, fitted on the expected routes rather than on gold documents (docs/quality.md), as `crag
 calibrate` refits it. A document found in a local index with dense vectors is compared through
 its best-matching child chunk; any other text (a Tavily result, a refined strip) is embedded when
-graded."""
+graded.
+
+Each grade's answer weight is its logit less the bias, over the lexical weight: the same evidence on the
+lexical relevance's scale, which the extractive answerer adds to a sentence's own coverage (a probability
+near 0 or 1 would drown it; docs/quality.md)."""
 
 from __future__ import annotations
 
@@ -77,6 +81,9 @@ class SemanticGrader:
                     if is_relevant(relevance, len(evidence.matched), doc, self.cfg.threshold, self.cfg.web_threshold)
                     else "no",
                     rationale=rationale,
+                    # the logit in lexical-relevance units: for a language without a cosine weight (the
+                    # model gives Japanese no vector) exactly the lexical relevance, as the lexical grader
+                    answer_weight=(z - weights.bias) / weights.lexical if weights.lexical > 0 else None,
                 )
             )
         return grades

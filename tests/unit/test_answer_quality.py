@@ -256,19 +256,22 @@ def test_a_lexical_refit_whose_thresholds_score_below_the_current_settings_is_dr
 
 
 def test_the_stage_cache_keeps_apart_answers_from_the_same_documents_graded_otherwise():
-    """The extractive answer weighs each sentence by its document's relevance: a grader variant that
-    returns the same documents with other relevances gets an answer of its own, not the cached one."""
+    """The extractive answer weighs each sentence by its document's relevance, or its answer weight
+    where the grader gives one: a grader variant that returns the same documents with other relevances
+    or weights gets an answer of its own, not the cached one."""
     from crag.cache import CachedGenerator, StageCache
 
     question = "Which city hosted the Olympics, and where does the Rhine flow?"
     docs = [{"source": "internal", "doc_id": f"d{i}", "text": CORPUS[i]} for i in (0, 2)]
     first = [{**docs[0], "relevance": 0.9}, {**docs[1], "relevance": 0.1}]
     second = [{**docs[0], "relevance": 0.1}, {**docs[1], "relevance": 0.9}]
+    # the first's relevances, the second's weights: the weight is what the answer reads
+    weighed = [{**first[0], "answer_weight": 0.1}, {**first[1], "answer_weight": 0.9}]
     generator = ExtractiveGenerator(_scorer(), 1, 0.0, 0.7)
-    fresh = [generator.generate(question, context, Usage()).text for context in (first, second)]
-    assert fresh[0] != fresh[1]  # the relevances decide which sentence answers
+    fresh = [generator.generate(question, context, Usage()).text for context in (first, second, weighed)]
+    assert fresh[0] != fresh[1] == fresh[2]  # the relevances decide which sentence answers, else the weights
     cached = CachedGenerator(generator, StageCache({}), "generator")
-    assert [cached.generate(question, context, Usage()).text for context in (first, second)] == fresh
+    assert [cached.generate(question, context, Usage()).text for context in (first, second, weighed)] == fresh
     # without a document weight the relevances are not read, and an LLM's prompt holds no grades:
     # their answers stay shared across grader variants
     from crag.backends.llm_roles import LLMGenerator
