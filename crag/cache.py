@@ -86,7 +86,7 @@ def role_slices(cfg: CragConfig, secrets: dict[str, str] | None = None) -> dict[
 
     def reading(section):
         """How a model's output is read into a grade, a query or an answer; for an embedded role, how
-        its text functions (sentences, tokens) work."""
+        its text functions (sentences, tokens) work and what its records hold (TEXT_VERSION)."""
         if section is None:
             return None
         return READING_VERSION if isinstance(section, LLMConfig) else TEXT_VERSION
@@ -212,7 +212,8 @@ class CachedGrader(_Wrapper):
             usage,
             question,
             lambda: self._inner.grade(question, documents, usage),
-            lambda grades: [asdict(g) for g in grades],
+            # fields at their None default left out: a row stays readable by a version without them
+            lambda grades: [{k: v for k, v in asdict(g).items() if v is not None} for g in grades],
             lambda rows: [Grade(**r) for r in rows],
         )
 

@@ -282,7 +282,7 @@ class LanguageCalibration(Section):
     term below]): the probability that a document is relevant, fitted per language by `crag calibrate`
     against gold_doc_ids (the term against the expected routes)."""
 
-    lexical: float
+    lexical: float = Field(gt=0)  # the answer weight is the logit over it (crag.backends.semantic)
     semantic: float
     bias: float
     # A question-level term, for the knowledge base's documents: + best_cosine * (the best cosine among

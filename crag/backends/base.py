@@ -25,7 +25,9 @@ class Document(TypedDict):
     retrieval_score: float | None
     rank: int
     relevance: NotRequired[float]  # 0..1 (None in the grades table for a document not graded)
-    answer_weight: NotRequired[float | None]  # Grade.answer_weight (not stored: the rationale records its inputs)
+    answer_weight: NotRequired[
+        float | None
+    ]  # Grade.answer_weight (not in the grades table: the rationale holds its inputs)
     grade: NotRequired[str]  # "yes" | "no" (None there too)
     # "ok" | "repaired" | "failed"; NOT_GRADED: the grader's call failed (its error in `rationale`)
     parse_status: NotRequired[str]
@@ -45,8 +47,9 @@ class Grade:
     parse_status: str = "ok"  # "ok" | "repaired" | "failed"
     rationale: str | None = None
     raw_output: str | None = None  # what the model said, kept for audit (None for non-model graders)
-    # The relevance on the lexical relevance's scale, which the extractive answerer weighs a document's
-    # sentences by (its document_weight was fitted there); None: `relevance` is on that scale already.
+    # The relevance in lexical-relevance units (not bounded to 0..1), which the extractive answerer weighs
+    # a document's sentences by (its document_weight was fitted there); None: the answerer reads
+    # `relevance` (the lexical grader's is in those units already; an LLM grader's is its own).
     answer_weight: float | None = None
 
 

@@ -25,9 +25,9 @@ def _plain(text: str) -> str:
 
 
 def _document_relevance(doc: Document, score: float) -> float:
-    """The document's relevance on the lexical relevance's scale, that of a sentence's own `score`: the
+    """The document's relevance in the units of a sentence's own `score` (the lexical relevance's): the
     grade's answer weight where the grader gives one (a probability squeezes the same evidence towards
-    0 and 1), else its relevance; the sentence's score for a document not graded."""
+    0 and 1), else its relevance; `score` for a document not graded."""
     weight = doc.get("answer_weight")
     return doc.get("relevance", score) if weight is None else weight
 
@@ -73,7 +73,7 @@ class ExtractiveGenerator:
         if embedded:
             candidates = self._closer_in_meaning(question, candidates)
         if not candidates and self.answer_from_best_document and below:
-            top = max(range(len(context)), key=lambda d: (context[d].get("relevance", 0.0), -d))
+            top = max(range(len(context)), key=lambda d: (_document_relevance(context[d], 0.0), -d))
             candidates = [c for c in below if c[1] == top]
             candidates = self._closer_in_meaning(question, candidates) if embedded else candidates
         if not candidates:

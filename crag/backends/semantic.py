@@ -13,9 +13,11 @@ calibrate` refits it. A document found in a local index with dense vectors is co
 its best-matching child chunk; any other text (a Tavily result, a refined strip) is embedded when
 graded.
 
-Each grade's answer weight is its logit less the bias, over the lexical weight: the same evidence on the
-lexical relevance's scale, which the extractive answerer adds to a sentence's own coverage (a probability
-near 0 or 1 would drown it; docs/quality.md)."""
+Each grade's answer weight is 0.5 + z / lexical: the same evidence in lexical-relevance units, 0.5 where
+the probability is 0.5, as the lexical grader's cut is. The extractive answerer adds it to a sentence's
+own coverage, where a probability near 0 or 1 would squeeze the documents' differences (docs/quality.md).
+Where the cosine and the question-level term weigh nothing and the bias is -lexical / 2 (Japanese under
+all-MiniLM-L6-v2) it is the lexical relevance itself."""
 
 from __future__ import annotations
 
@@ -81,9 +83,7 @@ class SemanticGrader:
                     if is_relevant(relevance, len(evidence.matched), doc, self.cfg.threshold, self.cfg.web_threshold)
                     else "no",
                     rationale=rationale,
-                    # the logit in lexical-relevance units: for a language without a cosine weight (the
-                    # model gives Japanese no vector) exactly the lexical relevance, as the lexical grader
-                    answer_weight=(z - weights.bias) / weights.lexical if weights.lexical > 0 else None,
+                    answer_weight=round(0.5 + z / weights.lexical, 4),
                 )
             )
         return grades

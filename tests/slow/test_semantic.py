@@ -82,10 +82,13 @@ def test_hybrid_retriever_finds_a_paraphrase_that_bm25_misses(dense_index):
     assert [d["rank"] for d in hybrid[0]] == list(range(1, len(hybrid[0]) + 1)) and usage.search_calls == 1
 
 
-def _grader(dense_index, languages=None, threshold=0.5):
+def _grader(dense_index, languages=None, threshold=0.5, embedding="use-multilingual-v3"):
     index = load_index(str(dense_index / "index"))
     cfg = SemanticGraderConfig(
-        backend="semantic", threshold=threshold, **({"languages": SemanticLanguages(**languages)} if languages else {})
+        backend="semantic",
+        threshold=threshold,
+        embedding=embedding,
+        **({"languages": SemanticLanguages(**languages)} if languages else {}),
     )
     return SemanticGrader(LexicalScorer(index.term_weights, index.tokenizer), cfg, {"internal": index}), index
 
@@ -109,8 +112,8 @@ def test_semantic_grader_combines_lexical_and_cosine_per_language(dense_index):
             z = w.bias + w.lexical * float(found["lexical"]) + w.semantic * float(found["cosine"])
             assert g.relevance == pytest.approx(1 / (1 + np.exp(-z)), abs=1e-3)  # both recorded to 4 places
             assert g.grade == ("yes" if g.relevance >= 0.5 else "no")
-            # the answerer's weight: the same logit on the lexical relevance's scale
-            assert g.answer_weight == pytest.approx((z - w.bias) / w.lexical, abs=1e-3)
+            # the answerer's weight: the same logit in lexical-relevance units, 0.5 at the probability's 0.5
+            assert g.answer_weight == pytest.approx(0.5 + z / w.lexical, abs=1e-3)
     # a document that is not in the index (a refined strip, a Tavily result) is embedded when graded
     strip = {**docs[0], "text": "The cat sleeps."}
     indexed = grader.cosine("Where does the feline nap?", next(d for d in docs if d["doc_id"] == "cat"))
@@ -138,7 +141,7 @@ def test_the_best_cosine_term_lifts_a_questions_knowledge_base_documents_alike_a
         z = plain.bias + plain.lexical * float(f["lexical"]) + plain.semantic * float(f["cosine"])
         assert float(f["term"]) == pytest.approx(3.0 * (best - 0.2), abs=1e-4)
         assert g.relevance == pytest.approx(1 / (1 + np.exp(-(z + 3.0 * (best - 0.2)))), abs=1e-3)
-        assert g.answer_weight == pytest.approx((z + 3.0 * (best - 0.2) - plain.bias) / plain.lexical, abs=1e-3)
+        assert g.answer_weight == pytest.approx(0.5 + (z + 3.0 * (best - 0.2)) / plain.lexical, abs=1e-3)
     assert found[-1]["term"] is None and "best cosine" not in grades[-1].rationale
     z = plain.bias + plain.lexical * float(found[-1]["lexical"]) + plain.semantic * float(found[-1]["cosine"])
     assert grades[-1].relevance == pytest.approx(1 / (1 + np.exp(-z)), abs=1e-3)
@@ -217,24 +220,28 @@ def test_calibrate_fits_each_language_and_proposes_thresholds_on_the_refit_relev
     assert "--set grader.languages.ja.bias=" in text and "routing.lower=" in text
 
 
-def test_a_language_without_a_cosine_weight_is_graded_and_weighed_as_the_lexical_grader_does(dense_index):
-    """A language the model gives no vector (Japanese under all-MiniLM-L6-v2: semantic 0, no term)
-    gets a probability that crosses the threshold where the lexical relevance does, and the lexical
-    relevance itself as the answerer's weight: it is answered as with the lexical grader."""
+def test_a_japanese_question_under_the_english_model_is_graded_and_weighed_as_the_lexical_grader_does(dense_index):
+    """all-MiniLM-L6-v2 gives Japanese text no vector and its fitted Japanese weights no cosine: the
+    probability crosses the threshold where the lexical relevance does, and the answer weight is the
+    lexical relevance itself, so a Japanese question is answered as with the lexical grader."""
     from crag.backends import _lexical_grader
     from crag.config import LexicalGraderConfig
 
-    lexical_only = LanguageCalibration(lexical=11.776, semantic=0.0, bias=-5.888)  # the threshold at 0.5
-    grader, index = _grader(dense_index, {"en": lexical_only, "ja": lexical_only})
+    grader, index = _grader(dense_index, embedding="all-minilm-l6-v2")  # the model's fitted weights
+    assert grader.cfg.languages.ja.semantic == 0 and grader.cfg.languages.ja.best_cosine == 0
     # the lexical grader as `grader.backend: lexical` builds it, with its default exponents and signals
     plain = _lexical_grader(SimpleNamespace(scorer=grader.scorer), LexicalGraderConfig())
     docs = index.search(["富士山 cat sofa stock prices"], 10, source="internal")[0]
-    for question in ("富士山の高さは？", "Where does the cat sleep on the sofa?"):
-        grades, lexical = grader.grade(question, docs, Usage()), plain.grade(question, docs, Usage())
-        assert len({g.relevance for g in lexical}) > 1, question  # documents the lexical grader tells apart
-        for g, p in zip(grades, lexical):
-            assert g.answer_weight == pytest.approx(p.relevance, abs=1e-9) and g.grade == p.grade, question
-            assert g.relevance != p.relevance  # a probability, not the lexical relevance
+    question = "富士山の高さは？"
+    grades, lexical = grader.grade(question, docs, Usage()), plain.grade(question, docs, Usage())
+    assert len({g.relevance for g in lexical}) > 1  # documents the lexical grader tells apart
+    assert [g.answer_weight for g in grades] == [g.relevance for g in lexical]
+    assert [g.grade for g in grades] == [g.grade for g in lexical]
+    # an English question's weight holds the cosine: not the lexical relevance
+    english = "Where does the feline nap?"
+    assert [g.answer_weight for g in grader.grade(english, docs, Usage())] != [
+        g.relevance for g in plain.grade(english, docs, Usage())
+    ]
 
 
 def test_extractive_answer_from_the_best_document_instead_of_a_refusal():

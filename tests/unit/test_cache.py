@@ -105,3 +105,27 @@ def test_local_roles_have_no_service(sample_config):
 )
 def test_service_url(url, expected):
     assert service_url(url) == expected
+
+
+def test_a_cached_grade_is_stored_without_its_empty_fields_and_read_back_whole():
+    """A grade's fields at their None default (an LLM grade's answer weight) are left out of the stored
+    row: a version of crag whose Grade lacks them reads the shared stage cache without failing."""
+    import json
+
+    from crag.backends.base import Grade, Usage
+    from crag.cache import CachedGrader, StageCache
+
+    class Grader:
+        def grade(self, question, documents, usage):
+            return [Grade(0.9, "yes"), Grade(0.2, "no", rationale="off topic", answer_weight=0.35)]
+
+    cache = StageCache({})
+    docs = [{"source": "internal", "doc_id": d, "text": d} for d in ("a", "b")]
+    fresh = CachedGrader(Grader(), cache, "grader").grade("q?", docs, Usage())
+    (row,) = cache.new
+    assert [set(g) for g in json.loads(row["value"])] == [
+        {"relevance", "grade", "parse_status"},  # the fields every version has
+        {"relevance", "grade", "parse_status", "rationale", "answer_weight"},
+    ]
+    usage = Usage()
+    assert CachedGrader(None, cache, "grader").grade("q?", docs, usage) == fresh and usage.cache_hits == 1

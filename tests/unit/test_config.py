@@ -218,6 +218,12 @@ def test_the_semantic_grader_gets_the_weights_fitted_for_its_model(variant, mode
     # a calibrated language is its own whole: no question-level term it does not give
     assert switched.en == LanguageCalibration(lexical=1, semantic=2, bias=-3)
     assert switched.ja == LanguageCalibration(**FITTED_WEIGHTS[model]["ja"])
+    # the answer weight is the logit over the lexical weight: none at or below 0
+    with pytest.raises(ConfigError, match=r"^config key 'grader.languages.en.lexical': Input should be greater than 0"):
+        load_config(
+            LOCAL_CONF,
+            ["grader.languages.en.lexical=0", "grader.languages.en.semantic=2", "grader.languages.en.bias=-3"],
+        )
 
 
 def test_a_variant_that_switches_a_backend_leaves_the_replaced_backends_keys_behind(tmp_path):

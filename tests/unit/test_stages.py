@@ -51,7 +51,7 @@ class Retriever:
 
 
 class Grader:
-    """Relevant when the document contains the word 'yes'; relevance 0.9 or 0.1."""
+    """Relevant when the document contains the word 'yes'; relevance 0.9 or 0.1, answer weight 0.7 or 0.3."""
 
     name, prompt_hash, concurrency = "fake-grader", "abc123", 1
 
@@ -61,7 +61,10 @@ class Grader:
     def grade(self, question, documents, usage):
         self.calls.append((question, len(documents)))
         usage.llm_calls += 1
-        grades = [Grade(0.9 if "yes" in d["text"] else 0.1, "yes" if "yes" in d["text"] else "no") for d in documents]
+        grades = [
+            Grade(0.9, "yes", answer_weight=0.7) if "yes" in d["text"] else Grade(0.1, "no", answer_weight=0.3)
+            for d in documents
+        ]
         return grades[:-1] if question == self.wrong_count_for else grades
 
 
@@ -225,6 +228,18 @@ def test_any_irrelevant_flow_mixes_relevant_internal_and_web():
     # only questions that need the web are rewritten and searched
     assert b.rewriter.calls == ["some relevant?", "none relevant?"]
     assert b.web_search.calls == ["web: some relevant?", "web: none relevant?"]
+
+
+def test_the_generator_reads_each_documents_relevance_and_answer_weight_from_its_grade():
+    backends = make_backends(CORPUS)
+    contexts = []
+    answer = backends.generator.generate
+    backends.generator.generate = lambda q, context, usage: contexts.append(context) or answer(q, context, usage)
+    stages.run_pipeline(questions("some relevant?"), backends, CragConfig())
+    (context,) = contexts
+    assert [(d["doc_id"], d["relevance"], d["answer_weight"]) for d in context if d["source"] == "internal"] == [
+        ("internal-0", 0.9, 0.7)
+    ]
 
 
 def test_generation_uses_the_original_question_not_the_rewritten_one():
