@@ -25,9 +25,8 @@ class Document(TypedDict):
     retrieval_score: float | None
     rank: int
     relevance: NotRequired[float]  # 0..1 (None in the grades table for a document not graded)
-    answer_weight: NotRequired[
-        float | None
-    ]  # Grade.answer_weight (not in the grades table: the rationale holds its inputs)
+    # Grade.answer_weight (not in the grades table: the rationale holds its inputs)
+    answer_weight: NotRequired[float | None]
     grade: NotRequired[str]  # "yes" | "no" (None there too)
     # "ok" | "repaired" | "failed"; NOT_GRADED: the grader's call failed (its error in `rationale`)
     parse_status: NotRequired[str]
